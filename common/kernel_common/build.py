@@ -1,0 +1,280 @@
+"""One way to build every day: setup.py extensions, JIT loading, nvcc compile checks.
+
+Layout of a day (see the top-level README, "Adding a day"):
+
+    dayNN_name/
+      setup.py        calls kernel_common.build.setup_day(...)
+      csrc/*.cpp      always built (schemas, CPU kernels, pybind11 module)
+      csrc/*_cuda.cpp CUDA only: torch glue that validates and launches
+      csrc/*.cu       CUDA only: torch-free kernels and their launchers
+      <pkg>/          the Python package; the extension is the top-level module <pkg>_C
+
+Policy:
+- CUDA is built when torch is a CUDA build and nvcc is found (torch's CUDA_HOME);
+  otherwise the CPU part alone. KC_FORCE_CPU=1 forces CPU-only.
+- Architectures: TORCH_CUDA_ARCH_LIST if set, else the visible GPUs, else
+  DEFAULT_ARCH_LIST (includes sm_90 and PTX).
+- DEBUG=1: -O0 -g -lineinfo (and -DKC_DEBUG, which turns on device asserts).
+- The same sources and flags serve setup.py (make_extension), the JIT loader
+  (load_jit: edit a .cu, rerun `python test.py --jit`) and the nvcc check that CI
+  runs on machines without a CUDA torch (check_cuda_sources).
+"""
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
+CHECK_ARCHS = ("90", "80")  # nvcc compile check targets on machines without a CUDA torch
+
+
+def include_dir() -> str:
+    """Folder holding the shared headers (#include "kc/reduce.cuh")."""
+    return str(Path(__file__).resolve().parent / "include")
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("DEBUG", "0") == "1"
+
+
+def nvcc_path() -> str | None:
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    if home and Path(home, "bin", "nvcc").exists():
+        return str(Path(home, "bin", "nvcc"))
+    return shutil.which("nvcc")
+
+
+def cuda_build_enabled() -> bool:
+    """True when this machine can build the CUDA part (CUDA torch + nvcc)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    if os.environ.get("KC_FORCE_CPU", "0") == "1":
+        return False
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST, else the visible GPUs' capabilities, else the default."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if env:
+        return env
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+            return ";".join(f"{a}.{b}" for a, b in caps) + "+PTX"
+    except Exception:  # no driver, or a CPU build
+        pass
+    return DEFAULT_ARCH_LIST
+
+
+def cxx_flags() -> list[str]:
+    flags = ["-std=c++17"]
+    flags += ["-O0", "-g", "-DKC_DEBUG"] if debug_enabled() else ["-O3"]
+    return flags
+
+
+def nvcc_flags() -> list[str]:
+    flags = ["-std=c++17", "-lineinfo"]
+    flags += ["-O0", "-g", "-DKC_DEBUG"] if debug_enabled() else ["-O3"]
+    return flags
+
+
+def _sources(root: Path, with_cuda: bool) -> list[str]:
+    csrc = root / "csrc"
+    cpp = sorted(str(p) for p in csrc.glob("*.cpp") if with_cuda or not p.name.endswith("_cuda.cpp"))
+    cu = sorted(str(p) for p in csrc.glob("*.cu")) if with_cuda else []
+    return cpp + cu
+
+
+def _common_args(root: Path, with_cuda: bool) -> dict:
+    macros = ["-DKC_WITH_CUDA"] if with_cuda else []
+    return dict(
+        include_dirs=[include_dir(), str(root / "csrc")],
+        cxx=cxx_flags() + macros,
+        nvcc=nvcc_flags() + macros,
+    )
+
+
+def make_extension(pkg: str, root: str | os.PathLike):
+    """The setuptools Extension for day `root`, module name `<pkg>_C`."""
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    root = Path(root).resolve()
+    with_cuda = cuda_build_enabled()
+    args = _common_args(root, with_cuda)
+    rel = [os.path.relpath(s, root) for s in _sources(root, with_cuda)]
+    if with_cuda:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
+        return CUDAExtension(
+            f"{pkg}_C", rel, include_dirs=args["include_dirs"],
+            extra_compile_args={"cxx": args["cxx"], "nvcc": args["nvcc"]},
+        )
+    return CppExtension(f"{pkg}_C", rel, include_dirs=args["include_dirs"],
+                        extra_compile_args={"cxx": args["cxx"]})
+
+
+def setup_day(pkg: str, root: str | os.PathLike, description: str, version: str = "0.1.0"):
+    """Everything a day's setup.py needs: `setup_day("day26_layernorm", __file__-dir, "...")`."""
+    from setuptools import setup
+    from torch.utils.cpp_extension import BuildExtension
+
+    root = Path(root).resolve()
+    os.chdir(root)
+    setup(
+        name=pkg,
+        version=version,
+        description=description,
+        packages=[pkg],
+        ext_modules=[make_extension(pkg, root)],
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
+        python_requires=">=3.10",
+    )
+
+
+def load_jit(pkg: str, root: str | os.PathLike, verbose: bool = False):
+    """Compile and import `<pkg>_C` from the day's sources, with the same flags as setup.py.
+
+    The result is cached by torch (keyed on sources and flags), so the second run is
+    fast; an edited .cu is rebuilt. The module lands in sys.modules as `<pkg>_C`, so
+    the package's own `import <pkg>_C` finds it.
+    """
+    from torch.utils.cpp_extension import load
+
+    root = Path(root).resolve()
+    with_cuda = cuda_build_enabled()
+    if with_cuda:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
+    args = _common_args(root, with_cuda)
+    build_dir = root / "build" / ("jit-debug" if debug_enabled() else "jit")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    mod = load(
+        name=f"{pkg}_C",
+        sources=_sources(root, with_cuda),
+        extra_include_paths=args["include_dirs"],
+        extra_cflags=args["cxx"],
+        extra_cuda_cflags=args["nvcc"],
+        build_directory=str(build_dir),
+        with_cuda=with_cuda,
+        verbose=verbose,
+    )
+    sys.modules[f"{pkg}_C"] = mod
+    return mod
+
+
+def import_extension(pkg: str, root: str | os.PathLike | None = None):
+    """What a day's package calls to get its ops registered.
+
+    KC_JIT=1 (set by `python test.py --jit`) builds from source; otherwise the
+    installed `<pkg>_C` is imported, with a message saying how to build it.
+    """
+    name = f"{pkg}_C"
+    if name in sys.modules:
+        return sys.modules[name]
+    if os.environ.get("KC_JIT", "0") == "1":
+        if root is None:
+            raise RuntimeError("KC_JIT=1 needs the day's source folder")
+        return load_jit(pkg, root, verbose=os.environ.get("KC_VERBOSE", "0") == "1")
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ImportError(
+            f"{name} is not built. Run `pip install --no-build-isolation .` in the day's folder, "
+            f"or set KC_JIT=1 (python test.py --jit) to compile it on import. ({e})"
+        ) from e
+
+
+# ----------------------------------------------------------------------------
+# nvcc compile check for machines with nvcc but no CUDA torch (CI)
+# ----------------------------------------------------------------------------
+
+def _torch_nvcc_flags() -> list[str]:
+    from torch.utils import cpp_extension
+
+    return list(cpp_extension.COMMON_NVCC_FLAGS)
+
+
+def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print) -> bool:
+    """Compile every csrc/*.cu of `root` with nvcc for each arch in `archs`
+    (torch's COMMON_NVCC_FLAGS plus ours), and syntax-check the *_cuda.cpp glue
+    with the host compiler against torch's headers. Returns True when all pass."""
+    import torch
+    from torch.utils import cpp_extension
+
+    root = Path(root).resolve()
+    nvcc = shutil.which("nvcc") or nvcc_path()
+    if nvcc is None:
+        log("  nvcc not found: CUDA compile check skipped")
+        return True
+    ok = True
+    args = _common_args(root, True)
+    incs = [f"-I{d}" for d in args["include_dirs"]]
+    out_dir = root / "build" / "nvcc-check"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for cu in sorted((root / "csrc").glob("*.cu")):
+        for arch in archs:
+            cmd = [nvcc, "-c", str(cu), "-o", str(out_dir / f"{cu.stem}.sm{arch}.o"),
+                   f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-warn-spills",
+                   *_torch_nvcc_flags(), *args["nvcc"], *incs]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            status = "ok" if r.returncode == 0 else "FAILED"
+            log(f"  nvcc sm_{arch} {cu.relative_to(root)}: {status}")
+            if r.returncode != 0:
+                ok = False
+                log(r.stdout + r.stderr)
+    # torch-side CUDA glue: syntax only (no CUDA torch libraries to link here)
+    cuda_home = Path(nvcc).resolve().parent.parent
+    torch_incs = [f"-I{p}" for p in cpp_extension.include_paths()]
+    # A CPU wheel of torch ships c10/cuda headers but not the generated
+    # cuda_cmake_macros.h they include: stand in a minimal one for the check.
+    if not any(Path(p, "c10/cuda/impl/cuda_cmake_macros.h").exists() for p in cpp_extension.include_paths()):
+        stub = out_dir / "stub" / "c10" / "cuda" / "impl"
+        stub.mkdir(parents=True, exist_ok=True)
+        (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+        torch_incs.append(f"-I{out_dir / 'stub'}")
+    for cpp in sorted((root / "csrc").glob("*_cuda.cpp")):
+        cxx = os.environ.get("CXX", "c++")
+        cmd = [cxx, "-fsyntax-only", "-std=c++17", str(cpp), "-DKC_WITH_CUDA", *incs, *torch_incs,
+               f"-I{cuda_home / 'include'}", "-I/usr/local/cuda/include",
+               f"-I{sysconfig_include()}", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        status = "ok" if r.returncode == 0 else "FAILED"
+        log(f"  c++ -fsyntax-only {cpp.relative_to(root)}: {status}")
+        if r.returncode != 0:
+            ok = False
+            log(r.stdout + r.stderr)
+    return ok
+
+
+def sysconfig_include() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["include"]
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m kernel_common.build")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check-cuda", help="nvcc compile check of a day's .cu files")
+    c.add_argument("root")
+    sub.add_parser("info", help="print the build decisions for this machine")
+    a = p.parse_args(argv)
+    if a.cmd == "check-cuda":
+        return 0 if check_cuda_sources(a.root) else 1
+    print(f"cuda build: {cuda_build_enabled()}  arch list: {arch_list()}  nvcc: {nvcc_path()}  debug: {debug_enabled()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

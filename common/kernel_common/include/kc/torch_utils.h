@@ -1,0 +1,67 @@
+// kc/torch_utils.h: helpers for the torch side of a day (op validation and
+// launch glue). Included only from C++ files compiled against torch, never
+// from kernel (.cu) files.
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "kc/types.h"
+
+// Turn a cudaError_t returned by a torch-free launcher into a c10::Error.
+// (Use it only in files that include <cuda_runtime.h>.)
+#define KC_TORCH_CHECK_CUDA(expr)                                              \
+  do {                                                                         \
+    auto kc_err_ = (expr);                                                     \
+    TORCH_CHECK(kc_err_ == cudaSuccess, "CUDA error: ",                        \
+                cudaGetErrorString(kc_err_), " (", #expr, ")");                \
+  } while (0)
+
+namespace kc {
+
+// The kc::DType of a floating tensor; a clear error for anything else.
+inline DType to_kc_dtype(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::F32;
+    case at::kHalf: return DType::F16;
+    case at::kBFloat16: return DType::BF16;
+    default:
+      TORCH_CHECK(false, name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+  }
+  return DType::F32;
+}
+
+inline void check_float_dtype(const at::Tensor& t, const char* name) { (void)to_kc_dtype(t, name); }
+
+inline void check_same_device(const at::Tensor& a, const char* an, const at::Tensor& b, const char* bn) {
+  TORCH_CHECK(a.device() == b.device(), an, " and ", bn, " must be on the same device, got ",
+              a.device(), " and ", b.device());
+}
+
+// Outputs are allocated through this. With the environment variable
+// KC_POISON_OUTPUTS=1 (the tests set it) every output starts as NaN, so an
+// element a kernel forgets to write shows up in the comparison instead of
+// passing as whatever the allocator left there.
+inline bool poison_outputs() {
+  static const bool on = [] {
+    const char* e = std::getenv("KC_POISON_OUTPUTS");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
+
+inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  at::Tensor t = at::empty(sizes, opts);
+  if (poison_outputs() && t.numel() > 0 && at::isFloatingType(t.scalar_type())) t.fill_(NAN);
+  return t;
+}
+
+inline at::Tensor new_output_like(const at::Tensor& like) {
+  return new_output(like.sizes(), like.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+}  // namespace kc

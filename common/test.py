@@ -1,0 +1,185 @@
+"""Tests of kernel_common: the CUDA reductions (GPU) and the Python helpers (CPU).
+
+    python test.py            # or: pytest test.py
+The reduction kernels are JIT-built from reduce_test/ on first use (GPU only).
+"""
+import math
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from kernel_common import build, testing  # noqa: E402
+from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402,F401
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+_ext = None
+
+
+def ext():
+    global _ext
+    if _ext is None:
+        _ext = build.load_jit("kc_reduce_test", HERE / "reduce_test")
+    return torch.ops.kc_test
+
+
+# --------------------------------------------------------------------------- GPU
+BLOCKS = [32, 64, 96, 128, 160, 256, 480, 512, 992, 1024]
+LENGTHS = [1, 31, 33, 1000, 4099]
+
+
+@requires_cuda
+@pytest.mark.parametrize("threads", BLOCKS)
+@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+def test_block_reduce(threads, dtype):
+    ops = ext()
+    for L in LENGTHS:
+        x = testing.fresh(5, L, dtype=dtype, device="cuda")
+        out = ops.block_reduce(x, threads).cpu()  # [rows, threads, 3]
+        xd = x.double().cpu()
+        want = torch.stack([xd.sum(1), xd.amax(1), (xd * xd).sum(1)], 1)  # [rows, 3]
+        # the result is valid in EVERY thread, identical across threads
+        assert torch.equal(out, out[:, :1, :].expand_as(out)), "threads disagree on the block result"
+        got = out[:, 0, :].double()
+        scale = xd.abs().sum(1, keepdim=True).clamp_min(1)
+        assert torch.allclose(got[:, 1], want[:, 1]), "max wrong"
+        err = (got - want).abs() / torch.cat([scale, scale, (xd * xd).sum(1, keepdim=True).clamp_min(1)], 1)
+        err[:, 1] = 0
+        assert err.max() < 1e-5, f"sum error {err.max():.2e} (threads={threads}, L={L})"
+
+
+@requires_cuda
+def test_block_reduce_deterministic():
+    ops = ext()
+    x = testing.fresh(64, 100_003, device="cuda")
+    a = ops.block_reduce(x, 256)
+    for _ in range(3):
+        assert torch.equal(a, ops.block_reduce(x, 256))
+
+
+@requires_cuda
+def test_block_reduce_nan_inf():
+    ops = ext()
+    x = torch.randn(4, 1000, device="cuda")
+    x[0, 17] = float("nan")          # NaN: sum and max both NaN
+    x[1, 500] = float("inf")         # +inf: sum inf, max inf
+    x[2].fill_(float("-inf"))        # all -inf: max is -inf, sum -inf
+    x[3, 3] = float("inf"); x[3, 4] = float("-inf")  # inf - inf: sum NaN, max inf
+    out = ops.block_reduce(x, 128)[:, 0, :].cpu()
+    assert math.isnan(out[0, 0]) and math.isnan(out[0, 1])
+    assert out[1, 0] == math.inf and out[1, 1] == math.inf
+    assert out[2, 0] == -math.inf and out[2, 1] == -math.inf
+    assert math.isnan(out[3, 0]) and out[3, 1] == math.inf
+
+
+@requires_cuda
+@pytest.mark.parametrize("width", [1, 2, 4, 8, 16, 32])
+def test_warp_reduce(width):
+    ops = ext()
+    for groups in [1, 3, 37]:
+        x = testing.fresh(groups, width, device="cuda")
+        out = ops.warp_reduce(x, width).cpu()
+        xd = x.double().cpu()
+        assert torch.equal(out, out[:, :1, :].expand_as(out)), "lanes of a group disagree"
+        assert torch.allclose(out[:, 0, 0].double(), xd.sum(1), atol=1e-5, rtol=1e-5)
+        assert torch.equal(out[:, 0, 1], x.cpu().amax(1))
+
+
+@requires_cuda
+def test_bad_input_is_an_error_and_process_stays_usable():
+    ops = ext()
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.block_reduce(torch.randn(2, 8, device="cuda"), 48)
+    with pytest.raises(RuntimeError, match="float32, float16 or bfloat16"):
+        ops.block_reduce(torch.ones(2, 8, device="cuda", dtype=torch.int32), 32)
+    assert ops.block_reduce(torch.ones(2, 8, device="cuda"), 32)[0, 0, 0].item() == 8
+
+
+# --------------------------------------------------------------------------- CPU
+def test_tolerances_order():
+    t = [testing.tolerance(d)[1] for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16)]
+    assert t == sorted(t)
+
+
+def test_assert_close_catches_nan_and_error():
+    ref = torch.randn(10, dtype=torch.float64)
+    testing.assert_close(ref.float(), ref, 1e-6, 1e-6)
+    bad = ref.float().clone(); bad[3] = float("nan")
+    with pytest.raises(AssertionError, match="NaN"):
+        testing.assert_close(bad, ref, 1e-6, 1e-6)
+    bad = ref.float().clone(); bad[7] += 1
+    with pytest.raises(AssertionError, match=r"worst at \[7\]"):
+        testing.assert_close(bad, ref, 1e-6, 1e-6)
+    with pytest.raises(AssertionError, match="shape"):
+        testing.assert_close(ref[:5].float(), ref, 1e-6, 1e-6)
+
+
+def test_assert_lowp_close_rule():
+    ref = torch.randn(1000, dtype=torch.float64)
+    torch_out = ref.to(torch.bfloat16)
+    testing.assert_lowp_close(torch_out.clone(), ref, torch_out)
+    worse = (ref + 0.25).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="max error"):
+        testing.assert_lowp_close(worse, ref, torch_out)
+
+
+def test_rel_err():
+    r = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    assert testing.rel_err(r, r) == 0
+    assert abs(testing.rel_err(r * 1.1, r) - 0.1) < 1e-12
+    assert testing.rel_err(torch.ones(2), torch.zeros(2)) == pytest.approx(math.sqrt(2))
+
+
+def test_views_keep_values():
+    t = torch.randn(3, 7)
+    o = testing.offset_view(t, 1)
+    assert torch.equal(o, t) and o.data_ptr() % 16 != 0
+    s = testing.strided_view(t)
+    assert torch.equal(s, t) and not s.is_contiguous()
+
+
+def test_poison_env_is_set():
+    assert os.environ.get("KC_POISON_OUTPUTS") == "1"
+
+
+def test_build_policy(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert build.arch_list() == "9.0"
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    if not HAS_CUDA:
+        assert "9.0" in build.DEFAULT_ARCH_LIST and "+PTX" in build.DEFAULT_ARCH_LIST
+        assert build.arch_list() == build.DEFAULT_ARCH_LIST
+    monkeypatch.setenv("DEBUG", "1")
+    assert {"-O0", "-g", "-lineinfo"} <= set(build.nvcc_flags())
+    monkeypatch.setenv("DEBUG", "0")
+    assert "-O3" in build.nvcc_flags() and "-O0" not in build.cxx_flags()
+    monkeypatch.setenv("KC_FORCE_CPU", "1")
+    assert not build.cuda_build_enabled()
+    if torch.version.cuda is None:
+        monkeypatch.delenv("KC_FORCE_CPU")
+        assert not build.cuda_build_enabled()
+    srcs = build._sources(HERE / "reduce_test", with_cuda=False)
+    assert all(not s.endswith((".cu", "_cuda.cpp")) for s in srcs) and srcs
+    assert any(s.endswith(".cu") for s in build._sources(HERE / "reduce_test", with_cuda=True))
+
+
+def test_headers_shipped():
+    inc = Path(build.include_dir()) / "kc"
+    for h in ["reduce.cuh", "vec.cuh", "check.cuh", "switch.cuh", "convert.cuh", "types.h", "torch_utils.h"]:
+        assert (inc / h).exists(), h
+
+
+def test_bench_floor_math():
+    from kernel_common import bench
+    assert bench.floor_us(4e9, 4000) == pytest.approx(1000.0)
+    assert bench.flops_floor_us(1e12, 500) == pytest.approx(2000.0)
+    t = bench.format_table([{"a": 1.234, "b": None}], ["a", "b"])
+    assert "1.23" in t and "-" in t
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", *sys.argv[1:]]))
