@@ -1,0 +1,103 @@
+"""Benchmark of day26 LayerNorm forward and backward (GPU).
+
+    python bench.py [--out STEM] [--quick]
+
+Columns (times in microseconds, median over repeats, L2 flushed before each):
+  v1, v2        our kernels (version 1 = the seed's algorithm, 2 = the fast one)
+  torch         forward: F.layer_norm; backward: aten.native_layer_norm_backward
+                on precomputed mean/rstd (PyTorch's own CUDA kernels)
+  compile       torch.compile of the same math (backward: the closed-form dx,
+                dweight, dbias from mean/rstd, as Inductor fuses it)
+  floor         the bytes that must move over the measured copy bandwidth:
+                forward 2 passes (read x, write y), backward 3 (read x, dy; write dx)
+  %floor        floor / v2; x torch = torch / v2
+Writes STEM.md (the tables), STEM.json and STEM.png.
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from kernel_common import bench
+from day26_layernorm import layer_norm_backward, layer_norm_forward
+
+SHAPES = [(4096, 768), (32768, 1024), (16384, 4096), (8192, 8192), (4096, 16384)]
+
+
+def compiled_fns():
+    fwd = torch.compile(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), dynamic=True)
+
+    def bwd_math(dy, x, mean, rstd, w):
+        xf = x.float()
+        xhat = (xf - mean[:, None]) * rstd[:, None]
+        dyf = dy.float()
+        g = dyf * w.float()
+        a = g.mean(-1, keepdim=True)
+        c = (g * xhat).mean(-1, keepdim=True)
+        dx = (rstd[:, None] * (g - a - xhat * c)).to(x.dtype)
+        return dx, (dyf * xhat).sum(0).to(w.dtype), dyf.sum(0).to(w.dtype)
+
+    return fwd, torch.compile(bwd_math, dynamic=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="bench_out/day26")
+    p.add_argument("--quick", action="store_true", help="two shapes only")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("bench.py needs a CUDA GPU")
+        return 1
+    meta = bench.device_meta()
+    bw = bench.copy_bandwidth_gbs()
+    meta["copy_gbs"] = round(bw, 1)
+    cfwd, cbwd = compiled_fns()
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    fwd_rows, bwd_rows = [], []
+    for dtype in (torch.float32, torch.bfloat16):
+        for n, d in shapes:
+            x = torch.randn(n, d, device="cuda", dtype=dtype)
+            w = torch.randn(d, device="cuda", dtype=dtype)
+            b = torch.randn(d, device="cuda", dtype=dtype)
+            dy = torch.randn(n, d, device="cuda", dtype=dtype)
+            label = f"{n}x{d} {str(dtype).replace('torch.', '')}"
+            esz = x.element_size()
+            t = {}
+            t["v1"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=1))
+            t["v2"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=2))
+            t["torch"] = bench.time_us(lambda: F.layer_norm(x, (d,), w, b))
+            t["compile"] = bench.time_us(lambda: cfwd(x, w, b))
+            floor = bench.floor_us(2 * n * d * esz, bw)
+            fwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["v2"],
+                                 x_torch=t["torch"] / t["v2"], x_compile=t["compile"] / t["v2"]))
+            _, mean, rstd = torch.ops.aten.native_layer_norm(x, [d], w, b, 1e-5)
+            m1, r1 = mean.view(-1), rstd.view(-1)
+            t = {}
+            t["v1"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=1))
+            t["v2"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=2))
+            t["torch"] = bench.time_us(lambda: torch.ops.aten.native_layer_norm_backward(
+                dy, x, [d], mean, rstd, w, b, [True, True, True]))
+            t["compile"] = bench.time_us(lambda: cbwd(dy, x, m1, r1, w))
+            floor = bench.floor_us(3 * n * d * esz, bw)
+            bwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["v2"],
+                                 x_torch=t["torch"] / t["v2"], x_compile=t["compile"] / t["v2"]))
+            del x, w, b, dy, mean, rstd
+            torch.cuda.empty_cache()
+            print(f"  done {label}", file=sys.stderr)
+    cols = ["shape", "v1", "v2", "torch", "compile", "floor", "pct_floor", "x_torch", "x_compile"]
+    head = (f"day26 LayerNorm on {meta['device']} ({meta['date']}, torch {meta['torch']}), "
+            f"copy bandwidth {bw:.0f} GB/s; times in us, median; pct_floor = floor / v2")
+    md = (f"{head}\n\nForward (floor: 2 passes)\n\n{bench.format_table(fwd_rows, cols)}\n\n"
+          f"Backward (dx, dweight, dbias; floor: 3 passes)\n\n{bench.format_table(bwd_rows, cols)}\n")
+    with open(f"{args.out}.md", "w") as f:
+        f.write(md)
+    bench.write_report(fwd_rows + [dict(r, shape="bwd " + r["shape"]) for r in bwd_rows], cols, args.out,
+                       "day26 LayerNorm fwd / bwd (us)", meta, plot_cols=["v1", "v2", "torch", "compile", "floor"],
+                       label_col="shape")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+// Op schemas of day26 (implementations: layernorm_cpu.cpp, layernorm_cuda.cpp).
+//
+// layer_norm_fwd(x, normalized_shape, weight?, bias?, eps, version) -> (y, mean, rstd)
+//   mean and rstd: fp32 (fp64 for fp64 input on CPU), shape = x's leading dims.
+// layer_norm_bwd(dy, x, normalized_shape, mean, rstd, weight?, output_mask, version)
+//   -> (dx, dweight, dbias); an output whose mask entry is false (or dweight
+//   without a weight) is returned as an empty tensor of shape [0].
+// version: 1 = the seed's algorithm, 2 = the fast kernels (CUDA; CPU ignores it).
+#include <pybind11/pybind11.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(day26, m) {
+  m.def("layer_norm_fwd(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, int version=2)"
+        " -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_bwd(Tensor dy, Tensor x, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight,"
+        " bool[3] output_mask, int version=2) -> (Tensor, Tensor, Tensor)");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.doc() = "day26: LayerNorm forward and backward (torch.ops.day26)"; }

@@ -1,0 +1,365 @@
+// LayerNorm backward. With xhat = (x - mean) * rstd, g = dy * weight and D the
+// row length (derivation in the README):
+//   dx      = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))      per row
+//   dweight = sum_rows(dy * xhat),  dbias = sum_rows(dy)            per column
+//
+// Versions:
+//   v1  the seed's algorithm, fixed: one block of 256 threads per row; pass 1
+//       reduces sum(g) and sum(g * xhat) through shared memory, pass 2 writes dx
+//       (x and dy read twice). dweight/dbias: a second kernel with one thread per
+//       column walking all rows (coalesced across the warp, deterministic).
+//   v2  x and dy read once into registers (16-byte vectors where allowed), both
+//       row sums in one reduction, dx written once. A persistent grid (a few
+//       blocks per SM) walks the rows; each block accumulates dy * xhat and dy
+//       for its columns in shared memory (fp32), then writes one partial row per
+//       block. A small finalize kernel sums the partials in a fixed order. No
+//       float atomics anywhere: the same inputs on the same GPU give bitwise the
+//       same dweight/dbias. Rows longer than 16384 fall back to v1.
+// Traffic of v2: x, dy read once, dx written once (the 3-pass floor), plus
+// 2 * grid * D * 4 bytes of partials written and read back.
+#include "layernorm.h"
+#include "layernorm_common.cuh"
+
+#include "kc/check.cuh"
+#include "kc/reduce.cuh"
+#include "kc/switch.cuh"
+
+namespace day26 {
+namespace {
+
+template <typename TW>
+__device__ __forceinline__ float load_w(const TW* p, int64_t c) { return p ? kc::to_float(p[c]) : 1.f; }
+
+// ----------------------------------------------------------------------------- v1
+// Assumes blockDim.x a multiple of 32; grid = rows in this chunk.
+template <typename T, typename TW>
+__global__ void ln_bwd_dx_v1(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+                             const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
+                             int64_t row0, int64_t D) {
+  __shared__ float red[64];
+  const int64_t row = row0 + blockIdx.x;
+  const T* xr = x + row * D;
+  const T* dyr = dy + row * D;
+  const float mu = mean[row], rs = rstd[row];
+  float sums[2] = {0.f, 0.f};  // sum(g), sum(g * xhat)
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    const float g = kc::to_float(dyr[c]) * load_w(w, c);
+    sums[0] += g;
+    sums[1] += g * (kc::to_float(xr[c]) - mu) * rs;
+  }
+  kc::block_reduce_sum<2>(sums, red);
+  const float a = sums[0] / float(D), b = sums[1] / float(D);
+  T* dxr = dx + row * D;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    const float g = kc::to_float(dyr[c]) * load_w(w, c);
+    const float xhat = (kc::to_float(xr[c]) - mu) * rs;
+    dxr[c] = kc::from_float<T>(rs * (g - a - xhat * b));
+  }
+}
+
+// One thread per column, all rows in order: coalesced, deterministic, slow for
+// few columns (little parallelism) - the seed's "per-feature reduction".
+template <typename T, typename TW>
+__global__ void ln_bwd_dwdb_v1(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+                               const float* __restrict__ rstd, TW* __restrict__ dw, TW* __restrict__ db,
+                               int64_t rows, int64_t D) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= D) return;
+  float sw = 0.f, sb = 0.f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float g = kc::to_float(dy[r * D + c]);
+    sw += g * (kc::to_float(x[r * D + c]) - mean[r]) * rstd[r];
+    sb += g;
+  }
+  if (dw) dw[c] = kc::from_float<TW>(sw);
+  if (db) db[c] = kc::from_float<TW>(sb);
+}
+
+// ----------------------------------------------------------------------------- v2
+// Assumptions (checked by the launcher):
+// - kWarp: blockDim.x = 32 * kWarpRowsPerBlock, one warp per row, each warp has
+//   its own accumulator slot; else blockDim.x = threads per row (<= kMaxTpr).
+// - dynamic shared memory: slots * 2 * D floats (accumulators), 16-byte aligned.
+// - VEC > 1 only when dy, x, dx, weight are VEC-aligned and D % VEC == 0.
+// - partial: [gridDim.x][2][D] fp32 (row 0: dweight partial, row 1: dbias), written
+//   fully when kPartials (every column, zeros for columns no row touched).
+template <int VEC>
+__device__ __forceinline__ void smem_accumulate(float* p, const float (&v)[VEC]) {
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      float4 t = reinterpret_cast<float4*>(p)[q];
+      t.x += v[4 * q]; t.y += v[4 * q + 1]; t.z += v[4 * q + 2]; t.w += v[4 * q + 3];
+      reinterpret_cast<float4*>(p)[q] = t;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) p[j] += v[j];
+  }
+}
+
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials>
+__global__ void __launch_bounds__(kMaxTpr)
+ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+          const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
+          float* __restrict__ partial, int64_t rows, int64_t D) {
+  extern __shared__ __align__(16) float acc[];  // [slots][2][D]
+  __shared__ float red[64];
+  const int tpr = kWarp ? 32 : blockDim.x;
+  const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
+  const int64_t slots = kWarp ? (blockDim.x >> 5) : 1;
+  const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
+  const float inv_d = 1.f / float(D);
+
+  if (kPartials) {
+    for (int64_t i = threadIdx.x; i < slots * 2 * D; i += blockDim.x) acc[i] = 0.f;
+    __syncthreads();
+  }
+  float* acc_w = acc + slot * 2 * D;
+  float* acc_b = acc_w + D;
+
+  for (int64_t row = blockIdx.x * slots + slot; row < rows; row += int64_t(gridDim.x) * slots) {
+    float xv[ITERS][VEC], gv[ITERS][VEC];
+    const T* xr = x + row * D;
+    const T* dyr = dy + row * D;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        load_f32<T, VEC>(xr + c, xv[it]);
+        load_f32<T, VEC>(dyr + c, gv[it]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) xv[it][j] = gv[it][j] = 0.f;
+      }
+    }
+    const float mu = mean[row], rs = rstd[row];
+    float sums[2] = {0.f, 0.f};
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        float wv[VEC];
+        if (w) load_f32<TW, VEC>(w + c, wv);
+        float pw[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (xv[it][j] - mu) * rs;
+          const float dyv = gv[it][j];
+          pw[j] = dyv * xhat;
+          xv[it][j] = xhat;                        // keep xhat, x is no longer needed
+          gv[it][j] = w ? dyv * wv[j] : dyv;       // g = dy * weight
+          sums[0] += gv[it][j];
+          sums[1] += gv[it][j] * xhat;
+        }
+        if (kPartials) {
+          smem_accumulate<VEC>(acc_w + c, pw);
+          smem_accumulate<VEC>(acc_b + c, gv[it]);  // overwritten below: use dy, not g
+        }
+      }
+    }
+    if (kWarp) {
+      sums[0] = kc::warp_reduce_sum(sums[0]);
+      sums[1] = kc::warp_reduce_sum(sums[1]);
+    } else {
+      kc::block_reduce_sum<2>(sums, red);
+    }
+    const float a = sums[0] * inv_d, b = sums[1] * inv_d;
+    if (dx) {
+      T* dxr = dx + row * D;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int64_t c = (int64_t(it) * tpr + t) * VEC;
+        if (c < D) {
+          float out[VEC];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) out[j] = rs * (gv[it][j] - a - xv[it][j] * b);
+          store_from_f32<T, VEC>(dxr + c, out);
+        }
+      }
+    }
+  }
+  if (kPartials) {
+    __syncthreads();
+    // Sum the slots in a fixed order and write this block's partial row.
+    float* out = partial + int64_t(blockIdx.x) * 2 * D;
+    for (int64_t i = threadIdx.x; i < 2 * D; i += blockDim.x) {
+      const int64_t which = i / D, c = i - which * D;
+      float s = 0.f;
+      for (int64_t k = 0; k < slots; ++k) s += acc[k * 2 * D + which * D + c];
+      out[i] = s;
+    }
+  }
+}
+
+// Sum G partial rows per column in a fixed order. Block: 32 columns x 32 slices.
+template <typename TW>
+__global__ void ln_bwd_finalize(const float* __restrict__ partial, int64_t G, int64_t D, TW* __restrict__ dw,
+                                TW* __restrict__ db) {
+  __shared__ float s[2][32][33];
+  const int cx = threadIdx.x & 31, sy = threadIdx.x >> 5;
+  const int64_t c = int64_t(blockIdx.x) * 32 + cx;
+  float aw = 0.f, ab = 0.f;
+  if (c < D) {
+    for (int64_t g = sy; g < G; g += 32) {
+      aw += partial[(g * 2) * D + c];
+      ab += partial[(g * 2 + 1) * D + c];
+    }
+  }
+  s[0][sy][cx] = aw;
+  s[1][sy][cx] = ab;
+  __syncthreads();
+  if (sy == 0 && c < D) {
+    float tw = 0.f, tb = 0.f;
+    for (int k = 0; k < 32; ++k) {
+      tw += s[0][k][cx];
+      tb += s[1][k][cx];
+    }
+    if (dw) dw[c] = kc::from_float<TW>(tw);
+    if (db) db[c] = kc::from_float<TW>(tb);
+  }
+}
+
+// -------------------------------------------------------------------- launching
+template <typename T, typename TW>
+int v2_vec(const LnBackwardArgs& a) {
+  constexpr int V = kc::max_vec_elems<T>();
+  const bool ok = kc::can_vectorize<T, V>(a.x, a.cols) && kc::can_vectorize<T, V>(a.dy, a.cols) &&
+                  (!a.dx || kc::can_vectorize<T, V>(a.dx, a.cols)) &&
+                  (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V));
+  return ok ? V : 1;
+}
+
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials>
+auto v2_kernel() { return ln_bwd_v2<T, TW, VEC, ITERS, kWarp, kPartials>; }
+
+size_t v2_smem(const V2Config& cfg, int64_t D) {
+  return size_t(cfg.warp ? kWarpRowsPerBlock : 1) * 2 * size_t(D) * sizeof(float);
+}
+
+// Grid of the persistent v2 kernel: blocks that fit at once (occupancy), capped
+// by the number of row groups. A pure function of (D, dtype, config, device).
+template <typename Kernel>
+int64_t v2_grid(Kernel kernel, const V2Config& cfg, int64_t rows, int64_t D, bool partials) {
+  const size_t smem = partials ? v2_smem(cfg, D) : 0;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, smem) != cudaSuccess || per_sm < 1)
+    per_sm = 1;
+  const int64_t groups = (rows + (cfg.warp ? kWarpRowsPerBlock : 1) - 1) / (cfg.warp ? kWarpRowsPerBlock : 1);
+  const int64_t cap = int64_t(num_sms()) * per_sm;
+  return groups < cap ? groups : cap;
+}
+
+// Calls f.template operator()<VEC, ITERS, kWarp>() for the configuration.
+template <int VEC, typename F>
+cudaError_t with_v2_config(const V2Config& cfg, F&& f) {
+  return KC_BOOL_SWITCH(cfg.warp, kWarp, [&] {
+    switch (cfg.iters) {
+      case 1: return f.template operator()<VEC, 1, kWarp>();
+      case 2: return f.template operator()<VEC, 2, kWarp>();
+      case 4: if constexpr (4 * VEC <= kMaxEpt) return f.template operator()<VEC, 4, kWarp>(); break;
+      case 8: if constexpr (8 * VEC <= kMaxEpt) return f.template operator()<VEC, 8, kWarp>(); break;
+      case 16: if constexpr (16 * VEC <= kMaxEpt) return f.template operator()<VEC, 16, kWarp>(); break;
+    }
+    return cudaErrorInvalidConfiguration;
+  });
+}
+
+template <typename T, typename TW>
+struct V2Launch {
+  const LnBackwardArgs& a;
+  const V2Config& cfg;
+  cudaStream_t stream;
+  bool partials;
+  int64_t* grid_out;  // when set: only compute the grid
+
+  template <int VEC, int ITERS, bool kWarp>
+  cudaError_t operator()() const {
+    auto kernel = partials ? v2_kernel<T, TW, VEC, ITERS, kWarp, true>() : v2_kernel<T, TW, VEC, ITERS, kWarp, false>();
+    const int64_t grid = v2_grid(kernel, cfg, a.rows, a.cols, partials);
+    if (grid_out) {
+      *grid_out = grid;
+      return cudaSuccess;
+    }
+    if (grid > 0) {
+      kernel<<<unsigned(grid), cfg.threads, partials ? v2_smem(cfg, a.cols) : 0, stream>>>(
+          static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.mean, a.rstd,
+          static_cast<const TW*>(a.weight), static_cast<T*>(a.dx), a.workspace, a.rows, a.cols);
+      KC_CUDA_LAUNCH_TRY();
+    }
+    if (partials) {
+      ln_bwd_finalize<TW><<<unsigned((a.cols + 31) / 32), 1024, 0, stream>>>(
+          a.workspace, grid, a.cols, static_cast<TW*>(a.dweight), static_cast<TW*>(a.dbias));
+      KC_CUDA_LAUNCH_TRY();
+    }
+    return cudaSuccess;
+  }
+};
+
+template <typename T, typename TW>
+cudaError_t backward_typed(const LnBackwardArgs& a, int version, cudaStream_t stream, int64_t* grid_out) {
+  const bool partials = a.dweight || a.dbias;
+  if (version == 2) {
+    const int vec = v2_vec<T, TW>(a);
+    constexpr int V = kc::max_vec_elems<T>();
+    const V2Config cfg = v2_config(a.cols, vec);
+    if (cfg.ok) {
+      V2Launch<T, TW> l{a, cfg, stream, partials, grid_out};
+      return vec == V ? with_v2_config<V>(cfg, l) : with_v2_config<1>(cfg, l);
+    }
+  }
+  if (grid_out) {
+    *grid_out = 0;
+    return cudaSuccess;
+  }
+  // v1, and v2's fallback for rows longer than 16384
+  if (a.dx) {
+    for (int64_t r0 = 0; r0 < a.rows; r0 += 0x7fffffff) {
+      const int64_t n = a.rows - r0 < 0x7fffffff ? a.rows - r0 : 0x7fffffff;
+      ln_bwd_dx_v1<T, TW><<<unsigned(n), 256, 0, stream>>>(
+          static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.mean, a.rstd,
+          static_cast<const TW*>(a.weight), static_cast<T*>(a.dx), r0, a.cols);
+      KC_CUDA_LAUNCH_TRY();
+    }
+  }
+  if (partials) {
+    ln_bwd_dwdb_v1<T, TW><<<unsigned((a.cols + 255) / 256), 256, 0, stream>>>(
+        static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.mean, a.rstd, static_cast<TW*>(a.dweight),
+        static_cast<TW*>(a.dbias), a.rows, a.cols);
+    KC_CUDA_LAUNCH_TRY();
+  }
+  return cudaSuccess;
+}
+
+template <typename F>
+cudaError_t typed(kc::DType dt, kc::DType wdt, F&& f) {
+  const bool w_f32 = wdt == kc::DType::F32;
+  return KC_DTYPE_SWITCH(dt, T, [&] {
+    return KC_BOOL_SWITCH(w_f32, kWF32, [&] {
+      using TW = typename std::conditional<kWF32, float, T>::type;
+      return f(T{}, TW{});
+    });
+  });
+}
+
+}  // namespace
+
+int64_t ln_backward_workspace_floats(const LnBackwardArgs& a, int version) {
+  if (version != 2 || (!a.dweight && !a.dbias)) return 0;
+  int64_t grid = 0;
+  typed(a.dt, a.wdt, [&](auto t, auto tw) {
+    return backward_typed<decltype(t), decltype(tw)>(a, version, nullptr, &grid);
+  });
+  return grid * 2 * a.cols;
+}
+
+cudaError_t ln_backward(const LnBackwardArgs& a, int version, cudaStream_t stream) {
+  if (version != 1 && version != 2) return cudaErrorInvalidValue;
+  if (a.rows == 0 && !a.dweight && !a.dbias) return cudaSuccess;
+  return typed(a.dt, a.wdt, [&](auto t, auto tw) {
+    return backward_typed<decltype(t), decltype(tw)>(a, version, stream, nullptr);
+  });
+}
+
+}  // namespace day26

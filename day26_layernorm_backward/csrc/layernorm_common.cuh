@@ -1,0 +1,92 @@
+// Shared by layernorm_fwd.cu and layernorm_bwd.cu: the launch configuration
+// of the v2 kernels, chosen from the row length and the dtype.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "kc/convert.cuh"
+#include "kc/vec.cuh"
+
+namespace day26 {
+
+// v2 holds a row in registers: each of the row's `tpr` threads owns
+// iters * vec elements ("elements per thread").
+//   warp path  (rows of <= 512 elements): one warp per row, 8 rows per block,
+//              at most 16 elements per thread;
+//   block path (rows up to 16384):        one block per row, tpr in 128..512
+//              (launch bounds 512: up to 128 registers per thread, so 32
+//              elements of x and 32 of dy stay in registers without spills).
+constexpr int kMaxEpt = 32;
+constexpr int kMaxEptWarp = 16;
+constexpr int kMaxTpr = 512;
+constexpr int kWarpRowsPerBlock = 8;
+
+struct V2Config {
+  bool ok = false;   // false: the row is too long for registers, use v1
+  bool warp = false;
+  int vec = 1;       // elements per vector access
+  int iters = 1;     // vector accesses per thread per row
+  int tpr = 32;      // threads per row
+  int threads = 256; // threads per block
+};
+
+inline int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// vec: the vector width that every pointer and the row length allow (1 or 16 bytes' worth).
+inline V2Config v2_config(int64_t cols, int vec) {
+  V2Config c;
+  c.vec = vec;
+  const int64_t nv = (cols + vec - 1) / vec;  // vector accesses per row
+  if (nv <= 32 * (kMaxEptWarp / vec) && cols <= 512) {
+    c.warp = true;
+    c.tpr = 32;
+    c.iters = next_pow2((nv + 31) / 32);
+    c.threads = 32 * kWarpRowsPerBlock;
+  } else {
+    // aim at 4 vector accesses per thread, then clamp the block size
+    int tpr = next_pow2((nv + 3) / 4);
+    tpr = tpr < 128 ? 128 : (tpr > kMaxTpr ? kMaxTpr : tpr);
+    c.tpr = tpr;
+    c.threads = tpr;
+    c.iters = next_pow2((nv + tpr - 1) / tpr);
+  }
+  c.ok = c.iters * vec <= (c.warp ? kMaxEptWarp : kMaxEpt) && c.iters <= 16;
+  return c;
+}
+
+// Number of multiprocessors of the current device (cached per device).
+inline int num_sms() {
+  static int cache[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cache[dev] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    cache[dev] = n > 0 ? n : 1;
+  }
+  return cache[dev];
+}
+
+// Load VEC elements of T starting at p (aligned when VEC > 1) as fp32.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_f32(const T* p, float (&out)[VEC]) {
+  const kc::Vec<T, VEC> v = kc::load_vec<VEC>(p);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] = kc::to_float(v.v[j]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_from_f32(T* p, const float (&in)[VEC]) {
+  kc::Vec<T, VEC> v;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v.v[j] = kc::from_float<T>(in[j]);
+  kc::store_vec<VEC>(p, v);
+}
+
+}  // namespace day26

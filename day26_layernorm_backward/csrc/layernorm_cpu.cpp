@@ -1,0 +1,135 @@
+// CPU implementation: the readable reference of the math, in double precision
+// accumulation for every dtype (float64 too, for gradcheck). Rows are processed
+// in parallel; dweight/dbias are reduced per column block with the rows in
+// order, so the result does not depend on the number of threads.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cmath>
+
+#include "kc/torch_utils.h"
+#include "layernorm_checks.h"
+
+namespace day26 {
+namespace {
+
+at::Tensor as_double_or_none(const c10::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? t->to(at::kDouble).contiguous() : at::Tensor();
+}
+
+at::ScalarType stat_dtype(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tensor& x_, at::IntArrayRef nshape,
+                                                                  const c10::optional<at::Tensor>& weight,
+                                                                  const c10::optional<at::Tensor>& bias, double eps,
+                                                                  int64_t version) {
+  TORCH_CHECK(x_.device().is_cpu(), "layer_norm: input must be a CPU tensor here");
+  const LnShape s = ln_check_inputs(x_, nshape, weight, bias, /*allow_f64=*/true);
+  TORCH_CHECK(version == 1 || version == 2, "layer_norm: version must be 1 or 2, got ", version);
+  const at::Tensor x = x_.contiguous();
+  at::Tensor y = kc::new_output_like(x);
+  at::Tensor mean = kc::new_output(s.lead, x.options().dtype(stat_dtype(x)));
+  at::Tensor rstd = kc::new_output(s.lead, x.options().dtype(stat_dtype(x)));
+  const at::Tensor w = as_double_or_none(weight), b = as_double_or_none(bias);
+  const int64_t D = s.cols;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "layer_norm_fwd_cpu", [&] {
+    using stat_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    stat_t* mp = mean.data_ptr<stat_t>();
+    stat_t* rp = rstd.data_ptr<stat_t>();
+    const double* wp = w.defined() ? w.data_ptr<double>() : nullptr;
+    const double* bp = b.defined() ? b.data_ptr<double>() : nullptr;
+    at::parallel_for(0, s.rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* xr = xp + r * D;
+        double m = 0;
+        for (int64_t c = 0; c < D; ++c) m += double(xr[c]);
+        m /= double(D);
+        double v = 0;
+        for (int64_t c = 0; c < D; ++c) v += (double(xr[c]) - m) * (double(xr[c]) - m);
+        // rstd is rounded to the stored dtype first, so y agrees with what the backward sees
+        const stat_t rs = stat_t(1.0 / std::sqrt(v / double(D) + eps));
+        for (int64_t c = 0; c < D; ++c) {
+          const double xhat = (double(xr[c]) - double(stat_t(m))) * double(rs);
+          yp[r * D + c] = scalar_t(xhat * (wp ? wp[c] : 1.0) + (bp ? bp[c] : 0.0));
+        }
+        mp[r] = stat_t(m);
+        rp[r] = rs;
+      }
+    });
+  });
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
+    const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
+    const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version) {
+  TORCH_CHECK(x_.device().is_cpu(), "layer_norm backward: input must be a CPU tensor here");
+  const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight, /*allow_f64=*/true);
+  TORCH_CHECK(version == 1 || version == 2, "layer_norm backward: version must be 1 or 2, got ", version);
+  const at::Tensor x = x_.contiguous(), dy = dy_.contiguous();
+  const at::Tensor mean = mean_.to(at::kDouble).contiguous(), rstd = rstd_.to(at::kDouble).contiguous();
+  const bool has_w = weight.has_value() && weight->defined();
+  const at::Tensor w = as_double_or_none(weight);
+  const int64_t D = s.cols;
+  const auto wdt = has_w ? weight->scalar_type() : x.scalar_type();
+  at::Tensor dx = mask[0] ? kc::new_output_like(x) : at::empty({0}, x.options());
+  at::Tensor dw = mask[1] && has_w ? kc::new_output(nshape, x.options().dtype(wdt)) : at::empty({0}, x.options());
+  at::Tensor db = mask[2] ? kc::new_output(nshape, x.options().dtype(wdt)) : at::empty({0}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "layer_norm_bwd_cpu", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* dyp = dy.data_ptr<scalar_t>();
+    const double* mp = mean.data_ptr<double>();
+    const double* rp = rstd.data_ptr<double>();
+    const double* wp = has_w ? w.data_ptr<double>() : nullptr;
+    if (mask[0]) {
+      scalar_t* dxp = dx.data_ptr<scalar_t>();
+      at::parallel_for(0, s.rows, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * weight
+          double sg = 0, sgx = 0;
+          for (int64_t c = 0; c < D; ++c) {
+            const double g = double(dyp[r * D + c]) * (wp ? wp[c] : 1.0);
+            sg += g;
+            sgx += g * (double(xp[r * D + c]) - mp[r]) * rp[r];
+          }
+          sg /= double(D);
+          sgx /= double(D);
+          for (int64_t c = 0; c < D; ++c) {
+            const double g = double(dyp[r * D + c]) * (wp ? wp[c] : 1.0);
+            const double xhat = (double(xp[r * D + c]) - mp[r]) * rp[r];
+            dxp[r * D + c] = scalar_t(rp[r] * (g - sg - xhat * sgx));
+          }
+        }
+      });
+    }
+    const bool want_w = mask[1] && has_w, want_b = mask[2];
+    if (want_w || want_b) {
+      std::vector<double> aw(D, 0.0), ab(D, 0.0);
+      at::parallel_for(0, D, 256, [&](int64_t c0, int64_t c1) {
+        for (int64_t r = 0; r < s.rows; ++r)
+          for (int64_t c = c0; c < c1; ++c) {
+            const double g = double(dyp[r * D + c]);
+            aw[c] += g * (double(xp[r * D + c]) - mp[r]) * rp[r];
+            ab[c] += g;
+          }
+      });
+      const at::Tensor awt = at::from_blob(aw.data(), {D}, at::kDouble);
+      const at::Tensor abt = at::from_blob(ab.data(), {D}, at::kDouble);
+      if (want_w) dw.copy_(awt.view(nshape));
+      if (want_b) db.copy_(abt.view(nshape));
+    }
+  });
+  return {dx, dw, db};
+}
+
+}  // namespace
+}  // namespace day26
+
+TORCH_LIBRARY_IMPL(day26, CPU, m) {
+  m.impl("layer_norm_fwd", &day26::layer_norm_fwd_cpu);
+  m.impl("layer_norm_bwd", &day26::layer_norm_bwd_cpu);
+}

@@ -1,0 +1,199 @@
+// LayerNorm forward: y = (x - mean) * rstd * weight + bias, per row of D elements,
+//   mean = sum(x) / D,  var = sum((x - mean)^2) / D,  rstd = 1 / sqrt(var + eps).
+// mean and rstd (fp32) are saved for the backward.
+//
+// Versions:
+//   v1  the seed's structure: one block of 256 threads per row, three passes
+//       over the row in global memory (sum, squared deviations, write), scalar
+//       loads, block reductions through shared memory. Any D.
+//   v2  the row is read once into registers (16-byte vector loads where every
+//       pointer and D allow it), both statistics come from the registers
+//       (two-pass variance: accurate, no extra memory traffic), then y is written
+//       once. One warp per row for D <= 512 (8 rows per block, warp shuffles
+//       only), one block per row above that (128..512 threads, <= 32 elements
+//       per thread). Rows longer than 16384 fall back to v1.
+// Traffic: v2 reads x once and writes y once (the floor: 2 passes); v1 reads x
+// three times (mostly from L2 when the rows of the blocks in flight fit there).
+#include "layernorm.h"
+#include "layernorm_common.cuh"
+
+#include "kc/check.cuh"
+#include "kc/reduce.cuh"
+#include "kc/switch.cuh"
+
+namespace day26 {
+namespace {
+
+template <typename TW>
+__device__ __forceinline__ float load_w(const TW* p, int64_t c) { return p ? kc::to_float(p[c]) : 1.f; }
+template <typename TW>
+__device__ __forceinline__ float load_b(const TW* p, int64_t c) { return p ? kc::to_float(p[c]) : 0.f; }
+
+// v1. Assumes blockDim.x = 256 (any multiple of 32 works), grid = rows (<= 2^31-1
+// blocks; the launcher loops over chunks of rows otherwise).
+template <typename T, typename TW>
+__global__ void ln_fwd_v1(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
+                          T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                          int64_t row0, int64_t D, float eps) {
+  __shared__ float red[32];
+  const int64_t row = row0 + blockIdx.x;
+  const T* xr = x + row * D;
+  float s = 0.f;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) s += kc::to_float(xr[c]);
+  const float mean = kc::block_reduce_sum(s, red) / float(D);
+  float q = 0.f;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    const float d = kc::to_float(xr[c]) - mean;
+    q += d * d;
+  }
+  const float rstd = rsqrtf(kc::block_reduce_sum(q, red) / float(D) + eps);
+  T* yr = y + row * D;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
+    yr[c] = kc::from_float<T>((kc::to_float(xr[c]) - mean) * rstd * load_w(w, c) + load_b(b, c));
+  if (threadIdx.x == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+}
+
+// v2. Assumptions (checked by the launcher):
+// - kWarp: blockDim.x = 32 * kWarpRowsPerBlock, one warp per row;
+//   else: blockDim.x = threads per row (a multiple of 32, <= kMaxTpr), one block per row;
+// - VEC > 1 only when x, y, weight, bias are aligned to a VEC-vector and D % VEC == 0;
+// - ITERS * VEC * (threads per row) >= D;
+// - rows are visited grid-stride, so any number of rows works with any grid.
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
+__global__ void __launch_bounds__(kMaxTpr)
+ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
+          T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+          int64_t rows, int64_t D, float eps) {
+  __shared__ float red[32];
+  const int tpr = kWarp ? 32 : blockDim.x;
+  const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
+  const int64_t rows_per_block = kWarp ? (blockDim.x >> 5) : 1;
+  const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
+  const float inv_d = 1.f / float(D);
+
+  for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
+    // Warps of one block leave this loop at different times in the warp path;
+    // the block path keeps the whole block together (its reductions sync).
+    float xv[ITERS][VEC];
+    const T* xr = x + row * D;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        load_f32<T, VEC>(xr + c, xv[it]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) xv[it][j] = 0.f;
+      }
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s += xv[it][j];
+    s = kWarp ? kc::warp_reduce_sum(s) : kc::block_reduce_sum(s, red);
+    const float mean = s * inv_d;
+    float q = 0.f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = xv[it][j] - mean;
+          q += d * d;
+        }
+      }
+    }
+    q = kWarp ? kc::warp_reduce_sum(q) : kc::block_reduce_sum(q, red);
+    const float rstd = rsqrtf(q * inv_d + eps);
+    T* yr = y + row * D;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        float wv[VEC], bv[VEC], out[VEC];
+        if (w) load_f32<TW, VEC>(w + c, wv);
+        if (b) load_f32<TW, VEC>(b + c, bv);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          out[j] = (xv[it][j] - mean) * rstd * (w ? wv[j] : 1.f) + (b ? bv[j] : 0.f);
+        store_from_f32<T, VEC>(yr + c, out);
+      }
+    }
+    if (t == 0) {
+      mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+  }
+}
+
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
+cudaError_t launch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStream_t stream) {
+  auto kernel = ln_fwd_v2<T, TW, VEC, ITERS, kWarp>;
+  int per_sm = 0;
+  KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, 0));
+  const int64_t rows_per_block = kWarp ? cfg.threads / 32 : 1;
+  const int64_t needed = (a.rows + rows_per_block - 1) / rows_per_block;
+  const int64_t cap = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1) * 4;
+  const unsigned grid = unsigned(needed < cap ? needed : cap);
+  kernel<<<grid, cfg.threads, 0, stream>>>(static_cast<const T*>(a.x), static_cast<const TW*>(a.weight),
+                                           static_cast<const TW*>(a.bias), static_cast<T*>(a.y), a.mean,
+                                           a.rstd, a.rows, a.cols, a.eps);
+  return cudaGetLastError();
+}
+
+template <typename T, typename TW, int VEC>
+cudaError_t dispatch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStream_t stream) {
+  return KC_BOOL_SWITCH(cfg.warp, kWarp, [&] {
+    switch (cfg.iters) {
+      case 1: return launch_fwd_v2<T, TW, VEC, 1, kWarp>(a, cfg, stream);
+      case 2: return launch_fwd_v2<T, TW, VEC, 2, kWarp>(a, cfg, stream);
+      case 4: if constexpr (4 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 4, kWarp>(a, cfg, stream); break;
+      case 8: if constexpr (8 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 8, kWarp>(a, cfg, stream); break;
+      case 16: if constexpr (16 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 16, kWarp>(a, cfg, stream); break;
+    }
+    return cudaErrorInvalidConfiguration;
+  });
+}
+
+template <typename T, typename TW>
+cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stream) {
+  const T* x = static_cast<const T*>(a.x);
+  if (version == 2) {
+    constexpr int V = kc::max_vec_elems<T>();
+    const bool vec_ok = kc::can_vectorize<T, V>(a.x, a.cols) && kc::can_vectorize<T, V>(a.y, a.cols) &&
+                        (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V)) &&
+                        (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
+    const V2Config cfg = v2_config(a.cols, vec_ok ? V : 1);
+    if (cfg.ok) return vec_ok ? dispatch_fwd_v2<T, TW, V>(a, cfg, stream) : dispatch_fwd_v2<T, TW, 1>(a, cfg, stream);
+  }
+  // v1 (and v2's fallback for long rows): one block per row, in chunks that fit a grid
+  for (int64_t r0 = 0; r0 < a.rows; r0 += 0x7fffffff) {
+    const int64_t n = a.rows - r0 < 0x7fffffff ? a.rows - r0 : 0x7fffffff;
+    ln_fwd_v1<T, TW><<<unsigned(n), 256, 0, stream>>>(x, static_cast<const TW*>(a.weight),
+                                                      static_cast<const TW*>(a.bias), static_cast<T*>(a.y),
+                                                      a.mean, a.rstd, r0, a.cols, a.eps);
+    KC_CUDA_LAUNCH_TRY();
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream) {
+  if (a.rows == 0) return cudaSuccess;
+  if (version != 1 && version != 2) return cudaErrorInvalidValue;
+  const bool w_f32 = a.wdt == kc::DType::F32;
+  return KC_DTYPE_SWITCH(a.dt, T, [&] {
+    return KC_BOOL_SWITCH(w_f32, kWF32, [&] {
+      using TW = typename std::conditional<kWF32, float, T>::type;
+      return forward_typed<T, TW>(a, version, stream);
+    });
+  });
+}
+
+}  // namespace day26

@@ -1,0 +1,343 @@
+"""Tests of day26: LayerNorm forward + backward on CPU and CUDA.
+
+    python test.py            # pytest underneath; extra args go to pytest
+    python test.py --jit      # build the extension from csrc/ on import (no install)
+
+Every result is compared with a float64 reference (torch.nn.functional.layer_norm
+and its autograd on float64 inputs). fp32 results must be close to it; fp16/bf16
+results may be at most 2x as far from it as PyTorch's own same-dtype result.
+Outputs are NaN-poisoned before the kernels run (kernel_common.testing), so an
+unwritten element fails.
+"""
+import os
+import sys
+
+if __name__ == "__main__" and "--jit" in sys.argv:
+    sys.argv.remove("--jit")
+    os.environ["KC_JIT"] = "1"
+
+from kernel_common import testing  # noqa: E402  (sets KC_POISON_OUTPUTS before the ops load)
+from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from day26_layernorm import LayerNorm, layer_norm, layer_norm_backward, layer_norm_forward  # noqa: E402
+
+SANITIZE = os.environ.get("KC_SANITIZE") == "1"
+
+# Row lengths that break naive kernels: 1, odd, not a multiple of 4/8/32,
+# each side of the warp/block and register/fallback limits (512, 16384).
+COLS = [1, 3, 33, 100, 511, 512, 513, 768, 1000, 1024, 4099, 8192, 16384, 16385, 65536]
+if SANITIZE:
+    COLS = [1, 33, 512, 513, 4099, 16385]
+
+
+def rows_for(cols: int) -> int:
+    return max(1, min(37, 200_000 // cols))
+
+
+def ref_forward(x, shape, w, b, eps):
+    return F.layer_norm(x.double(), shape, None if w is None else w.double(), None if b is None else b.double(), eps)
+
+
+def ref_grads(x, shape, w, b, eps, dy):
+    """float64 autograd of F.layer_norm: (dx, dw, db)."""
+    xd = x.detach().double().requires_grad_()
+    wd = None if w is None else w.detach().double().requires_grad_()
+    bd = None if b is None else b.detach().double().requires_grad_()
+    y = F.layer_norm(xd, shape, wd, bd, eps)
+    y.backward(dy.double())
+    return xd.grad, None if wd is None else wd.grad, None if bd is None else bd.grad
+
+
+def torch_same_dtype_grads(x, shape, w, b, eps, dy):
+    """PyTorch's own result in the test dtype (the yardstick for fp16/bf16)."""
+    xs = x.detach().clone().requires_grad_()
+    ws = None if w is None else w.detach().clone().requires_grad_()
+    bs = None if b is None else b.detach().clone().requires_grad_()
+    y = F.layer_norm(xs, shape, ws, bs, eps)
+    y.backward(dy)
+    return y.detach(), xs.grad, None if ws is None else ws.grad, None if bs is None else bs.grad
+
+
+def check(out, ref, torch_out, name):
+    if out.dtype in (torch.float16, torch.bfloat16):
+        testing.assert_lowp_close(out, ref, torch_out, name=name)
+    else:
+        # fp32 (fp64): relative to the largest reference value, since gradients
+        # are sums of many terms: 1e-5 of the scale elementwise, and tight in norm.
+        # An absolute floor of a few fp32 ulps at unit scale covers exact zeros
+        # (D = 1 gives dx = 0, which the float64 reference returns as ~1e-15).
+        scale = ref.abs().max().item() if ref.numel() else 0.0
+        testing.assert_close(out, ref, atol=2e-5 * scale + 1e-6, rtol=1e-4, name=name)
+        if ref.numel() and ref.norm().item() > 1e-3:
+            assert testing.rel_err(out, ref) < (1e-12 if out.dtype == torch.float64 else 3e-6), name
+
+
+def make(rows, cols, dtype, device, wdtype="same", affine=(True, True), lead=None):
+    shape = (rows, cols) if lead is None else (*lead, cols)
+    x = testing.fresh(*shape, dtype=dtype, device=device, scale=2.0, offset=0.5)
+    wdt = dtype if wdtype == "same" else wdtype
+    w = testing.fresh(cols, dtype=wdt, device=device, scale=0.5, offset=1.0) if affine[0] else None
+    b = testing.fresh(cols, dtype=wdt, device=device) if affine[1] else None
+    dy = testing.fresh(*shape, dtype=dtype, device=device)
+    return x, w, b, dy
+
+
+def run_and_check(x, w, b, dy, shape, eps=1e-5, version=2):
+    y, mean, rstd = layer_norm_forward(x, shape, w, b, eps, version)
+    y_ref = ref_forward(x, shape, w, b, eps)
+    y_t, dx_t, dw_t, db_t = torch_same_dtype_grads(x, shape, w, b, eps, dy)
+    check(y, y_ref, y_t, "y")
+    xd = x.double()
+    dims = tuple(range(x.dim() - len(shape), x.dim()))
+    testing.assert_close(mean, xd.mean(dims), atol=1e-5, rtol=1e-5, name="mean")
+    testing.assert_close(rstd, (xd.var(dims, unbiased=False) + eps).rsqrt(), atol=1e-5, rtol=1e-4, name="rstd")
+    dx, dw, db = layer_norm_backward(dy, x, shape, mean, rstd, w, (True, True, b is not None), version)
+    dx_r, dw_r, db_r = ref_grads(x, shape, w, b, eps, dy)
+    check(dx, dx_r, dx_t, "dx")
+    if w is not None:
+        check(dw, dw_r, dw_t, "dweight")
+    else:
+        assert dw.numel() == 0
+    if b is not None:
+        check(db.to(b.dtype), db_r, db_t, "dbias")
+    return y, dx, dw, db
+
+
+# ------------------------------------------------------------------ numerics
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+@pytest.mark.parametrize("cols", COLS)
+def test_forward_backward_shapes(device, dtype, cols):
+    versions = [1, 2] if device == "cuda" else [2]
+    for v in versions:
+        x, w, b, dy = make(rows_for(cols), cols, dtype, device)
+        run_and_check(x, w, b, dy, (cols,), version=v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [0, 1, 2, 9, 300])
+def test_row_counts(device, rows):
+    for v in ([1, 2] if device == "cuda" else [2]):
+        x, w, b, dy = make(rows, 256, torch.float32, device)
+        y, dx, dw, db = run_and_check(x, w, b, dy, (256,), version=v)
+        if rows == 0:  # sums over no rows are zeros, not poison
+            assert torch.equal(dw, torch.zeros_like(dw)) and torch.equal(db, torch.zeros_like(db))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_optional_weight_bias(device, affine, dtype):
+    x, w, b, dy = make(7, 1024, dtype, device, affine=affine)
+    run_and_check(x, w, b, dy, (1024,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp32_weights_with_low_precision_input(device, dtype):
+    x, w, b, dy = make(5, 768, dtype, device, wdtype=torch.float32)
+    y, dx, dw, db = run_and_check(x, w, b, dy, (768,))
+    assert y.dtype == dtype and dw.dtype == torch.float32 and db.dtype == torch.float32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_multi_dim_normalized_shape_and_leading_dims(device):
+    x = testing.fresh(2, 3, 5, 4, 6, device=device)
+    w = testing.fresh(4, 6, device=device)
+    b = testing.fresh(4, 6, device=device)
+    dy = testing.fresh(2, 3, 5, 4, 6, device=device)
+    y, mean, rstd = layer_norm_forward(x, (4, 6), w, b)
+    assert mean.shape == (2, 3, 5) and rstd.shape == (2, 3, 5)
+    run_and_check(x, w, b, dy, (4, 6))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["strided", "offset"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_contiguous_and_offset_inputs(device, layout, dtype):
+    view = testing.strided_view if layout == "strided" else testing.offset_view
+    x, w, b, dy = make(6, 1024, dtype, device)
+    run_and_check(view(x), view(w), view(b), view(dy), (1024,))
+    xt = testing.fresh(1024, 6, dtype=dtype, device=device).t()  # transposed: rows not contiguous
+    run_and_check(xt, w, b, dy, (1024,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autograd_matches_reference(device):
+    x, w, b, dy = make(12, 640, torch.float32, device)
+    xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
+    layer_norm(xs, 640, ws, bs).backward(dy)
+    dx_r, dw_r, db_r = ref_grads(x, (640,), w, b, 1e-5, dy)
+    for got, ref, name in [(xs.grad, dx_r, "dx"), (ws.grad, dw_r, "dw"), (bs.grad, db_r, "db")]:
+        check(got, ref, None, name)
+    # only the input requires grad: no dweight/dbias work requested
+    xs2 = x.clone().requires_grad_()
+    layer_norm(xs2, 640, w, b).backward(dy)
+    check(xs2.grad, dx_r, None, "dx (input only)")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eps(device):
+    x, w, b, dy = make(4, 300, torch.float32, device)
+    x = x * 1e-3  # variance ~ eps: eps matters
+    run_and_check(x, w, b, dy, (300,), eps=1e-3)
+
+
+# -------------------------------------------------------- determinism, large
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cols", [768, 4096, 8191])
+def test_deterministic(device, cols):
+    x, w, b, dy = make(3000 if device == "cuda" and not SANITIZE else 64, cols, torch.bfloat16, device,
+                       wdtype=torch.float32)
+    y, mean, rstd = layer_norm_forward(x, cols, w, b)
+    first = layer_norm_backward(dy, x, cols, mean, rstd, w)
+    for _ in range(3):
+        again = layer_norm_backward(dy, x, cols, mean, rstd, w)
+        for a, c in zip(first, again):
+            assert torch.equal(a, c), "backward is not bitwise reproducible"
+
+
+@requires_cuda
+@pytest.mark.skipif(SANITIZE, reason="too large for compute-sanitizer")
+def test_cuda_indexing_past_2_31_elements():
+    cols = 4096
+    rows = (1 << 31) // cols + 3  # 2^31 + 3 * 4096 elements
+    try:
+        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn_like(x)
+    except torch.OutOfMemoryError:
+        pytest.skip("not enough GPU memory for a 2^31-element test")
+    w = testing.fresh(cols, device="cuda", dtype=torch.bfloat16, offset=1.0)
+    b = testing.fresh(cols, device="cuda", dtype=torch.bfloat16)
+    for v in (1, 2):
+        y, mean, rstd = layer_norm_forward(x, cols, w, b, version=v)
+        dx, _, _ = layer_norm_backward(dy, x, cols, mean, rstd, w, (True, False, False), version=v)
+        for r in (0, rows // 2, rows - 1):  # check rows on both sides of 2^31
+            y_ref = ref_forward(x[r:r + 1], (cols,), w, b, 1e-5)
+            dx_ref = ref_grads(x[r:r + 1], (cols,), w, b, 1e-5, dy[r:r + 1])[0]
+            y_t, dx_t, _, _ = torch_same_dtype_grads(x[r:r + 1], (cols,), w, b, 1e-5, dy[r:r + 1])
+            check(y[r:r + 1], y_ref, y_t, f"y row {r} (v{v})")
+            check(dx[r:r + 1], dx_ref, dx_t, f"dx row {r} (v{v})")
+        del y, dx, mean, rstd
+    del x, dy
+    torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------ torch plumbing
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    x, w, b, dy = make(5, 96, torch.float32, device)
+    x.requires_grad_()
+    w.requires_grad_()
+    b.requires_grad_()
+    torch.library.opcheck(torch.ops.day26.layer_norm_fwd, (x, [96], w, b, 1e-5, 2))
+    torch.library.opcheck(torch.ops.day26.layer_norm_fwd, (x.detach(), [96], None, None, 1e-5, 1))
+    y, mean, rstd = layer_norm_forward(x.detach(), 96, w.detach(), b.detach())
+    torch.library.opcheck(torch.ops.day26.layer_norm_bwd, (dy, x.detach(), [96], mean, rstd, w.detach(),
+                                                           [True, True, True], 2))
+    torch.library.opcheck(torch.ops.day26.layer_norm_bwd, (dy, x.detach(), [96], mean, rstd, None,
+                                                           [True, False, True], 2))
+
+
+def test_gradcheck_float64_cpu():
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: layer_norm(x, 7, w, b), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x: layer_norm(x, 7), (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    torch._dynamo.reset()
+    m = LayerNorm(64).to(device)
+
+    def f(x):
+        return m(x * 2.0).sum()
+
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    x = testing.fresh(8, 64, device=device).requires_grad_()
+    out = cf(x)
+    out.backward()
+    x2 = x.detach().clone().requires_grad_()
+    ref = F.layer_norm(x2 * 2.0, (64,), m.weight, m.bias).sum()
+    ref.backward()
+    testing.assert_close(out, ref, 1e-4, 1e-5, "compiled output")
+    testing.assert_close(x.grad, x2.grad, 1e-5, 1e-4, "compiled grad")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_is_a_drop_in(device):
+    ref = torch.nn.LayerNorm(48, eps=1e-6).to(device)
+    with torch.no_grad():
+        ref.weight.normal_()
+        ref.bias.normal_()
+    m = LayerNorm(48, eps=1e-6).to(device)
+    assert [n for n, _ in m.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    m.load_state_dict(ref.state_dict())
+    x = testing.fresh(3, 5, 48, device=device)
+    testing.assert_close(m(x), ref(x), 1e-5, 1e-5, "module output")
+    m2 = LayerNorm.from_torch(ref, version=1)
+    testing.assert_close(m2(x), ref(x), 1e-5, 1e-5, "from_torch output")
+    for kw in [dict(elementwise_affine=False), dict(bias=False)]:
+        r, ours = torch.nn.LayerNorm(48, **kw).to(device), LayerNorm(48, **kw).to(device)
+        assert set(r.state_dict()) == set(ours.state_dict())
+        ours.load_state_dict(r.state_dict())
+        testing.assert_close(ours(x), r(x), 1e-5, 1e-5, f"module {kw}")
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_raises_clear_errors(device):
+    x, w, b, dy = make(4, 16, torch.float32, device)
+    with pytest.raises(RuntimeError, match="float32, float16 or bfloat16"):
+        layer_norm(x.to(torch.int32), 16)
+    with pytest.raises(RuntimeError, match="does not match the last"):
+        layer_norm(x, 15)
+    with pytest.raises(RuntimeError, match="fewer dims"):
+        layer_norm(x, (2, 4, 16))
+    with pytest.raises(RuntimeError, match="weight of shape"):
+        layer_norm(x, 16, w[:8])
+    with pytest.raises(RuntimeError, match="input's dtype"):
+        layer_norm(x, 16, w.double())
+    with pytest.raises(RuntimeError, match="same dtype"):
+        layer_norm(x.bfloat16(), 16, w.bfloat16(), b)
+    y, mean, rstd = layer_norm_forward(x, 16, w, b)
+    with pytest.raises(RuntimeError, match="grad_out of shape"):
+        layer_norm_backward(dy[:2], x, 16, mean, rstd, w)
+    with pytest.raises(RuntimeError, match="grad_out dtype"):
+        layer_norm_backward(dy.half(), x, 16, mean, rstd, w)
+    with pytest.raises(RuntimeError, match="one per normalized row"):
+        layer_norm_backward(dy, x, 16, mean[:2], rstd, w)
+    with pytest.raises(RuntimeError, match="version"):
+        layer_norm(x, 16, version=3)
+    # still usable afterwards
+    run_and_check(x, w, b, dy, (16,))
+
+
+@requires_cuda
+def test_cuda_cpu_mix_is_an_error():
+    x, w, b, dy = make(4, 16, torch.float32, "cuda")
+    with pytest.raises(RuntimeError, match="weight is on cpu"):
+        layer_norm(x, 16, w.cpu())
+    with pytest.raises(RuntimeError, match="bias is on cpu"):
+        layer_norm(x, 16, w, b.cpu())
+    y, mean, rstd = layer_norm_forward(x, 16, w, b)
+    with pytest.raises(RuntimeError, match="grad_out is on cpu"):
+        layer_norm_backward(dy.cpu(), x, 16, mean, rstd, w)
+    with pytest.raises(RuntimeError, match="mean is on cpu"):
+        layer_norm_backward(dy, x, 16, mean.cpu(), rstd, w)
+    run_and_check(x, w, b, dy, (16,))
+
+
+def test_cuda_tests_are_not_silently_skipped_on_a_gpu_machine():
+    """On a machine with a GPU every CUDA test runs: HAS_CUDA must agree with torch."""
+    assert HAS_CUDA == torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, *sys.argv[1:]]))
