@@ -1,0 +1,82 @@
+// Launchers of the day-50 attention kernels (torch-free: raw pointers, sizes,
+// strides in elements, a dtype tag and a stream in; a cudaError_t out).
+//
+// Shapes follow F.scaled_dot_product_attention: q (B, H, Nq, d), k and v
+// (B, H, Nk, d), out (B, H, Nq, d), lse (B, H, Nq). Causal masking is aligned
+// top-left (query i sees keys j <= i), as SDPA does for Nq != Nk.
+//
+// The kernels allocate nothing: every workspace is passed in by the caller.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "kc/types.h"
+
+namespace day50 {
+
+// Storage type of the naive path. kc::DType has no float64, and gradcheck runs
+// through the naive kernels in float64, so the naive path carries its own tag.
+enum class NaiveType : int { F32 = 0, F16 = 1, BF16 = 2, F64 = 3 };
+
+inline NaiveType naive_type(kc::DType dt) { return static_cast<NaiveType>(static_cast<int>(dt)); }
+
+// A rank-4 view (b, h, row, col) of some storage; strides in elements.
+struct View4 {
+  const void* ptr = nullptr;
+  int64_t sb = 0, sh = 0, sr = 0, sc = 1;
+};
+
+// ------------------------------------------------------------------ naive path
+// C[b,h] = alpha * op(A[b,h]) @ op(B[b,h]), op(X) = X or X^T (the trans flags),
+// op(A) is M x K, op(B) is K x N, C is M x N. Views describe the *stored*
+// matrices (for trans_a, A is stored K x M). All of A, B, C have type `t`.
+cudaError_t naive_matmul(View4 a, View4 b, View4 c, int64_t batch, int64_t heads, int64_t M, int64_t N,
+                         int64_t K, bool trans_a, bool trans_b, double alpha, NaiveType t, cudaStream_t stream);
+
+// Workspace `s` holds B*H*Nq*Nk elements of the accumulation type (double for
+// F64, float otherwise). out is written contiguous (B, H, Nq, d); lse contiguous
+// (B, H, Nq) in the accumulation type.
+cudaError_t naive_attention_forward(View4 q, View4 k, View4 v, void* out, void* lse, void* ws_s, int64_t B,
+                                    int64_t H, int64_t Nq, int64_t Nk, int64_t d, bool causal, double scale,
+                                    NaiveType t, cudaStream_t stream);
+
+// Two workspaces of B*H*Nq*Nk accumulation-type elements (P and dP/dS).
+// grad_lse may be null (contiguous (B, H, Nq), accumulation type). dq, dk, dv are
+// written contiguous.
+cudaError_t naive_attention_backward(View4 dout, View4 q, View4 k, View4 v, const void* lse,
+                                     const void* grad_lse, void* dq, void* dk, void* dv, void* ws_p,
+                                     void* ws_dp, int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t d,
+                                     bool causal, double scale, NaiveType t, cudaStream_t stream);
+
+// ------------------------------------------------------------------ fused path
+// fp16 / bf16, head dim d a multiple of 8 and at most kFusedMaxHeadDim. The
+// row stride, head stride and batch stride of q, k, v, dout must be multiples
+// of 8 elements, the innermost stride 1 and the base pointers 16-byte aligned
+// (fused_layout_ok); the caller copies otherwise.
+constexpr int kFusedMaxHeadDim = 128;
+
+bool fused_layout_ok(const View4& v);
+
+struct FusedParams {
+  View4 q, k, v;          // inputs
+  View4 out, dout;        // backward only (out: any strides; dout: fused layout)
+  void* o = nullptr;      // forward output, contiguous (B, H, Nq, d)
+  float* lse = nullptr;   // contiguous (B, H, Nq), natural log of sum exp(scale * q.k)
+  const float* grad_lse = nullptr;   // backward, optional, contiguous (B, H, Nq)
+  void* dq = nullptr;     // backward outputs, contiguous
+  void* dk = nullptr;
+  void* dv = nullptr;
+  float* dsum = nullptr;      // workspace (B*H*Nq): rowsum(dout * out) - grad_lse
+  float* dq_accum = nullptr;  // workspace (B*H*Nq*d) fp32
+  int64_t B = 0, H = 0, Nq = 0, Nk = 0, d = 0;
+  float scale = 1.f;
+  bool causal = false;
+  kc::DType dtype = kc::DType::BF16;
+  int variant = 0;  // backward tiling variant (0 = default); see flash_bwd.cu
+};
+
+cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream);
+cudaError_t fused_attention_backward(const FusedParams& p, cudaStream_t stream);
+
+}  // namespace day50

@@ -1,0 +1,77 @@
+// Argument validation shared by the CPU and CUDA implementations (torch side).
+#pragma once
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace day50 {
+
+enum class Backend { Auto, Fused, Naive };
+
+inline Backend parse_backend(const std::string& s) {
+  if (s == "auto") return Backend::Auto;
+  if (s == "fused") return Backend::Fused;
+  if (s == "naive") return Backend::Naive;
+  TORCH_CHECK(false, "backend must be \"auto\", \"fused\" or \"naive\", got \"", s, "\"");
+  return Backend::Auto;
+}
+
+inline bool is_supported_dtype(at::ScalarType t) {
+  return t == at::kDouble || t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+// The dtype of lse (and of grad_lse): float64 for float64 inputs, else float32.
+inline at::ScalarType lse_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// q (B, H, Nq, d), k and v (B, H, Nk, d): same dtype and device. Returns the scale.
+inline double check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        std::optional<double> scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention: q, k, v must be 4-D (B, H, N, d), got ", q.dim(), "-D, ", k.dim(), "-D, ", v.dim(), "-D");
+  TORCH_CHECK(is_supported_dtype(q.scalar_type()),
+              "attention: q must be float64, float32, float16 or bfloat16, got ", q.scalar_type());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "attention: q, k, v must have the same dtype, got ", q.scalar_type(), ", ", k.scalar_type(), ", ",
+              v.scalar_type());
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
+              "attention: q, k, v must be on the same device, got ", q.device(), ", ", k.device(), ", ", v.device());
+  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
+              "attention: batch and head sizes of q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), " differ");
+  TORCH_CHECK(k.size(2) == v.size(2), "attention: k and v must have the same sequence length, got ", k.size(2),
+              " and ", v.size(2));
+  TORCH_CHECK(k.size(3) == q.size(3) && v.size(3) == q.size(3),
+              "attention: q, k, v must have the same head dim, got ", q.size(3), ", ", k.size(3), ", ", v.size(3));
+  TORCH_CHECK(q.size(3) > 0, "attention: head dim must be positive");
+  TORCH_CHECK(k.size(2) > 0, "attention: k and v need at least one key (Nk = 0: softmax over nothing)");
+  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(double(q.size(3)));
+  TORCH_CHECK(std::isfinite(s), "attention: scale must be finite, got ", s);
+  return s;
+}
+
+// The extra tensors of the backward: grad_out and out like q, lse (B, H, Nq).
+inline void check_backward_args(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& out,
+                                const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse) {
+  TORCH_CHECK(grad_out.sizes() == q.sizes() && out.sizes() == q.sizes(),
+              "attention_backward: grad_out ", grad_out.sizes(), " and out ", out.sizes(),
+              " must have q's shape ", q.sizes());
+  TORCH_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+              "attention_backward: grad_out and out must have q's dtype ", q.scalar_type());
+  TORCH_CHECK(grad_out.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
+              "attention_backward: grad_out, out and lse must be on q's device ", q.device());
+  const auto want = std::vector<int64_t>{q.size(0), q.size(1), q.size(2)};
+  TORCH_CHECK(lse.sizes() == at::IntArrayRef(want), "attention_backward: lse must be (B, H, Nq) = ",
+              at::IntArrayRef(want), ", got ", lse.sizes());
+  TORCH_CHECK(lse.scalar_type() == lse_dtype(q.scalar_type()), "attention_backward: lse must be ",
+              lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", lse.scalar_type());
+  if (grad_lse.has_value()) {
+    TORCH_CHECK(grad_lse->sizes() == lse.sizes() && grad_lse->scalar_type() == lse.scalar_type() &&
+                    grad_lse->device() == lse.device(),
+                "attention_backward: grad_lse must match lse (", lse.sizes(), ", ", lse.scalar_type(), ")");
+  }
+}
+
+}  // namespace day50

@@ -1,0 +1,89 @@
+// CPU implementation: the readable reference. The same math as the kernels,
+// in whole-tensor ATen ops, accumulated in float32 (float64 for float64 inputs).
+//
+// Forward:  S = scale * Q K^T (masked: -inf where causal and j > i),
+//           lse = logsumexp_j S, P = exp(S - lse), O = P V.
+// Backward (the seed's steps; P is recomputed from lse, never stored):
+//           dV = P^T dO
+//           dP = dO V^T
+//           dS = P * (dP - D),  D_i = sum_j P_ij dP_ij = sum_c dO_ic O_ic  (minus grad_lse_i,
+//                                because d lse_i / d S_ij = P_ij)
+//           dQ = scale * dS K,  dK = scale * dS^T Q
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "attention_checks.h"
+
+namespace {
+
+using at::Tensor;
+
+at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// scale * q k^T with the causal mask (top-left aligned), in the accumulation type.
+Tensor scores(const Tensor& qa, const Tensor& ka, bool causal, double scale) {
+  Tensor s = at::matmul(qa, ka.transpose(-2, -1)).mul_(scale);
+  if (causal) {
+    const int64_t nq = qa.size(2), nk = ka.size(2);
+    Tensor mask = at::ones({nq, nk}, qa.options().dtype(at::kBool)).triu_(1);
+    s.masked_fill_(mask, -std::numeric_limits<double>::infinity());
+  }
+  return s;
+}
+
+std::tuple<Tensor, Tensor> attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                                 std::optional<double> scale_opt, c10::string_view backend) {
+  day50::parse_backend(std::string(backend));  // validated; the CPU has one implementation
+  const double scale = day50::check_qkv(q, k, v, scale_opt);
+  const auto acc = acc_type(q.scalar_type());
+  Tensor s = scores(q.to(acc), k.to(acc), causal, scale);
+  Tensor lse = at::logsumexp(s, -1);
+  Tensor p = (s - lse.unsqueeze(-1)).exp_();
+  Tensor out = at::matmul(p, v.to(acc)).to(q.scalar_type()).contiguous();
+  return {out, lse.contiguous()};
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                                          const Tensor& v, const Tensor& out, const Tensor& lse,
+                                                          const std::optional<Tensor>& grad_lse, bool causal,
+                                                          std::optional<double> scale_opt,
+                                                          c10::string_view backend) {
+  day50::parse_backend(std::string(backend));
+  const double scale = day50::check_qkv(q, k, v, scale_opt);
+  day50::check_backward_args(grad_out, q, out, lse, grad_lse);
+  const auto acc = acc_type(q.scalar_type());
+  const Tensor qa = q.to(acc), ka = k.to(acc), va = v.to(acc), doa = grad_out.to(acc);
+  Tensor p = (scores(qa, ka, causal, scale) - lse.unsqueeze(-1)).exp_();  // exp(-inf) = 0 where masked
+  Tensor dv = at::matmul(p.transpose(-2, -1), doa);
+  Tensor dp = at::matmul(doa, va.transpose(-2, -1));
+  Tensor dsum = (doa * out.to(acc)).sum(-1);
+  if (grad_lse.has_value()) dsum = dsum - *grad_lse;
+  Tensor ds = p * (dp - dsum.unsqueeze(-1));
+  Tensor dq = at::matmul(ds, ka).mul_(scale);
+  Tensor dk = at::matmul(ds.transpose(-2, -1), qa).mul_(scale);
+  const auto t = q.scalar_type();
+  return {dq.to(t).contiguous(), dk.to(t).contiguous(), dv.to(t).contiguous()};
+}
+
+Tensor matmul_cpu(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "matmul: a and b must be 3-D (batch, rows, cols)");
+  TORCH_CHECK(day50::is_supported_dtype(a.scalar_type()) && a.scalar_type() == b.scalar_type(),
+              "matmul: a and b must have the same floating dtype, got ", a.scalar_type(), " and ", b.scalar_type());
+  TORCH_CHECK(a.size(0) == b.size(0), "matmul: batch sizes differ: ", a.size(0), " and ", b.size(0));
+  const Tensor oa = trans_a ? a.transpose(1, 2) : a;
+  const Tensor ob = trans_b ? b.transpose(1, 2) : b;
+  TORCH_CHECK(oa.size(2) == ob.size(1), "matmul: inner sizes differ: op(a) is ", oa.sizes(), ", op(b) is ",
+              ob.sizes());
+  const auto acc = acc_type(a.scalar_type());
+  return at::bmm(oa.to(acc), ob.to(acc)).mul_(alpha).to(a.scalar_type()).contiguous();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(day50, CPU, m) {
+  m.impl("attention_forward", &attention_forward_cpu);
+  m.impl("attention_backward", &attention_backward_cpu);
+  m.impl("matmul", &matmul_cpu);
+}

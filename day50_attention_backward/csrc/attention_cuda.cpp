@@ -1,0 +1,189 @@
+// CUDA glue of the day-50 ops: validation, backend choice, layout handling,
+// workspaces, launch on the current stream. Kernels live in naive.cu and
+// flash_*.cu and know nothing of torch.
+//
+// Layouts: the naive kernels read q, k, v, dout through their strides as they
+// are. The fused kernels read them by strides too (a (B, N, H, d).transpose(1, 2)
+// view works without a copy) as long as the innermost stride is 1, the other
+// strides are multiples of 8 and the data is 16-byte aligned; anything else is
+// copied to a contiguous tensor first (bench.py measures both).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cuda_runtime.h>
+
+#include "attention.h"
+#include "attention_checks.h"
+#include "kc/torch_utils.h"
+
+namespace {
+
+using at::Tensor;
+using day50::Backend;
+using day50::View4;
+
+View4 view4(const Tensor& t) {
+  View4 v;
+  v.ptr = t.data_ptr();
+  v.sb = t.stride(0);
+  v.sh = t.stride(1);
+  v.sr = t.stride(2);
+  v.sc = t.stride(3);
+  return v;
+}
+
+day50::NaiveType naive_type(const Tensor& t) {
+  if (t.scalar_type() == at::kDouble) return day50::NaiveType::F64;
+  return day50::naive_type(kc::to_kc_dtype(t, "q"));
+}
+
+// Why the fused kernels cannot run these inputs (nullptr: they can).
+const char* fused_unsupported(const Tensor& q) {
+  if (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16)
+    return "needs float16 or bfloat16 inputs";
+  if (q.size(3) % 8 != 0 || q.size(3) > day50::kFusedMaxHeadDim)
+    return "needs a head dim that is a multiple of 8 and at most 128";
+  return nullptr;
+}
+
+bool choose_fused(Backend backend, const Tensor& q) {
+  const char* why = fused_unsupported(q);
+  if (backend == Backend::Fused) {
+    TORCH_CHECK(why == nullptr, "attention: backend=\"fused\" ", why, " (got ", q.scalar_type(), ", head dim ",
+                q.size(3), "); use backend=\"naive\" or \"auto\"");
+    return true;
+  }
+  return backend == Backend::Auto && why == nullptr;
+}
+
+// The tensor itself when the fused kernels can read it by strides, else a
+// contiguous copy (fresh allocations are 16-byte aligned).
+Tensor fused_ready(const Tensor& t) {
+  if (day50::fused_layout_ok(view4(t))) return t;
+  return t.is_contiguous() ? t.clone() : t.contiguous();
+}
+
+day50::FusedParams fused_params(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  day50::FusedParams p;
+  p.q = view4(q);
+  p.k = view4(k);
+  p.v = view4(v);
+  p.B = q.size(0);
+  p.H = q.size(1);
+  p.Nq = q.size(2);
+  p.Nk = k.size(2);
+  p.d = q.size(3);
+  p.scale = float(scale);
+  p.causal = causal;
+  p.dtype = kc::to_kc_dtype(q, "q");
+  return p;
+}
+
+// Tiling variant of the fused backward (bench/tuning only): DAY50_BWD_VARIANT.
+int bwd_variant() {
+  const char* e = std::getenv("DAY50_BWD_VARIANT");
+  return e != nullptr ? std::atoi(e) : 0;
+}
+
+std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                                  std::optional<double> scale_opt, c10::string_view backend_s) {
+  const Backend backend = day50::parse_backend(std::string(backend_s));
+  const double scale = day50::check_qkv(q, k, v, scale_opt);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
+  Tensor out = kc::new_output({B, H, Nq, d}, q.options());
+  Tensor lse = kc::new_output({B, H, Nq}, q.options().dtype(day50::lse_dtype(q.scalar_type())));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (choose_fused(backend, q)) {
+    const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v);
+    day50::FusedParams p = fused_params(qq, kk, vv, causal, scale);
+    p.o = out.data_ptr();
+    p.lse = lse.data_ptr<float>();
+    KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, stream));
+  } else {
+    Tensor ws = at::empty({B * H * Nq * Nk}, q.options().dtype(lse.scalar_type()));
+    KC_TORCH_CHECK_CUDA(day50::naive_attention_forward(view4(q), view4(k), view4(v), out.data_ptr(),
+                                                       lse.data_ptr(), ws.data_ptr(), B, H, Nq, Nk, d, causal,
+                                                       scale, naive_type(q), stream));
+  }
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                                           const Tensor& v, const Tensor& out, const Tensor& lse_,
+                                                           const std::optional<Tensor>& grad_lse_, bool causal,
+                                                           std::optional<double> scale_opt,
+                                                           c10::string_view backend_s) {
+  const Backend backend = day50::parse_backend(std::string(backend_s));
+  const double scale = day50::check_qkv(q, k, v, scale_opt);
+  day50::check_backward_args(grad_out, q, out, lse_, grad_lse_);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
+  const Tensor lse = lse_.contiguous();
+  const Tensor grad_lse = grad_lse_.has_value() ? grad_lse_->contiguous() : Tensor();
+  Tensor dq = kc::new_output({B, H, Nq, d}, q.options());
+  Tensor dk = kc::new_output({B, H, Nk, d}, q.options());
+  Tensor dv = kc::new_output({B, H, Nk, d}, q.options());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (choose_fused(backend, q)) {
+    const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v), go = fused_ready(grad_out);
+    day50::FusedParams p = fused_params(qq, kk, vv, causal, scale);
+    p.out = view4(out);
+    p.dout = view4(go);
+    p.lse = const_cast<float*>(lse.data_ptr<float>());
+    p.grad_lse = grad_lse.defined() ? grad_lse.data_ptr<float>() : nullptr;
+    p.dq = dq.data_ptr();
+    p.dk = dk.data_ptr();
+    p.dv = dv.data_ptr();
+    // Workspaces: O(B H N d), never N x N.
+    Tensor dsum = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));
+    Tensor dq_accum = at::empty({B * H * Nq * d}, q.options().dtype(at::kFloat));
+    p.dsum = dsum.data_ptr<float>();
+    p.dq_accum = dq_accum.data_ptr<float>();
+    p.variant = bwd_variant();
+    KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, stream));
+  } else {
+    const auto acc = day50::lse_dtype(q.scalar_type());
+    Tensor ws_p = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));
+    Tensor ws_dp = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));
+    KC_TORCH_CHECK_CUDA(day50::naive_attention_backward(
+        view4(grad_out), view4(q), view4(k), view4(v), lse.data_ptr(),
+        grad_lse.defined() ? grad_lse.data_ptr() : nullptr, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+        ws_p.data_ptr(), ws_dp.data_ptr(), B, H, Nq, Nk, d, causal, scale, naive_type(q), stream));
+  }
+  return {dq, dk, dv};
+}
+
+Tensor matmul_cuda(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "matmul: a and b must be 3-D (batch, rows, cols)");
+  TORCH_CHECK(day50::is_supported_dtype(a.scalar_type()) && a.scalar_type() == b.scalar_type(),
+              "matmul: a and b must have the same floating dtype, got ", a.scalar_type(), " and ", b.scalar_type());
+  kc::check_same_device(a, "a", b, "b");
+  TORCH_CHECK(a.size(0) == b.size(0), "matmul: batch sizes differ: ", a.size(0), " and ", b.size(0));
+  const int64_t M = trans_a ? a.size(2) : a.size(1), K = trans_a ? a.size(1) : a.size(2);
+  const int64_t Kb = trans_b ? b.size(2) : b.size(1), N = trans_b ? b.size(1) : b.size(2);
+  TORCH_CHECK(K == Kb, "matmul: inner sizes differ: op(a) is ", M, " x ", K, ", op(b) is ", Kb, " x ", N);
+  const c10::cuda::CUDAGuard guard(a.device());
+  Tensor c = kc::new_output({a.size(0), M, N}, a.options());
+  auto v3 = [](const Tensor& t) {
+    View4 v;
+    v.ptr = t.data_ptr();
+    v.sh = t.stride(0);
+    v.sr = t.stride(1);
+    v.sc = t.stride(2);
+    return v;
+  };
+  KC_TORCH_CHECK_CUDA(day50::naive_matmul(v3(a), v3(b), v3(c), 1, a.size(0), M, N, K, trans_a, trans_b, alpha,
+                                          naive_type(a), c10::cuda::getCurrentCUDAStream()));
+  return c;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(day50, CUDA, m) {
+  m.impl("attention_forward", &attention_forward_cuda);
+  m.impl("attention_backward", &attention_backward_cuda);
+  m.impl("matmul", &matmul_cuda);
+}

@@ -1,0 +1,21 @@
+// Schemas of the day-50 ops. Importing the extension module runs these
+// registrations; the implementations live in attention_cpu.cpp (CPU) and
+// attention_cuda.cpp (CUDA).
+#include <pybind11/pybind11.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(day50, m) {
+  // Returns (out, lse): out (B, H, Nq, d) like F.scaled_dot_product_attention,
+  // lse (B, H, Nq) = logsumexp over keys of scale * q.k (float32; float64 for
+  // float64 inputs). scale=None means 1/sqrt(d). backend: auto | fused | naive.
+  m.def("attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
+        "str backend=\"auto\") -> (Tensor, Tensor)");
+  // Returns (dq, dk, dv). grad_lse (optional) is the gradient flowing into lse.
+  m.def("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+        "Tensor? grad_lse, bool causal=False, float? scale=None, str backend=\"auto\") -> (Tensor, Tensor, Tensor)");
+  // The naive path's tiled matmul, exposed for testing: a (Bt, M, K) (or (Bt, K, M)
+  // with trans_a), b (Bt, K, N) (or (Bt, N, K) with trans_b) -> alpha * op(a) @ op(b).
+  m.def("matmul(Tensor a, Tensor b, bool trans_a=False, bool trans_b=False, float alpha=1.0) -> Tensor");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.doc() = "day50 attention ops (registered as torch.ops.day50.*)"; }

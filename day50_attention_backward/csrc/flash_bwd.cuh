@@ -1,0 +1,293 @@
+// flash_bwd.cuh: the main kernel of the fused backward (dK, dV, and dQ by atomics).
+// Included by flash_bwd_<dtype>_hd<kD>.cu, one instantiation set per file so that
+// the heavy kernels compile in parallel.
+//
+// Backward of O = softmax(scale Q K^T) V per (b, h), the seed's steps with P
+// recomputed from lse instead of stored:
+//   P   = exp(scale Q K^T - lse)              (recomputed, tile by tile)
+//   dV  = P^T dO
+//   dP  = dO V^T
+//   dS  = P * (dP - D),  D = rowsum(dO * O) - grad_lse   (flash_bwd.cu: preprocess kernel)
+//   dK  = scale dS^T Q
+//   dQ  = scale dS K                          (fp32 atomics into dq_accum; flash_bwd.cu scales
+//                                              and converts)
+// Why recompute: storing P (or S) costs B*H*Nq*Nk elements (8 GB in bf16 at
+// B=4, H=16, N=8192) and two passes over it through DRAM; recomputing it costs
+// one more Q K^T product per tile (5 products instead of 4) on tensor cores,
+// which is cheaper than the memory traffic and needs no N x N buffer at all.
+//
+// Kernel (FA2-style loop order, transposed score tile so P^T and dS^T stay in registers):
+//   block: kWarps warps own kBc = 16 * kWarps keys (16 per warp): dK, dV for
+//          those keys live in registers for the whole kernel (kD / 2 fp32 each per thread).
+//   grid:  (B*H, ceil(Nk / kBc)).
+//   loop over query tiles of kBr rows (causal: from the first tile with a query >= the
+//   block's first key), cp.async double-buffered Q, dO, lse, D:
+//     S^T  = K Q^T      (16 x kBr per warp; A = K rows by ldmatrix, B = Q by ldmatrix)
+//     dP^T = V dO^T
+//     P^T  = exp2(S^T scale log2e - lse log2e) masked, dS^T = P^T (dP^T - D)
+//     dV  += P^T dO,  dK += dS^T Q   (A = P^T, dS^T straight from the accumulators,
+//                                     B = dO, Q by ldmatrix.trans)
+//     dS^T -> shared memory; barrier
+//     dQ_tile = dS K    (warps split kBr x kD; A = dS by ldmatrix.trans of dS^T,
+//                        B = K by ldmatrix.trans), float2 atomicAdd into dq_accum
+//   epilogue: dK * scale, dV stored as T.
+//   smem: K, V (kBc x kD), Q, dO (2 x kBr x kD), dS^T (kBc x kBr), lse, D (2 x kBr), pitch +8.
+// Assumptions: d % 8 == 0, d <= kD, fused_layout_ok for q, k, v, dout; dq_accum zeroed and
+// dsum written by the preprocess kernel on the same stream.
+#pragma once
+
+#include "attention.h"
+
+#include <cmath>
+
+#include "flash_common.cuh"
+#include "kc/check.cuh"
+
+namespace day50 {
+namespace flash {
+
+constexpr float kLog2eBwd = 1.4426950408889634f;
+
+template <int kD, int kWarps, int kBr>
+struct BwdTile {
+  static constexpr int kThreads = kWarps * 32, kBc = 16 * kWarps, kP = kD + 8, kPs = kBr + 8;
+  static constexpr int kWM = kBr / 16, kWN = kWarps / kWM, kNq = kD / kWN;  // dQ split
+  static_assert(kWarps % kWM == 0 && kNq % 16 == 0, "dQ warp split must tile kBr x kD");
+  template <typename T> static constexpr int smem_bytes() {
+    return (2 * kBc * kP + 4 * kBr * kP + kBc * kPs) * int(sizeof(T)) + 4 * kBr * int(sizeof(float));
+  }
+};
+
+__device__ __forceinline__ void atomic_add2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(addr), make_float2(a, b));
+#else
+  atomicAdd(addr, a);
+  atomicAdd(addr + 1, b);
+#endif
+}
+
+template <typename T, int kD, int kWarps, int kBr, bool kCausal>
+__global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel(const FusedParams p) {
+  using Tile = BwdTile<kD, kWarps, kBr>;
+  constexpr int kThreads = Tile::kThreads, kBc = Tile::kBc, kP = Tile::kP, kPs = Tile::kPs;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + kBc * kP;
+  T* sQ = sV + kBc * kP;       // [2][kBr][kP]
+  T* sdO = sQ + 2 * kBr * kP;  // [2][kBr][kP]
+  T* sdS = sdO + 2 * kBr * kP;  // [kBc][kPs]: dS^T, key-major
+  float* sLse = reinterpret_cast<float*>(sdS + kBc * kPs);  // [2][kBr]
+  float* sD = sLse + 2 * kBr;                               // [2][kBr]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int64_t k0 = int64_t(blockIdx.y) * kBc;
+  const T* Q = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh;
+  const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + h * p.k.sh;
+  const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + h * p.v.sh;
+  const T* dO = static_cast<const T*>(p.dout.ptr) + b * p.dout.sb + h * p.dout.sh;
+  const float* lse = p.lse + bh * p.Nq;
+  const float* dsum = p.dsum + bh * p.Nq;
+  float* dqa = p.dq_accum + bh * p.Nq * p.d;
+
+  const int q_begin = kCausal ? int(k0 / kBr) : 0;
+  const int n_qt = int((p.Nq + kBr - 1) / kBr);
+
+  float dk[kD / 8][4], dv[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
+
+  auto load_q_tile = [&](int qt, int buf) {
+    const int64_t q0 = int64_t(qt) * kBr;
+    load_tile_async<T, kBr, kD, kThreads>(sQ + buf * kBr * kP, Q, p.q.sr, q0, p.Nq, p.d, Q);
+    load_tile_async<T, kBr, kD, kThreads>(sdO + buf * kBr * kP, dO, p.dout.sr, q0, p.Nq, p.d, dO);
+    if (threadIdx.x < kBr) {
+      const bool ok = q0 + threadIdx.x < p.Nq;
+      cp_async_4(smem_addr(sLse + buf * kBr + threadIdx.x), ok ? lse + q0 + threadIdx.x : lse, ok);
+      cp_async_4(smem_addr(sD + buf * kBr + threadIdx.x), ok ? dsum + q0 + threadIdx.x : dsum, ok);
+    }
+    cp_async_commit();
+  };
+
+  if (q_begin < n_qt) {
+    load_tile_async<T, kBc, kD, kThreads>(sK, K, p.k.sr, k0, p.Nk, p.d, K);
+    load_tile_async<T, kBc, kD, kThreads>(sV, V, p.v.sr, k0, p.Nk, p.d, V);
+    cp_async_commit();
+    load_q_tile(q_begin, 0);
+  }
+  const float sl2 = p.scale * kLog2eBwd;
+  const int key_w = warp * 16;  // this warp's first key row in the tile
+
+  for (int qt = q_begin; qt < n_qt; ++qt) {
+    const int buf = (qt - q_begin) & 1;
+    if (qt + 1 < n_qt) {
+      load_q_tile(qt + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int64_t q0 = int64_t(qt) * kBr;
+    const T* sQb = sQ + buf * kBr * kP;
+    const T* sdOb = sdO + buf * kBr * kP;
+    const float* sLseb = sLse + buf * kBr;
+    const float* sDb = sD + buf * kBr;
+
+    // S^T = K Q^T and dP^T = V dO^T (16 keys x kBr queries per warp)
+    float s[kBr / 8][4], dp[kBr / 8][4];
+#pragma unroll
+    for (int i = 0; i < kBr / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      const int arow = key_w + (lane & 7) + 8 * ((lane >> 3) & 1), acol = kk * 16 + 8 * (lane >> 4);
+      ldmatrix_x4(ak, smem_addr(sK + arow * kP + acol));
+      ldmatrix_x4(av, smem_addr(sV + arow * kP + acol));
+#pragma unroll
+      for (int np = 0; np < kBr / 16; ++np) {
+        const int brow = np * 16 + (lane & 7) + 8 * (lane >> 4), bcol = kk * 16 + 8 * ((lane >> 3) & 1);
+        uint32_t bq[4], bo[4];
+        ldmatrix_x4(bq, smem_addr(sQb + brow * kP + bcol));
+        ldmatrix_x4(bo, smem_addr(sdOb + brow * kP + bcol));
+        mma16816<T>(s[2 * np], ak, bq[0], bq[1]);
+        mma16816<T>(s[2 * np + 1], ak, bq[2], bq[3]);
+        mma16816<T>(dp[2 * np], av, bo[0], bo[1]);
+        mma16816<T>(dp[2 * np + 1], av, bo[2], bo[3]);
+      }
+    }
+
+    // P^T = exp2(S^T * scale * log2e - lse * log2e), dS^T = P^T (dP^T - D); masked entries 0
+    const bool need_mask = (q0 + kBr > p.Nq) || (k0 + kBc > p.Nk) || (kCausal && k0 + kBc - 1 > q0);
+#pragma unroll
+    for (int nt = 0; nt < kBr / 8; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = nt * 8 + 2 * t + c;
+        const float l2 = sLseb[col] * kLog2eBwd, dd = sDb[col];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int e = 2 * r + c;
+          float pv = fast_exp2(s[nt][e] * sl2 - l2);
+          if (need_mask) {
+            const int64_t key = k0 + key_w + g + 8 * r, q = q0 + col;
+            if (q >= p.Nq || key >= p.Nk || (kCausal && key > q)) pv = 0.f;
+          }
+          s[nt][e] = pv;
+          dp[nt][e] = pv * (dp[nt][e] - dd);
+        }
+      }
+    }
+
+    // dV += P^T dO, dK += dS^T Q  (K-dim: the kBr queries)
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+      const uint32_t ap[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t ad[4] = {pack2<T>(dp[2 * kk][0], dp[2 * kk][1]), pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
+                              pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                              pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+      // dS^T (16-bit, as the dK product uses it) to shared memory for the dQ product
+      {
+        T* row = sdS + (key_w + g) * kPs + kk * 16 + 2 * t;
+        *reinterpret_cast<uint32_t*>(row) = ad[0];
+        *reinterpret_cast<uint32_t*>(row + 8 * kPs) = ad[1];
+        *reinterpret_cast<uint32_t*>(row + 8) = ad[2];
+        *reinterpret_cast<uint32_t*>(row + 8 * kPs + 8) = ad[3];
+      }
+#pragma unroll
+      for (int np = 0; np < kD / 16; ++np) {
+        const int brow = kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), bcol = np * 16 + 8 * (lane >> 4);
+        uint32_t bo[4], bq[4];
+        ldmatrix_x4_trans(bo, smem_addr(sdOb + brow * kP + bcol));
+        ldmatrix_x4_trans(bq, smem_addr(sQb + brow * kP + bcol));
+        mma16816<T>(dv[2 * np], ap, bo[0], bo[1]);
+        mma16816<T>(dv[2 * np + 1], ap, bo[2], bo[3]);
+        mma16816<T>(dk[2 * np], ad, bq[0], bq[1]);
+        mma16816<T>(dk[2 * np + 1], ad, bq[2], bq[3]);
+      }
+    }
+    __syncthreads();  // dS^T complete; Q, dO of this tile no longer read
+
+    // dQ_tile (kBr x kD) = dS K: warp (wm, wn) computes rows wm*16.., columns wn*kNq..
+    {
+      constexpr int kWM = Tile::kWM, kNq = Tile::kNq;
+      const int wm = warp % kWM, wn = warp / kWM;
+      float acc[kNq / 8][4];
+#pragma unroll
+      for (int i = 0; i < kNq / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, smem_addr(sdS + (kk * 16 + (lane & 7) + 8 * (lane >> 4)) * kPs + wm * 16 +
+                                       8 * ((lane >> 3) & 1)));
+#pragma unroll
+        for (int np = 0; np < kNq / 16; ++np) {
+          uint32_t bk[4];
+          ldmatrix_x4_trans(bk, smem_addr(sK + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kP + wn * kNq +
+                                          np * 16 + 8 * (lane >> 4)));
+          mma16816<T>(acc[2 * np], a, bk[0], bk[1]);
+          mma16816<T>(acc[2 * np + 1], a, bk[2], bk[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t q = q0 + wm * 16 + g + 8 * r;
+        if (q >= p.Nq) continue;
+#pragma unroll
+        for (int nt = 0; nt < kNq / 8; ++nt) {
+          const int col = wn * kNq + nt * 8 + 2 * t;
+          if (col < p.d) atomic_add2(dqa + q * p.d + col, acc[nt][2 * r], acc[nt][2 * r + 1]);
+        }
+      }
+    }
+    // The next iteration's first barrier orders these sdS / sK reads before sdS is rewritten.
+  }
+
+  // epilogue: dK = scale dS^T Q, dV (rows >= Nk and columns >= d not stored)
+  T* dK = static_cast<T*>(p.dk) + bh * p.Nk * p.d;
+  T* dV = static_cast<T*>(p.dv) + bh * p.Nk * p.d;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t key = k0 + key_w + g + 8 * r;
+    if (key >= p.Nk) continue;
+#pragma unroll
+    for (int nt = 0; nt < kD / 8; ++nt) {
+      const int col = nt * 8 + 2 * t;
+      if (col >= p.d) continue;
+      *reinterpret_cast<uint32_t*>(dK + key * p.d + col) =
+          pack2<T>(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dV + key * p.d + col) = pack2<T>(dv[nt][2 * r], dv[nt][2 * r + 1]);
+    }
+  }
+}
+
+template <typename T, int kD, int kWarps, int kBr>
+cudaError_t launch_bwd_dkdv_cfg(const FusedParams& p, cudaStream_t stream) {
+  using Tile = BwdTile<kD, kWarps, kBr>;
+  constexpr int smem = Tile::template smem_bytes<T>();
+  const int64_t n_kt = (p.Nk + Tile::kBc - 1) / Tile::kBc;
+  if (n_kt > 65535 || p.B * p.H > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 grid(unsigned(p.B * p.H), unsigned(n_kt));
+  if (p.causal) {
+    auto kernel = flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, true>;
+    KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
+  } else {
+    auto kernel = flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, false>;
+    KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+// Defined once per (T, kD) in flash_bwd_<dtype>_hd<kD>.cu; p.variant picks the tiling.
+template <typename T, int kD> cudaError_t launch_bwd_dkdv(const FusedParams& p, cudaStream_t stream);
+
+}  // namespace flash
+}  // namespace day50

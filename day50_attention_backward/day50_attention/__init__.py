@@ -1,0 +1,11 @@
+"""day50_attention: attention forward + backward as registered torch ops.
+
+    from day50_attention import attention
+    out = attention(q, k, v, causal=True)          # q (B, H, Nq, d), k/v (B, H, Nk, d)
+    out.sum().backward()                           # dq, dk, dv through the op's backward
+
+See ops.py for the backends ("auto", "fused", "naive").
+"""
+from .ops import BACKENDS, attention, attention_backward, attention_forward, matmul
+
+__all__ = ["BACKENDS", "attention", "attention_forward", "attention_backward", "matmul"]

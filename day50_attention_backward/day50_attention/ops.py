@@ -1,0 +1,98 @@
+"""Python API of the day-50 attention ops.
+
+    attention(q, k, v, causal=False, scale=None, backend="auto") -> out
+
+q (B, H, Nq, d), k and v (B, H, Nk, d), the semantics of
+F.scaled_dot_product_attention (causal aligned top-left when Nq != Nk).
+Differentiable in q, k, v through torch.library.register_autograd; fake
+implementations make the ops traceable by torch.compile(fullgraph=True).
+
+backend (CUDA only; the CPU has one implementation):
+  "naive": the seed's algorithm made general: S = scale QK^T, softmax, O = PV
+           with a tiled matmul kernel; the backward runs the seed's steps with
+           N x N workspaces. float64 / float32 / float16 / bfloat16, any head dim.
+  "fused": flash-style: the forward keeps only O and the row logsumexp, the
+           backward recomputes P tile by tile (nothing of size N x N).
+           float16 / bfloat16 on tensor cores, head dim a multiple of 8 up to 128.
+  "auto":  fused where it applies, naive otherwise.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernel_common.build import import_extension
+
+_C = import_extension("day50_attention", Path(__file__).resolve().parent.parent)
+
+BACKENDS = ("auto", "fused", "naive")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              scale: float | None = None, backend: str = "auto") -> torch.Tensor:
+    """softmax(scale * q k^T [causal mask]) v, differentiable in q, k, v."""
+    out, _ = torch.ops.day50.attention_forward(q, k, v, causal, scale, backend)
+    return out
+
+
+def attention_forward(q, k, v, causal: bool = False, scale: float | None = None, backend: str = "auto"):
+    """(out, lse): the output and the row logsumexp of scale * q k^T (float32, float64 for float64 q)."""
+    return torch.ops.day50.attention_forward(q, k, v, causal, scale, backend)
+
+
+def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool = False,
+                       scale: float | None = None, backend: str = "auto"):
+    """(dq, dk, dv) of attention_forward, given the forward's out and lse."""
+    return torch.ops.day50.attention_backward(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend)
+
+
+def matmul(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0):
+    """The naive path's tiled batched matmul: alpha * op(a) @ op(b) for 3-D a, b."""
+    return torch.ops.day50.matmul(a, b, trans_a, trans_b, alpha)
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("day50::attention_forward")
+def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto"):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, lambda: "attention: q, k, v must be 4-D")
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:3], dtype=_lse_dtype(q.dtype))
+    return out, lse
+
+
+@torch.library.register_fake("day50::attention_backward")
+def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, causal=False, scale=None,
+                             backend="auto"):
+    return (q.new_empty(q.shape),
+            k.new_empty(k.shape),
+            v.new_empty(v.shape))
+
+
+@torch.library.register_fake("day50::matmul")
+def _matmul_fake(a, b, trans_a=False, trans_b=False, alpha=1.0):
+    m = a.shape[2] if trans_a else a.shape[1]
+    n = b.shape[1] if trans_b else b.shape[2]
+    return a.new_empty((a.shape[0], m, n))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, backend = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.scale, ctx.backend = causal, scale, backend
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.day50.attention_backward(grad_out, q, k, v, out, lse, grad_lse, ctx.causal,
+                                                    ctx.scale, ctx.backend)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("day50::attention_forward", _backward, setup_context=_setup_context)

@@ -1,0 +1,397 @@
+"""Tests of day50_attention: forward and backward of every path against a float64 reference.
+
+    python test.py [--jit] [pytest args]      (KC_SANITIZE=1 shrinks the sizes)
+
+CPU: the reference implementation, gradcheck, opcheck, torch.compile, bad input.
+CUDA: the naive path (float64/float32/float16/bfloat16, any head dim) and the fused
+path (float16/bfloat16, head dims multiples of 8 up to 128), layouts, a memory test.
+fp16/bf16 results must be within 2x PyTorch's own same-precision error against the
+float64 reference (kernel_common.testing.assert_lowp_close).
+"""
+import math
+import os
+import sys
+
+if __name__ == "__main__" and "--jit" in sys.argv:
+    os.environ["KC_JIT"] = "1"
+    sys.argv.remove("--jit")
+
+from kernel_common import testing  # noqa: E402  (sets KC_POISON_OUTPUTS=1 first)
+from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import day50_attention as da  # noqa: E402
+
+SANITIZE = os.environ.get("KC_SANITIZE", "0") == "1"
+LOWP = [torch.float16, torch.bfloat16]
+
+# (B, H, Nq, Nk, d): N in 1, 17, 128, 1000, Nq != Nk both ways
+SHAPES = [
+    (1, 1, 1, 1, 64),
+    (2, 3, 17, 17, 64),
+    (1, 2, 128, 128, 128),
+    (1, 2, 17, 128, 64),
+    (1, 2, 128, 17, 128),
+    (1, 2, 1000, 1000, 64),
+    (1, 1, 1000, 333, 128),
+]
+if SANITIZE:
+    SHAPES = [(1, 1, 1, 1, 64), (1, 2, 17, 40, 64), (1, 1, 70, 17, 128)]
+
+
+def sid(s):
+    return "x".join(map(str, s))
+
+
+def inputs(shape, dtype, device, seed=0):
+    B, H, Nq, Nk, d = shape
+    g = torch.Generator().manual_seed(seed)
+    q = testing.fresh(B, H, Nq, d, dtype=dtype, device=device, gen=g)
+    k = testing.fresh(B, H, Nk, d, dtype=dtype, device=device, gen=g)
+    v = testing.fresh(B, H, Nk, d, dtype=dtype, device=device, gen=g)
+    do = testing.fresh(B, H, Nq, d, dtype=dtype, device=device, gen=g)
+    return q, k, v, do
+
+
+def reference(q, k, v, do, causal, scale=None):
+    """float64 (out, lse, dq, dk, dv) on the CPU through PyTorch's own SDPA autograd."""
+    q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=scale)
+    out.backward(do.detach().cpu().double())
+    s = (q64 @ k64.transpose(-2, -1)).detach() * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        s.masked_fill_(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    return out.detach(), torch.logsumexp(s, -1), q64.grad, k64.grad, v64.grad
+
+
+def torch_same_precision(q, k, v, do, causal, scale=None):
+    """PyTorch's own result in the inputs' dtype and device (out, dq, dk, dv)."""
+    qt, kt, vt = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+    out.backward(do)
+    return out.detach(), qt.grad, kt.grad, vt.grad
+
+
+def run_ours(q, k, v, do, causal, backend, scale=None):
+    out, lse = da.attention_forward(q, k, v, causal, scale, backend)
+    dq, dk, dv = da.attention_backward(do, q, k, v, out, lse, None, causal, scale, backend)
+    return out, lse, dq, dk, dv
+
+
+def check_exact(got, ref, dtype):
+    """float32/float64 results against the float64 reference. Tolerances: float64
+    1e-10; float32 2e-5 of the reference's scale plus 1e-4 relative: the errors
+    are sums of up to N fp32 roundings (N <= 1000 here, measured max ~3e-6 of scale)."""
+    names = ["out", "lse", "dq", "dk", "dv"]
+    for n, a, r in zip(names, got, ref):
+        sc = max(r.abs().max().item(), 1.0) if r.numel() else 1.0
+        if dtype == torch.float64:
+            testing.assert_close(a, r, 1e-10 * sc, 1e-9, n)
+        else:
+            testing.assert_close(a, r, 2e-5 * sc, 1e-4, n)
+
+
+def backends(device, lowp):
+    if device == "cpu":
+        return ["auto"]
+    return ["naive", "fused", "auto"] if lowp else ["naive", "auto"]
+
+
+# ----------------------------------------------------------------------------- accuracy
+@pytest.mark.parametrize("shape", SHAPES, ids=sid)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_dtypes(device, dtype, causal, shape):
+    if dtype == torch.float64 and shape[2] * shape[3] > 17 * 128 and device == "cpu":
+        pytest.skip("float64 path covered by the smaller shapes and gradcheck")
+    q, k, v, do = inputs(shape, dtype, device)
+    ref = reference(q, k, v, do, causal)
+    for be in backends(device, False):
+        check_exact(run_ours(q, k, v, do, causal, be), ref, dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=sid)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", LOWP, ids=["f16", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_lowp(device, dtype, causal, shape):
+    q, k, v, do = inputs(shape, dtype, device, seed=1)
+    ref = reference(q, k, v, do, causal)
+    theirs = torch_same_precision(q, k, v, do, causal)
+    for be in backends(device, True):
+        out, lse, dq, dk, dv = run_ours(q, k, v, do, causal, be)
+        for n, a, r, t in zip(["out", "dq", "dk", "dv"], [out, dq, dk, dv], [ref[0], *ref[2:]], theirs):
+            testing.assert_lowp_close(a, r, t, name=f"{be}:{n}")
+        # lse is fp32 computed from the same rounded inputs as the reference: fp32 error only
+        testing.assert_close(lse, ref[1], 2e-4, 2e-4, f"{be}:lse")
+
+
+@pytest.mark.parametrize("d", [8, 40, 72, 96, 120], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=requires_cuda)])
+def test_fused_other_head_dims(device, d):
+    """Every multiple of 8 up to 128 runs fused (zero-padded to the 64 or 128 kernel)."""
+    shape = (1, 2, 77, 130, d) if not SANITIZE else (1, 1, 20, 33, d)
+    for causal in (False, True):
+        q, k, v, do = inputs(shape, torch.bfloat16, device, seed=d)
+        ref = reference(q, k, v, do, causal)
+        theirs = torch_same_precision(q, k, v, do, causal)
+        out, lse, dq, dk, dv = run_ours(q, k, v, do, causal, "fused")
+        for n, a, r, t in zip(["out", "dq", "dk", "dv"], [out, dq, dk, dv], [ref[0], *ref[2:]], theirs):
+            testing.assert_lowp_close(a, r, t, name=n)
+
+
+@pytest.mark.parametrize("d", [1, 5, 33, 136, 200], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("device", DEVICES)
+def test_odd_head_dims(device, d):
+    """Head dims the fused kernels do not take: naive (and auto falls back to it)."""
+    shape = (1, 2, 19, 23, d)
+    for causal in (False, True):
+        q, k, v, do = inputs(shape, torch.float32, device, seed=d)
+        ref = reference(q, k, v, do, causal)
+        for be in (["naive", "auto"] if device == "cuda" else ["auto"]):
+            check_exact(run_ours(q, k, v, do, causal, be), ref, torch.float32)
+        if device == "cuda":
+            qb, kb, vb, dob = (t.bfloat16() for t in (q, k, v, do))
+            theirs = torch_same_precision(qb, kb, vb, dob, causal)
+            got = run_ours(qb, kb, vb, dob, causal, "auto")
+            refb = reference(qb, kb, vb, dob, causal)
+            for n, a, r, t in zip(["out", "dq", "dk", "dv"], [got[0], *got[2:]], [refb[0], *refb[2:]], theirs):
+                testing.assert_lowp_close(a, r, t, name=n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_scale_and_distinct_qkv(device):
+    """A scale other than 1/sqrt(d); q, k, v distinct (a swapped dq/dk would show)."""
+    q, k, v, do = inputs((2, 2, 33, 45, 64), torch.float32, device, seed=7)
+    ref = reference(q, k, v, do, True, scale=0.3)
+    assert not torch.allclose(ref[2][..., :33, :], ref[3][..., :33, :])  # dq and dk really differ
+    for be in backends(device, False):
+        check_exact(run_ours(q, k, v, do, True, be, scale=0.3), ref, torch.float32)
+    if device == "cuda":
+        qb, kb, vb, dob = (t.bfloat16() for t in (q, k, v, do))
+        theirs = torch_same_precision(qb, kb, vb, dob, True, scale=0.3)
+        refb = reference(qb, kb, vb, dob, True, scale=0.3)
+        got = run_ours(qb, kb, vb, dob, True, "fused", scale=0.3)
+        for n, a, r, t in zip(["out", "dq", "dk", "dv"], [got[0], *got[2:]], [refb[0], *refb[2:]], theirs):
+            testing.assert_lowp_close(a, r, t, name=n)
+
+
+# ----------------------------------------------------------------------------- layouts
+def layouts(t, kind):
+    if kind == "bnhd":  # (B, N, H, d).transpose(1, 2): innermost stride 1, row stride H*d
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    if kind == "offset":  # contiguous but not 16-byte aligned
+        return testing.offset_view(t, 1)
+    if kind == "strided":  # innermost stride 2
+        return testing.strided_view(t)
+    return t
+
+
+@pytest.mark.parametrize("kind", ["bnhd", "offset", "strided"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_layouts(device, kind):
+    shape = (2, 3, 40, 70, 64)
+    dtypes = [torch.float32] + (LOWP if device == "cuda" else [])
+    for dtype in dtypes:
+        q, k, v, do = inputs(shape, dtype, device, seed=3)
+        ql, kl, vl, dol = (layouts(t, kind) for t in (q, k, v, do))
+        assert torch.equal(ql, q) and not (kind == "bnhd" and ql.is_contiguous())
+        for be in backends(device, dtype != torch.float32):
+            want = run_ours(q, k, v, do, True, be)
+            got = run_ours(ql, kl, vl, dol, True, be)
+            for n, a, w in zip(["out", "lse", "dq", "dk", "dv"], got, want):
+                # same kernels, same values: equal up to the order of dQ's atomic adds
+                testing.assert_close(a, w, *testing.tolerance(dtype), name=f"{be}:{dtype}:{n}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autograd_noncontiguous_grad(device):
+    """attention() through autograd, with a grad_output that is an expanded (stride 0) view."""
+    dtype = torch.float32
+    q, k, v, _ = inputs((1, 2, 20, 30, 64), dtype, device, seed=4)
+    for be in backends(device, False):
+        qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+        da.attention(qs, ks, vs, causal=True, backend=be).sum().backward()
+        ref = reference(q, k, v, torch.ones(1, 2, 20, 64, dtype=torch.float64), True)
+        for n, a, r in zip(["dq", "dk", "dv"], [qs.grad, ks.grad, vs.grad], ref[2:]):
+            testing.assert_close(a, r, 2e-5 * r.abs().max().item(), 1e-4, n)
+
+
+# ----------------------------------------------------------------------------- autograd, ops
+def gradcheck_inputs(device, shape):
+    g = torch.Generator().manual_seed(5)
+    return [torch.randn(*s, dtype=torch.float64, generator=g).to(device).requires_grad_()
+            for s in ((shape[0], shape[1], shape[2], shape[4]), (shape[0], shape[1], shape[3], shape[4]),
+                      (shape[0], shape[1], shape[3], shape[4]))]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 2, 5, 7, 3), (2, 1, 6, 4, 8)], ids=sid)
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_float64(device, shape, causal):
+    """Both outputs (out and lse) are checked, so the grad_lse term is too. On CUDA: naive."""
+    q, k, v = gradcheck_inputs(device, shape)
+    backend = "naive" if device == "cuda" else "auto"
+    fn = lambda a, b, c: da.attention_forward(a, b, c, causal, None, backend)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    cases = [(torch.float32, "naive" if device == "cuda" else "auto")]
+    if device == "cuda":
+        cases += [(torch.bfloat16, "fused"), (torch.float16, "fused")]
+    for dtype, be in cases:
+        q, k, v, do = inputs((1, 2, 9, 13, 64), dtype, device, seed=6)
+        for causal in (False, True):
+            torch.library.opcheck(torch.ops.day50.attention_forward.default, (q, k, v, causal, None, be))
+            out, lse = da.attention_forward(q, k, v, causal, None, be)
+            torch.library.opcheck(torch.ops.day50.attention_backward.default,
+                                  (do, q, k, v, out, lse, None, causal, 0.2, be))
+    a = testing.fresh(2, 5, 7, device=device)
+    b = testing.fresh(2, 9, 7, device=device)
+    torch.library.opcheck(torch.ops.day50.matmul.default, (a, b, False, True, 0.5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v, _ = inputs((1, 2, 24, 24, 64), dtype, device, seed=8)
+
+    def loss(a, b, c):
+        return da.attention(a, b, c, causal=True).float().square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    grads = []
+    for f in (loss, compiled):
+        args = [t.clone().requires_grad_() for t in (q, k, v)]
+        val = f(*args)
+        val.backward()
+        grads.append([val.detach()] + [t.grad for t in args])
+    for a, b in zip(*grads):
+        testing.assert_close(a, b, *testing.tolerance(dtype))
+
+
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (17, 33, 5), (64, 64, 16), (130, 70, 129)], ids=sid)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul(device, dtype, mnk):
+    """The naive path's tiled matmul: any M, N, K, every pair of transpose flags, batched."""
+    M, N, K = mnk
+    for ta in (False, True):
+        for tb in (False, True):
+            a = testing.fresh(3, *((K, M) if ta else (M, K)), dtype=dtype, device=device)
+            b = testing.fresh(3, *((N, K) if tb else (K, N)), dtype=dtype, device=device)
+            got = da.matmul(a, b, ta, tb, 0.75)
+            oa = a.double().cpu().transpose(1, 2) if ta else a.double().cpu()
+            ob = b.double().cpu().transpose(1, 2) if tb else b.double().cpu()
+            ref = 0.75 * torch.bmm(oa, ob)
+            atol, rtol = testing.tolerance(dtype)
+            testing.assert_close(got, ref, atol * math.sqrt(K) * 4, rtol * 4, f"ta={ta} tb={tb}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_and_single(device):
+    dtypes = [torch.float32] + (LOWP if device == "cuda" else [])
+    for dtype in dtypes:
+        for be in backends(device, dtype != torch.float32):
+            q, k, v, do = inputs((2, 2, 0, 5, 64), dtype, device)
+            out, lse, dq, dk, dv = run_ours(q, k, v, do, True, be)
+            assert out.shape == (2, 2, 0, 64) and lse.shape == (2, 2, 0) and dq.shape == (2, 2, 0, 64)
+            assert torch.equal(dk, torch.zeros_like(dk)) and torch.equal(dv, torch.zeros_like(dv))
+            q, k, v, do = inputs((0, 2, 3, 5, 64), dtype, device)
+            assert run_ours(q, k, v, do, False, be)[0].shape == (0, 2, 3, 64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_is_an_error_and_process_stays_usable(device):
+    q, k, v, do = inputs((1, 2, 8, 8, 64), torch.float32, device)
+    with pytest.raises(RuntimeError, match="4-D"):
+        da.attention(q[0], k, v)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        da.attention(q, k.double(), v)
+    with pytest.raises(RuntimeError, match="same head dim"):
+        da.attention(q, k[..., :32], v)
+    with pytest.raises(RuntimeError, match="same sequence length"):
+        da.attention(q, k, v[:, :, :4])
+    with pytest.raises(RuntimeError, match="batch and head sizes"):
+        da.attention(q, k[:, :1], v[:, :1])
+    with pytest.raises(RuntimeError, match="at least one key"):
+        da.attention(q, k[:, :, :0], v[:, :, :0])
+    with pytest.raises(RuntimeError, match="float64, float32, float16 or bfloat16"):
+        da.attention(q.int(), k.int(), v.int())
+    with pytest.raises(RuntimeError, match="backend must be"):
+        da.attention(q, k, v, backend="flash")
+    with pytest.raises(RuntimeError, match="lse must be"):
+        da.attention_backward(do, q, k, v, q, q[..., 0].double())
+    if device == "cuda":
+        with pytest.raises(RuntimeError, match="same device"):
+            da.attention(q, k.cpu(), v)
+        with pytest.raises(RuntimeError, match="float16 or bfloat16"):
+            da.attention(q, k, v, backend="fused")
+        with pytest.raises(RuntimeError, match="multiple of 8"):
+            qb = testing.fresh(1, 1, 8, 20, dtype=torch.bfloat16, device=device)
+            da.attention(qb, qb, qb, backend="fused")
+    out = da.attention(q, k, v)
+    assert torch.isfinite(out).all()
+
+
+# ----------------------------------------------------------------------------- CUDA only
+@requires_cuda
+def test_cuda_auto_picks_fused_for_lowp_and_naive_for_fp32():
+    q, k, v, _ = inputs((1, 2, 50, 60, 64), torch.bfloat16, "cuda")
+    assert torch.equal(da.attention(q, k, v, backend="auto"), da.attention(q, k, v, backend="fused"))
+    qf, kf, vf = q.float(), k.float(), v.float()
+    assert torch.equal(da.attention(qf, kf, vf, backend="auto"), da.attention(qf, kf, vf, backend="naive"))
+
+
+@requires_cuda
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cuda_fused_long_sequence(causal):
+    shape = (1, 2, 2053, 2053, 128) if not SANITIZE else (1, 1, 130, 200, 128)
+    q, k, v, do = inputs(shape, torch.bfloat16, "cuda", seed=11)
+    ref = reference(q, k, v, do, causal)
+    theirs = torch_same_precision(q, k, v, do, causal)
+    out, lse, dq, dk, dv = run_ours(q, k, v, do, causal, "fused")
+    for n, a, r, t in zip(["out", "dq", "dk", "dv"], [out, dq, dk, dv], [ref[0], *ref[2:]], theirs):
+        testing.assert_lowp_close(a, r, t, name=n)
+
+
+@requires_cuda
+def test_cuda_fused_dk_dv_deterministic():
+    """dK and dV are reduced in registers in a fixed order: bitwise reproducible.
+    dQ is summed with fp32 atomics: only close."""
+    q, k, v, do = inputs((2, 2, 300, 300, 64), torch.bfloat16, "cuda", seed=12)
+    first = run_ours(q, k, v, do, True, "fused")
+    for _ in range(3):
+        again = run_ours(q, k, v, do, True, "fused")
+        assert torch.equal(first[0], again[0]) and torch.equal(first[3], again[3]) and torch.equal(first[4], again[4])
+        testing.assert_close(again[2], first[2], *testing.tolerance(torch.bfloat16))
+
+
+@requires_cuda
+@pytest.mark.skipif(SANITIZE, reason="N = 8192 is too slow under compute-sanitizer")
+def test_cuda_fused_backward_allocates_no_n_by_n():
+    B, H, N, d = 1, 2, 8192, 64
+    q, k, v, do = inputs((B, H, N, N, d), torch.bfloat16, "cuda", seed=13)
+    out, lse = da.attention_forward(q, k, v, True, None, "fused")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    dq, dk, dv = da.attention_backward(do, q, k, v, out, lse, None, True, None, "fused")
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    nn_bytes = B * H * N * N * 2  # one N x N matrix in bf16: 256 MiB
+    # outputs (3 x B H N d bf16) + fp32 dQ accumulator + row sums: about 10 MiB
+    assert extra < 4 * (3 * B * H * N * d * 2 + B * H * N * d * 4 + B * H * N * 4), extra
+    assert extra < nn_bytes / 16, f"backward allocated {extra / 2**20:.1f} MiB"
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, *sys.argv[1:]]))
