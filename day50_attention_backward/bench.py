@@ -1,0 +1,170 @@
+"""Benchmark of day50_attention on the GPU: forward and backward, bf16, B=4, H=16.
+
+    python bench.py --out STEM [--quick] [--variants]
+
+Rows: N in 1024, 2048, 4096, 8192; d in 64, 128; causal and not. Columns: time and
+TFLOP/s of our fused and naive paths and of SDPA's flash, cuDNN, efficient and
+math backends. FLOPs: forward 4*B*H*Nq*Nk*d, backward 2.5x that, halved when
+causal (the issue's convention). The floor is the backward's FLOPs over the
+measured dense bf16 matmul rate. Writes STEM.md (tables), STEM.json, STEM.png.
+--variants also times every tiling variant of the fused backward (DAY50_BWD_VARIANT).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import day50_attention as da  # noqa: E402
+from kernel_common import bench  # noqa: E402
+
+B, H = 4, 16
+SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+def flops(n, d, causal):
+    f = 4.0 * B * H * n * n * d
+    return f / 2 if causal else f
+
+
+def tf(fl, us):
+    return None if us is None else fl / (us * 1e-6) / 1e12
+
+
+def timed(fn, args):
+    try:
+        return bench.time_us(fn, warmup=args.warmup, rep=args.rep, max_ms=args.max_ms)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
+    except RuntimeError as e:  # a backend that does not take this shape
+        print(f"   ({str(e).splitlines()[0][:100]})")
+        return None
+
+
+def ours(q, k, v, do, causal, backend, args):
+    fwd = lambda: da.attention_forward(q, k, v, causal, None, backend)  # noqa: E731
+    try:
+        out, lse = fwd()
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None, None
+    bwd = lambda: da.attention_backward(do, q, k, v, out, lse, None, causal, None, backend)  # noqa: E731
+    return timed(fwd, args), timed(bwd, args)
+
+
+def sdpa(q, k, v, do, causal, name, args):
+    try:
+        with sdpa_kernel(SDPA[name]):
+            with torch.no_grad():
+                t_f = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), args)
+            qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+            out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+            t_b = timed(lambda: torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True), args)
+            del out
+            return t_f, t_b
+    except (RuntimeError, torch.OutOfMemoryError) as e:
+        torch.cuda.empty_cache()
+        print(f"   sdpa {name}: {str(e).splitlines()[0][:100]}")
+        return None, None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="bench_out/day50_attention")
+    p.add_argument("--quick", action="store_true", help="fewer repeats, naive and math at small N only")
+    p.add_argument("--variants", action="store_true", help="also time every fused-backward tiling variant")
+    args = p.parse_args()
+    args.warmup, args.rep, args.max_ms = (2, 5, 150.0) if args.quick else (3, 15, 600.0)
+    meta = bench.device_meta()
+    mm = bench.matmul_tflops(torch.bfloat16)
+    meta["bf16_matmul_tflops"] = round(mm, 1)
+    print(f"== {meta['device']} {meta['date']} torch {meta['torch']}: bf16 matmul {mm:.0f} TFLOP/s", flush=True)
+    rows, vrows = [], []
+    for n in (1024, 2048, 4096, 8192):
+        for d in (64, 128):
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(n + d)
+                q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                               for _ in range(4))
+                ff, fb = flops(n, d, causal), 2.5 * flops(n, d, causal)
+                r = {"shape": f"N={n} d={d}{' causal' if causal else ''}", "N": n, "d": d, "causal": causal}
+                impls = ["fused"] + list(SDPA) + ["naive"]
+                for name in impls:
+                    if name == "naive" and n > (1024 if args.quick else 2048):
+                        continue
+                    if name == "math" and args.quick and n > 2048:
+                        continue
+                    if name in SDPA:
+                        t_f, t_b = sdpa(q, k, v, do, causal, name, args)
+                    else:
+                        t_f, t_b = ours(q, k, v, do, causal, name, args)
+                    r[f"{name} fwd ms"] = None if t_f is None else t_f / 1e3
+                    r[f"{name} bwd ms"] = None if t_b is None else t_b / 1e3
+                    r[f"{name} fwd TF/s"] = tf(ff, t_f)
+                    r[f"{name} bwd TF/s"] = tf(fb, t_b)
+                if r.get("fused bwd TF/s") and r.get("flash bwd TF/s"):
+                    r["fused/flash bwd"] = r["fused bwd TF/s"] / r["flash bwd TF/s"]
+                r["bwd floor ms"] = bench.flops_floor_us(fb, mm) / 1e3
+                # layout: q, k, v, dout as (B, N, H, d).transpose(1, 2), read by strides vs copied first
+                if n == 4096 and not causal:
+                    qs, ks, vs, dos = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, do))
+                    _, tb_s = ours(qs, ks, vs, dos, causal, "fused", args)
+                    qc, kc, vc, doc = (t.contiguous() for t in (qs, ks, vs, dos))
+                    out, lse = da.attention_forward(qc, kc, vc, causal, None, "fused")
+
+                    def copy_then_bwd():
+                        a, b_, c, e = (t.contiguous() for t in (qs, ks, vs, dos))
+                        return da.attention_backward(e, a, b_, c, out, lse, None, causal, None, "fused")
+
+                    r["bnhd strided bwd ms"] = None if tb_s is None else tb_s / 1e3
+                    tcp = timed(copy_then_bwd, args)
+                    r["bnhd copy+bwd ms"] = None if tcp is None else tcp / 1e3
+                if args.variants:
+                    for var in (0, 1, 2):
+                        os.environ["DAY50_BWD_VARIANT"] = str(var)
+                        _, t_b = ours(q, k, v, do, causal, "fused", args)
+                        vrows.append({"shape": r["shape"], "variant": var, "bwd ms": t_b / 1e3,
+                                      "bwd TF/s": tf(fb, t_b), "flash bwd TF/s": r.get("flash bwd TF/s")})
+                    os.environ["DAY50_BWD_VARIANT"] = "0"
+                rows.append(r)
+                print(f"   {r['shape']}: fused bwd {r.get('fused bwd TF/s') or 0:.0f} TF/s, "
+                      f"flash {r.get('flash bwd TF/s') or 0:.0f}, ratio {r.get('fused/flash bwd') or 0:.2f}",
+                      flush=True)
+                del q, k, v, do
+                torch.cuda.empty_cache()
+
+    bwd_cols = ["shape", "fused bwd ms", "fused bwd TF/s", "flash bwd TF/s", "cudnn bwd TF/s",
+                "efficient bwd TF/s", "math bwd TF/s", "naive bwd TF/s", "fused/flash bwd", "bwd floor ms"]
+    fwd_cols = ["shape", "fused fwd ms", "fused fwd TF/s", "flash fwd TF/s", "cudnn fwd TF/s",
+                "efficient fwd TF/s", "math fwd TF/s", "naive fwd TF/s"]
+    lay_cols = ["shape", "fused bwd ms", "bnhd strided bwd ms", "bnhd copy+bwd ms"]
+    head = (f"# day50_attention bench: {meta['device']}, {meta['date']}, torch {meta['torch']}, "
+            f"bf16, B={B}, H={H}\n\nMeasured bf16 matmul rate: {mm:.0f} TFLOP/s. TF/s counts forward "
+            f"4*B*H*N*N*d and backward 2.5x that, halved when causal.\n")
+    parts = [head, "## Backward\n", bench.format_table(rows, bwd_cols), "\n## Forward\n",
+             bench.format_table(rows, fwd_cols), "\n## Layout: q, k, v, dout as (B, N, H, d).transpose(1, 2)\n",
+             bench.format_table([r for r in rows if "bnhd strided bwd ms" in r], lay_cols)]
+    if vrows:
+        parts += ["\n## Fused backward tiling variants\n",
+                  bench.format_table(vrows, ["shape", "variant", "bwd ms", "bwd TF/s", "flash bwd TF/s"])]
+    text = "\n".join(parts) + "\n"
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".md", "w") as f:
+        f.write(text)
+    meta["variants"] = vrows
+    bench.write_report(rows, sorted({c for r in rows for c in r}), args.out,
+                       "day50 attention backward TFLOP/s", meta,
+                       plot_cols=["fused bwd TF/s", "flash bwd TF/s", "cudnn bwd TF/s", "efficient bwd TF/s"],
+                       label_col="shape")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
