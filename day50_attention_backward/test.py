@@ -95,6 +95,19 @@ def check_exact(got, ref, dtype):
             testing.assert_close(a, r, 2e-5 * sc, 1e-4, n)
 
 
+def check_lowp(got, ref, theirs, prefix=""):
+    """got, ref, theirs: (out, dq, dk, dv). fp16/bf16 rule: max error <= 2x PyTorch's own
+    same-precision error + a floor. For dq and dk the floor is one ulp at unit scale
+    (the inputs are standard normal): where every query sees a single key (N = 1) the
+    exact dq and dk are 0, a cancellation of O(1) terms (dP - rowsum(dO * O)), and the
+    fp32 residue of that cancellation (~1e-6) is not an error the 2x rule can measure."""
+    for n, a, r, t in zip(["out", "dq", "dk", "dv"], got, ref, theirs):
+        floor = None
+        if n in ("dq", "dk"):
+            floor = torch.finfo(a.dtype).eps * max(r.abs().max().item() if r.numel() else 0.0, 1.0)
+        testing.assert_lowp_close(a, r, t, name=prefix + n, floor=floor)
+
+
 def backends(device, lowp):
     if device == "cpu":
         return ["auto"]
@@ -125,8 +138,7 @@ def test_lowp(device, dtype, causal, shape):
     theirs = torch_same_precision(q, k, v, do, causal)
     for be in backends(device, True):
         out, lse, dq, dk, dv = run_ours(q, k, v, do, causal, be)
-        for n, a, r, t in zip(["out", "dq", "dk", "dv"], [out, dq, dk, dv], [ref[0], *ref[2:]], theirs):
-            testing.assert_lowp_close(a, r, t, name=f"{be}:{n}")
+        check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs, f"{be}:")
         # lse is fp32 computed from the same rounded inputs as the reference: fp32 error only
         testing.assert_close(lse, ref[1], 2e-4, 2e-4, f"{be}:lse")
 
@@ -141,8 +153,7 @@ def test_fused_other_head_dims(device, d):
         ref = reference(q, k, v, do, causal)
         theirs = torch_same_precision(q, k, v, do, causal)
         out, lse, dq, dk, dv = run_ours(q, k, v, do, causal, "fused")
-        for n, a, r, t in zip(["out", "dq", "dk", "dv"], [out, dq, dk, dv], [ref[0], *ref[2:]], theirs):
-            testing.assert_lowp_close(a, r, t, name=n)
+        check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs)
 
 
 @pytest.mark.parametrize("d", [1, 5, 33, 136, 200], ids=lambda d: f"d{d}")
@@ -160,8 +171,7 @@ def test_odd_head_dims(device, d):
             theirs = torch_same_precision(qb, kb, vb, dob, causal)
             got = run_ours(qb, kb, vb, dob, causal, "auto")
             refb = reference(qb, kb, vb, dob, causal)
-            for n, a, r, t in zip(["out", "dq", "dk", "dv"], [got[0], *got[2:]], [refb[0], *refb[2:]], theirs):
-                testing.assert_lowp_close(a, r, t, name=n)
+            check_lowp([got[0], *got[2:]], [refb[0], *refb[2:]], theirs)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -177,8 +187,7 @@ def test_custom_scale_and_distinct_qkv(device):
         theirs = torch_same_precision(qb, kb, vb, dob, True, scale=0.3)
         refb = reference(qb, kb, vb, dob, True, scale=0.3)
         got = run_ours(qb, kb, vb, dob, True, "fused", scale=0.3)
-        for n, a, r, t in zip(["out", "dq", "dk", "dv"], [got[0], *got[2:]], [refb[0], *refb[2:]], theirs):
-            testing.assert_lowp_close(a, r, t, name=n)
+        check_lowp([got[0], *got[2:]], [refb[0], *refb[2:]], theirs)
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -358,8 +367,7 @@ def test_cuda_fused_long_sequence(causal):
     ref = reference(q, k, v, do, causal)
     theirs = torch_same_precision(q, k, v, do, causal)
     out, lse, dq, dk, dv = run_ours(q, k, v, do, causal, "fused")
-    for n, a, r, t in zip(["out", "dq", "dk", "dv"], [out, dq, dk, dv], [ref[0], *ref[2:]], theirs):
-        testing.assert_lowp_close(a, r, t, name=n)
+    check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs)
 
 
 @requires_cuda

@@ -1,5 +1,8 @@
 // Fused backward main kernel for __nv_bfloat16, head dims up to 64 (see flash_bwd.cuh).
-// Tiling variants (FusedParams::variant): v0 (4 warps, kBr 64), v1 (8 warps, kBr 64), v2 (8 warps, kBr 32).
+// Tiling variants (FusedParams::variant, env DAY50_BWD_VARIANT; see README "version log"):
+//   0 (default): 8 warps (128 keys per block), 64-query tiles   -- fastest measured
+//   1          : 4 warps (64 keys per block), 64-query tiles   -- the first version
+//   2          : 8 warps, 32-query tiles
 #include "flash_bwd.cuh"
 
 namespace day50 {
@@ -7,9 +10,9 @@ namespace flash {
 
 template <> cudaError_t launch_bwd_dkdv<__nv_bfloat16, 64>(const FusedParams& p, cudaStream_t stream) {
   switch (p.variant) {
-    case 1: return launch_bwd_dkdv_cfg<__nv_bfloat16, 64, 8, 64>(p, stream);
+    case 1: return launch_bwd_dkdv_cfg<__nv_bfloat16, 64, 4, 64>(p, stream);
     case 2: return launch_bwd_dkdv_cfg<__nv_bfloat16, 64, 8, 32>(p, stream);
-    default: return launch_bwd_dkdv_cfg<__nv_bfloat16, 64, 4, 64>(p, stream);
+    default: return launch_bwd_dkdv_cfg<__nv_bfloat16, 64, 8, 64>(p, stream);
   }
 }
 

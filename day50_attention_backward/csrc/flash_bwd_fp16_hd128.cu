@@ -1,5 +1,8 @@
 // Fused backward main kernel for __half, head dims up to 128 (see flash_bwd.cuh).
-// Tiling variants (FusedParams::variant): v0 (4 warps, kBr 32), v1 (8 warps, kBr 32), v2 (8 warps, kBr 64).
+// Tiling variants (FusedParams::variant, env DAY50_BWD_VARIANT; see README "version log"):
+//   0 (default): 8 warps (128 keys per block), 64-query tiles   -- fastest measured
+//   1          : 4 warps (64 keys per block), 32-query tiles   -- the first version
+//   2          : 8 warps, 32-query tiles
 #include "flash_bwd.cuh"
 
 namespace day50 {
@@ -7,9 +10,9 @@ namespace flash {
 
 template <> cudaError_t launch_bwd_dkdv<__half, 128>(const FusedParams& p, cudaStream_t stream) {
   switch (p.variant) {
-    case 1: return launch_bwd_dkdv_cfg<__half, 128, 8, 32>(p, stream);
-    case 2: return launch_bwd_dkdv_cfg<__half, 128, 8, 64>(p, stream);
-    default: return launch_bwd_dkdv_cfg<__half, 128, 4, 32>(p, stream);
+    case 1: return launch_bwd_dkdv_cfg<__half, 128, 4, 32>(p, stream);
+    case 2: return launch_bwd_dkdv_cfg<__half, 128, 8, 32>(p, stream);
+    default: return launch_bwd_dkdv_cfg<__half, 128, 8, 64>(p, stream);
   }
 }
 
