@@ -1,0 +1,88 @@
+// se_checks.h: argument checks and layout rules shared by the CPU and CUDA
+// implementations (torch side only; the kernels never see this file).
+//
+// Layout rule (the fakes in se_module/ops.py follow the same rule):
+//   an output shaped like x is channels_last when x is channels_last-dense and
+//   not NCHW-dense, and NCHW-contiguous otherwise (x with other strides is
+//   copied to NCHW first). When x is both (C == 1 or H * W == 1) the two layouts
+//   are the same bytes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace se_glue {
+
+inline bool wants_channels_last(const at::Tensor& x) {
+  return !x.is_contiguous() && x.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+inline at::MemoryFormat out_format(const at::Tensor& x) {
+  return wants_channels_last(x) ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
+inline void check_floating(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()), name, " must be a floating-point tensor, got ", t.scalar_type());
+}
+
+inline void check_x(const at::Tensor& x, const char* name = "x") {
+  TORCH_CHECK(x.dim() == 4, name, " must be 4-D [N, C, H, W], got ", x.dim(), "-D with sizes ", x.sizes());
+  check_floating(x, name);
+  TORCH_CHECK(x.size(1) >= 1 && x.size(2) >= 1 && x.size(3) >= 1, name,
+              " must have C, H and W of at least 1, got sizes ", x.sizes());
+}
+
+inline void check_same_device(const at::Tensor& a, const char* an, const at::Tensor& b, const char* bn) {
+  TORCH_CHECK(a.device() == b.device(), an, " and ", bn, " must be on the same device, got ", a.device(), " and ",
+              b.device());
+}
+
+inline void check_like_x(const at::Tensor& g, const char* gn, const at::Tensor& x) {
+  TORCH_CHECK(g.sizes() == x.sizes(), gn, " must have x's shape ", x.sizes(), ", got ", g.sizes());
+  TORCH_CHECK(g.scalar_type() == x.scalar_type(), gn, " must have x's dtype ", x.scalar_type(), ", got ",
+              g.scalar_type());
+  check_same_device(g, gn, x, "x");
+}
+
+// s: [N, C] per-channel factors of x.
+inline void check_nc(const at::Tensor& s, const char* sn, const at::Tensor& x) {
+  TORCH_CHECK(s.dim() == 2 && s.size(0) == x.size(0) && s.size(1) == x.size(1), sn, " must be [N, C] = [",
+              x.size(0), ", ", x.size(1), "], got ", s.sizes());
+  check_floating(s, sn);
+  check_same_device(s, sn, x, "x");
+}
+
+// fc1: w1 [S, C], b1 [S]; fc2: w2 [C, S], b2 [C].
+inline int64_t check_weights(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                             const at::Tensor& b2) {
+  const int64_t C = x.size(1);
+  TORCH_CHECK(w1.dim() == 2, "w1 (fc1.weight) must be 2-D [S, C] (se_module.ops.se_block accepts the [S, C, 1, 1] "
+              "conv weight and flattens it), got sizes ", w1.sizes());
+  const int64_t S = w1.size(0);
+  TORCH_CHECK(S >= 1, "the squeeze width S = w1.size(0) must be at least 1, got ", S);
+  TORCH_CHECK(w1.size(1) == C, "w1 must be [S, C] with C = x.size(1) = ", C, ", got ", w1.sizes());
+  TORCH_CHECK(b1.dim() == 1 && b1.size(0) == S, "b1 (fc1.bias) must be [S] = [", S, "], got ", b1.sizes());
+  TORCH_CHECK(w2.dim() == 2 && w2.size(0) == C && w2.size(1) == S, "w2 (fc2.weight) must be [C, S] = [", C, ", ",
+              S, "], got ", w2.sizes());
+  TORCH_CHECK(b2.dim() == 1 && b2.size(0) == C, "b2 (fc2.bias) must be [C] = [", C, "], got ", b2.sizes());
+  const char* names[] = {"w1", "b1", "w2", "b2"};
+  const at::Tensor* ts[] = {&w1, &b1, &w2, &b2};
+  for (int i = 0; i < 4; ++i) {
+    check_floating(*ts[i], names[i]);
+    check_same_device(*ts[i], names[i], x, "x");
+  }
+  return S;
+}
+
+inline void check_activation(int64_t act) {
+  TORCH_CHECK(act == 0 || act == 1, "activation must be 0 (ReLU) or 1 (SiLU), got ", act);
+}
+
+inline void check_fused_version(int64_t v) {
+  TORCH_CHECK(v >= 1 && v <= 3, "version must be 1, 2 or 3 (see se_fused.cu), got ", v);
+}
+
+inline void check_pool_version(int64_t v) {
+  TORCH_CHECK(v == 1 || v == 2, "version must be 1 (seed: a thread per (n, c)) or 2 (split reduction), got ", v);
+}
+
+}  // namespace se_glue

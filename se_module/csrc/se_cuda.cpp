@@ -1,0 +1,267 @@
+// se_cuda.cpp: CUDA glue of the se_module ops: validate (se_checks.h), pick
+// the layout the kernels see, allocate outputs (kc::new_output: NaN-poisoned
+// under the tests) and fp32 workspaces, launch on the current stream, and turn a
+// launcher's cudaError_t into an exception.
+#include <ATen/ATen.h>
+#include <array>
+#include <mutex>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <torch/library.h>
+
+#include "kc/torch_utils.h"
+#include "se_checks.h"
+#include "se_module.h"
+
+namespace {
+
+// x as the kernels see it: NCHW-dense or NHWC-dense (copied to NCHW if neither).
+struct Prepared {
+  at::Tensor x;
+  se::Dims d;
+  at::MemoryFormat fmt;  // of outputs shaped like x
+};
+
+Prepared prepare(const at::Tensor& x_) {
+  const bool nchw = x_.is_contiguous();
+  const bool cl = x_.is_contiguous(at::MemoryFormat::ChannelsLast);
+  Prepared p;
+  p.x = (nchw || cl) ? x_ : x_.contiguous();
+  p.fmt = se_glue::out_format(x_);
+  const int64_t L = x_.size(2) * x_.size(3);
+  // dense in both layouts only when C == 1 or L == 1 (same bytes); [N, C] rows read best as NHWC
+  const bool nhwc = cl && (!nchw || L == 1);
+  p.d = se::Dims{x_.size(0), x_.size(1), L, nhwc ? se::Layout::NHWC : se::Layout::NCHW};
+  return p;
+}
+
+// t (shaped like x) in the layout the kernels use for x
+at::Tensor in_layout(const at::Tensor& t, const se::Dims& d) {
+  return d.layout == se::Layout::NHWC ? t.contiguous(at::MemoryFormat::ChannelsLast) : t.contiguous();
+}
+
+// What the launchers need to know about the current device, read once per device.
+// (Plain CUDA runtime queries: ATen/cuda/CUDAContext.h drags in cuBLAS/cuSPARSE
+// headers that a CPU machine's compile check does not have.)
+struct DeviceInfo {
+  int sms = 0, major = 0, smem_optin = 0;
+};
+const DeviceInfo& device_info() {
+  static std::mutex mu;
+  static std::array<DeviceInfo, 64> cache{};
+  int dev = 0;
+  KC_TORCH_CHECK_CUDA(cudaGetDevice(&dev));
+  TORCH_CHECK(dev >= 0 && dev < 64, "device index ", dev, " out of range");
+  std::lock_guard<std::mutex> lock(mu);
+  DeviceInfo& d = cache[dev];
+  if (d.sms == 0) {
+    KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev));
+    KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  return d;
+}
+
+int num_sms() { return device_info().sms; }
+
+at::Tensor new_like_x(const Prepared& p, const at::Tensor& x) {
+  return kc::new_output(x.sizes(), x.options().memory_format(p.fmt));
+}
+
+at::Tensor workspace(int64_t floats, const at::Tensor& like) {
+  return kc::new_output({floats > 0 ? floats : 1}, like.options().dtype(at::kFloat));
+}
+
+at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+
+// ------------------------------------------------------------------ stages
+
+at::Tensor global_avg_pool_cuda(const at::Tensor& x_, int64_t version) {
+  se_glue::check_x(x_);
+  se_glue::check_pool_version(version);
+  const kc::DType dt = kc::to_kc_dtype(x_, "x");
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const Prepared p = prepare(x_);
+  at::Tensor out = kc::new_output({p.d.n, p.d.c}, x_.options().memory_format(at::MemoryFormat::Contiguous));
+  const se::ReducePlan plan = se::plan_reduce(p.d, dt, num_sms());
+  at::Tensor part = workspace(version == 2 ? p.d.n * plan.splits * p.d.c : 0, x_);
+  KC_TORCH_CHECK_CUDA(se::pool_forward(p.x.const_data_ptr(), dt, p.d, int(version), part.mutable_data_ptr<float>(),
+                                       out.mutable_data_ptr(), num_sms(), at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+at::Tensor global_avg_pool_backward_cuda(const at::Tensor& grad, int64_t H, int64_t W, bool channels_last) {
+  TORCH_CHECK(grad.dim() == 2, "grad must be [N, C], got sizes ", grad.sizes());
+  const kc::DType dt = kc::to_kc_dtype(grad, "grad");
+  TORCH_CHECK(H >= 1 && W >= 1, "H and W must be at least 1, got ", H, " and ", W);
+  const c10::cuda::CUDAGuard guard(grad.device());
+  const int64_t N = grad.size(0), C = grad.size(1);
+  const at::Tensor g = fp32(grad);
+  at::Tensor out = kc::new_output(
+      {N, C, H, W},
+      grad.options().memory_format(channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous));
+  const se::Dims d{N, C, H * W, channels_last ? se::Layout::NHWC : se::Layout::NCHW};
+  KC_TORCH_CHECK_CUDA(se::pool_backward(g.const_data_ptr<float>(), 1.f / float(H * W), dt, d, out.mutable_data_ptr(),
+                                        num_sms(), at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+at::Tensor pointwise_cuda(const at::Tensor& a_, const at::Tensor* b_, se::Pointwise op, const char* name) {
+  const kc::DType dt = kc::to_kc_dtype(a_, name);
+  if (b_ != nullptr) {
+    TORCH_CHECK(b_->sizes() == a_.sizes() && b_->scalar_type() == a_.scalar_type(), name,
+                ": grad and the saved tensor must have the same shape and dtype, got ", a_.sizes(), " ",
+                a_.scalar_type(), " and ", b_->sizes(), " ", b_->scalar_type());
+    se_glue::check_same_device(a_, "grad", *b_, "the saved tensor");
+  }
+  const c10::cuda::CUDAGuard guard(a_.device());
+  const at::Tensor a = a_.contiguous();
+  const at::Tensor b = b_ != nullptr ? b_->contiguous() : at::Tensor();
+  at::Tensor out = kc::new_output_like(a);
+  KC_TORCH_CHECK_CUDA(se::pointwise(op, a.const_data_ptr(), b.defined() ? b.const_data_ptr() : nullptr,
+                                    out.mutable_data_ptr(), dt, a.numel(), num_sms(),
+                                    at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+at::Tensor swish_cuda(const at::Tensor& x) { return pointwise_cuda(x, nullptr, se::Pointwise::SwishFwd, "x"); }
+at::Tensor swish_backward_cuda(const at::Tensor& g, const at::Tensor& x) {
+  return pointwise_cuda(g, &x, se::Pointwise::SwishBwd, "grad");
+}
+at::Tensor sigmoid_cuda(const at::Tensor& x) { return pointwise_cuda(x, nullptr, se::Pointwise::SigmoidFwd, "x"); }
+at::Tensor sigmoid_backward_cuda(const at::Tensor& g, const at::Tensor& y) {
+  return pointwise_cuda(g, &y, se::Pointwise::SigmoidBwd, "grad");
+}
+
+at::Tensor excitation_cuda(const at::Tensor& x_, const at::Tensor& s_) {
+  se_glue::check_x(x_);
+  se_glue::check_nc(s_, "s", x_);
+  const kc::DType dt = kc::to_kc_dtype(x_, "x");
+  (void)kc::to_kc_dtype(s_, "s");
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const Prepared p = prepare(x_);
+  const at::Tensor s = fp32(s_);
+  at::Tensor out = new_like_x(p, x_);
+  KC_TORCH_CHECK_CUDA(se::excitation_forward(p.x.const_data_ptr(), s.const_data_ptr<float>(), out.mutable_data_ptr(),
+                                             dt, p.d, num_sms(), at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> excitation_backward_cuda(const at::Tensor& grad_, const at::Tensor& x_,
+                                                            const at::Tensor& s_) {
+  se_glue::check_x(x_);
+  se_glue::check_like_x(grad_, "grad", x_);
+  se_glue::check_nc(s_, "s", x_);
+  const kc::DType dt = kc::to_kc_dtype(x_, "x");
+  const kc::DType s_dt = kc::to_kc_dtype(s_, "s");
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const Prepared p = prepare(x_);
+  const at::Tensor g = in_layout(grad_, p.d);
+  const at::Tensor s = fp32(s_);
+  at::Tensor gx = new_like_x(p, x_);
+  at::Tensor gs = kc::new_output({p.d.n, p.d.c}, s_.options().memory_format(at::MemoryFormat::Contiguous));
+  const se::ReducePlan plan = se::plan_reduce(p.d, dt, num_sms());
+  at::Tensor part = workspace(p.d.n * plan.splits * p.d.c, x_);
+  KC_TORCH_CHECK_CUDA(se::excitation_backward(g.const_data_ptr(), p.x.const_data_ptr(), s.const_data_ptr<float>(),
+                                              gx.mutable_data_ptr(), gs.mutable_data_ptr(), dt, s_dt, p.d,
+                                              part.mutable_data_ptr<float>(), num_sms(),
+                                              at::cuda::getCurrentCUDAStream()));
+  return {gx, gs};
+}
+
+// ------------------------------------------------------------------ fused block
+
+struct FusedArgs {
+  kc::DType dt;
+  int64_t S;
+  at::Tensor w1, b1, w2, b2;  // fp32, contiguous
+  se::LaunchOpts opts;
+};
+
+FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                     const at::Tensor& b2, int64_t act, int64_t version, bool backward) {
+  se_glue::check_x(x);
+  FusedArgs f;
+  f.S = se_glue::check_weights(x, w1, b1, w2, b2);
+  se_glue::check_activation(act);
+  se_glue::check_fused_version(version);
+  f.dt = kc::to_kc_dtype(x, "x");
+  (void)kc::to_kc_dtype(w1, "w1");
+  (void)kc::to_kc_dtype(b1, "b1");
+  (void)kc::to_kc_dtype(w2, "w2");
+  (void)kc::to_kc_dtype(b2, "b2");
+  const DeviceInfo& info = device_info();
+  const size_t smem = se::fused_mlp_smem_bytes(x.size(1), f.S, backward);
+  TORCH_CHECK(smem <= size_t(info.smem_optin), "C + S = ", x.size(1) + f.S,
+              " is too large for the fused kernel's shared memory (", smem, " bytes needed, ", info.smem_optin,
+              " available); use the staged ops");
+  f.w1 = fp32(w1);
+  f.b1 = fp32(b1);
+  f.w2 = fp32(w2);
+  f.b2 = fp32(b2);
+  f.opts = se::version_opts(int(version), info.sms, info.major);
+  return f;
+}
+
+at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                         const at::Tensor& b2, int64_t act, int64_t version) {
+  se_glue::check_x(x_);
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, false);
+  const Prepared p = prepare(x_);
+  at::Tensor out = new_like_x(p, x_);
+  if (p.d.n == 0) return out;
+  const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
+  at::Tensor ws = workspace(se::fused_forward_workspace(p.d, plan), x_);
+  KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), f.w1.const_data_ptr<float>(),
+                                     f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(),
+                                     f.b2.const_data_ptr<float>(), out.mutable_data_ptr(),
+                                     ws.mutable_data_ptr<float>(), f.opts, at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_backward_cuda(
+    const at::Tensor& grad_, const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+    const at::Tensor& b2, int64_t act, int64_t version) {
+  se_glue::check_x(x_);
+  se_glue::check_like_x(grad_, "grad", x_);
+  const c10::cuda::CUDAGuard guard(x_.device());
+  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, true);
+  const Prepared p = prepare(x_);
+  const int64_t C = p.d.c, S = f.S;
+  const auto fo = x_.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor dx = new_like_x(p, x_);
+  at::Tensor dw1 = kc::new_output({S, C}, fo), db1 = kc::new_output({S}, fo);
+  at::Tensor dw2 = kc::new_output({C, S}, fo), db2 = kc::new_output({C}, fo);
+  if (p.d.n == 0) {
+    dw1.zero_(), db1.zero_(), dw2.zero_(), db2.zero_();
+  } else {
+    const at::Tensor g = in_layout(grad_, p.d);
+    const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
+    at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan), x_);
+    KC_TORCH_CHECK_CUDA(se::se_backward(
+        g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act), f.w1.const_data_ptr<float>(),
+        f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(), f.b2.const_data_ptr<float>(),
+        dx.mutable_data_ptr(), dw1.mutable_data_ptr<float>(), db1.mutable_data_ptr<float>(),
+        dw2.mutable_data_ptr<float>(), db2.mutable_data_ptr<float>(), ws.mutable_data_ptr<float>(), f.opts,
+        at::cuda::getCurrentCUDAStream()));
+  }
+  return {dx, dw1.to(w1.scalar_type()), db1.to(b1.scalar_type()), dw2.to(w2.scalar_type()), db2.to(b2.scalar_type())};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(se_module, CUDA, m) {
+  m.impl("global_avg_pool", &global_avg_pool_cuda);
+  m.impl("global_avg_pool_backward", &global_avg_pool_backward_cuda);
+  m.impl("swish", &swish_cuda);
+  m.impl("swish_backward", &swish_backward_cuda);
+  m.impl("sigmoid", &sigmoid_cuda);
+  m.impl("sigmoid_backward", &sigmoid_backward_cuda);
+  m.impl("excitation", &excitation_cuda);
+  m.impl("excitation_backward", &excitation_backward_cuda);
+  m.impl("se_block", &se_block_cuda);
+  m.impl("se_block_backward", &se_block_backward_cuda);
+}

@@ -1,0 +1,266 @@
+// se_fused.cu: the whole SE block, forward and backward, in three kernels each.
+//
+// Forward (per sample n; x: [C, L], L = H * W; w1: [S, C], w2: [C, S]):
+//   p  = (1 / L) sum_l x[:, l]          squeeze            [C]
+//   z1 = w1 p + b1,   a = act(z1)        fc1 + ReLU/SiLU    [S]
+//   z2 = w2 a + b2,   s = sigmoid(z2)    fc2 + sigmoid      [C]
+//   out[c, l] = x[c, l] * s[c]           excitation
+// Backward, from g = dL/dout (each line says which forward term it comes from):
+//   ds[c]   = sum_l g[c, l] x[c, l]      out = x * s, summed over the broadcast l
+//   dz2     = ds * s * (1 - s)           sigmoid'
+//   da      = w2^T dz2,   dw2 += dz2 a^T,   db2 += dz2        fc2
+//   dz1     = da * act'(z1)              ReLU': [z1 > 0]; SiLU': sig(z1) (1 + z1 (1 - sig(z1)))
+//   dp      = w1^T dz1,   dw1 += dz1 p^T,   db1 += dz1        fc1
+//   dx[c, l] = g[c, l] s[c] + dp[c] / L  x reaches out twice: directly (times s) and through p
+// (dw*, db* are summed over the batch.)
+//
+// Bytes: the forward must read x twice (once to pool, once to scale: s depends on
+// all of x) and write out once: 3 passes. The backward reads g and x (ds and,
+// recomputed in the same pass, p) and then reads g and writes dx: 4 passes. So
+// 7 passes for forward + backward, and the MLP in between is a few kFLOP per
+// sample. Pooling in the backward pass costs no bytes, so nothing but x and the
+// weights is saved for backward.
+//
+// Kernels (kThreads = 256 threads per block everywhere):
+//   forward:  1. reduce (se_kernels.cuh, sum x)             -> part  [N, splits, C]
+//             2. mlp_forward_kernel, one block per sample    -> s     [N, C]
+//             3. channel_ew_kernel<Scale>                    -> out
+//   backward: 1. reduce (sum x and sum g * x in one pass)    -> part_x, part_gx
+//             2. mlp_backward_kernel, one block per sample   -> s, coef = dp / L, and
+//                                                             p, a, dz1, dz2 for the weights
+//             3. channel_ew_kernel<Dx> (dx = g * s + coef) whose extra blocks compute
+//                dw1, db1, dw2, db2 as sums over n in order (no atomics anywhere)
+// mlp_*_kernel assumptions: one block per sample; dynamic shared memory
+// (C + S) floats forward, 3 (C + S) backward (fused_mlp_smem_bytes); dots over C
+// are one warp per output (kc::warp_reduce_sum), dots over S one thread per output.
+//
+// Versions (the `version` argument; all share these kernels):
+//   v1  plain launches; the elementwise pass walks memory forwards.
+//   v2  the elementwise pass walks memory backwards, so it starts on the part of
+//       x (or g) the reduction read last, still in L2, and stores with .cs
+//       (evict-first) so the output does not push that data out.
+//   v3  v2 + programmatic dependent launch (sm_90+): kernels 2 and 3 are launched
+//       while their predecessor drains, and wait in griddepcontrol.wait.
+#include "se_kernels.cuh"
+
+namespace se {
+
+using dev::ceil_div;
+using dev::kThreads;
+
+namespace {
+
+__device__ __forceinline__ float sigmoidf_(float z) { return 1.f / (1.f + expf(-z)); }
+
+template <Act ACT>
+__device__ __forceinline__ float act_f(float z) {
+  if constexpr (ACT == Act::SiLU) return z * sigmoidf_(z);
+  return (z > 0.f || z != z) ? z : 0.f;  // ReLU; NaN passes through like torch.relu
+}
+template <Act ACT>
+__device__ __forceinline__ float act_grad(float z) {
+  if constexpr (ACT == Act::SiLU) {
+    const float sg = sigmoidf_(z);
+    return sg * (1.f + z * (1.f - sg));
+  }
+  return z > 0.f ? 1.f : 0.f;
+}
+
+struct MlpArgs {
+  const float* part_x;   // [N, splits, C]
+  const float* part_gx;  // [N, splits, C] (backward)
+  int splits;
+  int64_t c, s;
+  float inv_l;
+  const float *w1, *b1, *w2, *b2;
+  float* s_out;     // [N, C]
+  float* coef_out;  // [N, C] (backward) dp / L
+  float* p_out;     // [N, C] (backward)
+  float* dz2_out;   // [N, C] (backward)
+  float* a_out;     // [N, S] (backward)
+  float* dz1_out;   // [N, S] (backward)
+};
+
+// p[c] = inv_l * sum of the splits; then a[j] = act(w1[j, :] . p + b1[j]) by
+// one warp per j. Leaves p and a (and z1 when asked) in shared memory.
+template <Act ACT>
+__device__ __forceinline__ void mlp_squeeze(const MlpArgs& m, int64_t n, float* p, float* a, float* z1,
+                                            float* gs) {
+  for (int64_t c = threadIdx.x; c < m.c; c += kThreads) {
+    float acc = 0.f, accg = 0.f;
+    for (int sp = 0; sp < m.splits; ++sp) {
+      acc += m.part_x[(n * m.splits + sp) * m.c + c];
+      if (gs != nullptr) accg += m.part_gx[(n * m.splits + sp) * m.c + c];
+    }
+    p[c] = acc * m.inv_l;
+    if (gs != nullptr) gs[c] = accg;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  for (int64_t j = warp; j < m.s; j += kThreads / 32) {
+    const float* w = m.w1 + j * m.c;
+    float d = 0.f;
+    for (int64_t c = lane; c < m.c; c += 32) d += w[c] * p[c];
+    d = kc::warp_reduce_sum<32>(d) + m.b1[j];
+    if (lane == 0) {
+      a[j] = act_f<ACT>(d);
+      if (z1 != nullptr) z1[j] = d;
+    }
+  }
+  __syncthreads();
+}
+
+template <Act ACT>
+__global__ void __launch_bounds__(kThreads) mlp_forward_kernel(MlpArgs m) {
+  extern __shared__ float sm[];
+  float* p = sm;         // [C]
+  float* a = sm + m.c;   // [S]
+  dev::grid_dependency_wait();
+  dev::launch_dependents();
+  const int64_t n = blockIdx.x;
+  mlp_squeeze<ACT>(m, n, p, a, nullptr, nullptr);
+  for (int64_t c = threadIdx.x; c < m.c; c += kThreads) {
+    const float* w = m.w2 + c * m.s;
+    float z = 0.f;
+    for (int64_t j = 0; j < m.s; ++j) z += w[j] * a[j];
+    m.s_out[n * m.c + c] = sigmoidf_(z + m.b2[c]);
+  }
+}
+
+template <Act ACT>
+__global__ void __launch_bounds__(kThreads) mlp_backward_kernel(MlpArgs m) {
+  extern __shared__ float sm[];
+  float* p = sm;              // [C]
+  float* gs = p + m.c;        // [C]  ds = sum_l g x
+  float* dz2 = gs + m.c;      // [C]
+  float* z1 = dz2 + m.c;      // [S]
+  float* a = z1 + m.s;        // [S]
+  float* dz1 = a + m.s;       // [S]
+  dev::grid_dependency_wait();
+  dev::launch_dependents();
+  const int64_t n = blockIdx.x;
+  mlp_squeeze<ACT>(m, n, p, a, z1, gs);
+  for (int64_t c = threadIdx.x; c < m.c; c += kThreads) {
+    const float* w = m.w2 + c * m.s;
+    float z = 0.f;
+    for (int64_t j = 0; j < m.s; ++j) z += w[j] * a[j];
+    const float s = sigmoidf_(z + m.b2[c]);
+    const float d = gs[c] * s * (1.f - s);
+    dz2[c] = d;
+    m.s_out[n * m.c + c] = s;
+    m.dz2_out[n * m.c + c] = d;
+    m.p_out[n * m.c + c] = p[c];
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  for (int64_t j = warp; j < m.s; j += kThreads / 32) {
+    float d = 0.f;
+    for (int64_t c = lane; c < m.c; c += 32) d += m.w2[c * m.s + j] * dz2[c];
+    d = kc::warp_reduce_sum<32>(d);
+    if (lane == 0) {
+      const float g1 = d * act_grad<ACT>(z1[j]);
+      dz1[j] = g1;
+      m.dz1_out[n * m.s + j] = g1;
+      m.a_out[n * m.s + j] = a[j];
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < m.c; c += kThreads) {
+    float d = 0.f;
+    for (int64_t j = 0; j < m.s; ++j) d += m.w1[j * m.c + c] * dz1[j];
+    m.coef_out[n * m.c + c] = d * m.inv_l;
+  }
+}
+
+template <typename K>
+cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, const MlpArgs& m, const LaunchOpts& o,
+                       cudaStream_t stream) {
+  if (smem > 48 * 1024) {
+    KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  }
+  KC_CUDA_TRY(dev::check_grid(d.n));
+  return dev::launch(kernel, dim3(unsigned(d.n)), dim3(kThreads), smem, stream, o.pdl, m);
+}
+
+}  // namespace
+
+size_t fused_mlp_smem_bytes(int64_t C, int64_t S, bool backward) {
+  return size_t(backward ? 3 : 1) * size_t(C + S) * sizeof(float);
+}
+
+int64_t fused_forward_workspace(const Dims& d, const ReducePlan& p) {
+  return d.n * p.splits * d.c + d.n * d.c;
+}
+
+int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p) {
+  return 2 * d.n * p.splits * d.c + 4 * d.n * d.c + 2 * d.n * S;
+}
+
+cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const float* w1, const float* b1,
+                       const float* w2, const float* b2, void* out, float* ws, LaunchOpts o, cudaStream_t stream) {
+  if (d.n == 0) return cudaSuccess;
+  const ReducePlan p = plan_reduce(d, dt, o.num_sms);
+  float* part = ws;
+  float* s = ws + d.n * p.splits * d.c;
+  KC_CUDA_TRY((dev::launch_reduce<true, false, false>(x, nullptr, nullptr, nullptr, dt, d, p, part, nullptr, stream)));
+  MlpArgs m{};
+  m.part_x = part;
+  m.splits = p.splits;
+  m.c = d.c;
+  m.s = S;
+  m.inv_l = 1.f / float(d.l);
+  m.w1 = w1;
+  m.b1 = b1;
+  m.w2 = w2;
+  m.b2 = b2;
+  m.s_out = s;
+  const size_t smem = fused_mlp_smem_bytes(d.c, S, false);
+  KC_CUDA_TRY(act == Act::SiLU ? launch_mlp(mlp_forward_kernel<Act::SiLU>, d, smem, m, o, stream)
+                               : launch_mlp(mlp_forward_kernel<Act::ReLU>, d, smem, m, o, stream));
+  return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
+                                        nullptr, stream);
+}
+
+cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act, const float* w1,
+                        const float* b1, const float* w2, const float* b2, void* dx, float* dw1, float* db1,
+                        float* dw2, float* db2, float* ws, LaunchOpts o, cudaStream_t stream) {
+  if (d.n == 0) return cudaSuccess;  // the glue zero-fills the weight gradients
+  const ReducePlan p = plan_reduce(d, dt, o.num_sms);
+  const int64_t np = d.n * p.splits * d.c, nc = d.n * d.c;
+  float* part_x = ws;
+  float* part_gx = part_x + np;
+  float* s = part_gx + np;
+  float* coef = s + nc;
+  float* pool = coef + nc;
+  float* dz2 = pool + nc;
+  float* a = dz2 + nc;
+  float* dz1 = a + d.n * S;
+  // one pass over (x, grad): sum x and sum grad * x per (n, c)
+  KC_CUDA_TRY((dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream)));
+  MlpArgs m{};
+  m.part_x = part_x;
+  m.part_gx = part_gx;
+  m.splits = p.splits;
+  m.c = d.c;
+  m.s = S;
+  m.inv_l = 1.f / float(d.l);
+  m.w1 = w1;
+  m.b1 = b1;
+  m.w2 = w2;
+  m.b2 = b2;
+  m.s_out = s;
+  m.coef_out = coef;
+  m.p_out = pool;
+  m.dz2_out = dz2;
+  m.a_out = a;
+  m.dz1_out = dz1;
+  const size_t smem = fused_mlp_smem_bytes(d.c, S, true);
+  KC_CUDA_TRY(act == Act::SiLU ? launch_mlp(mlp_backward_kernel<Act::SiLU>, d, smem, m, o, stream)
+                               : launch_mlp(mlp_backward_kernel<Act::ReLU>, d, smem, m, o, stream));
+  dev::WgradArgs wg{dz1, pool, dz2, a, dw1, db1, dw2, db2, d.n, d.c, S};
+  return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms, &wg,
+                                     stream);
+}
+
+}  // namespace se

@@ -1,0 +1,96 @@
+// se_module.h: launchers of the SE kernels (torch-free: raw pointers, sizes,
+// kc::DType and a cudaStream_t in, a cudaError_t out; no allocation, no sync).
+//
+// Shapes. x is [N, C, H, W] in one of two dense layouts, seen as a 3-D array
+// with L = H * W:
+//   NCHW: [N, C, L], element (n, c, l) at (n * C + c) * L + l
+//   NHWC: [N, L, C], element (n, c, l) at (n * L + l) * C + c   (channels_last)
+// Per-(n, c) vectors (pooled mean, scale s, ...) are dense fp32 [N, C].
+// Weights are dense fp32: w1 [S, C], b1 [S], w2 [C, S], b2 [C] (the 1x1
+// convolutions fc1: C -> S and fc2: S -> C with their trailing 1x1 dropped).
+//
+// Workspace. The HW reduction is split over `splits` blocks per (n, c) when
+// N * C alone would underfill the GPU; each split writes an fp32 partial sum
+// ([N, splits, C]) and a second, fixed-order pass adds them: deterministic, no
+// atomics. plan_reduce() says how many splits a shape gets; the caller
+// allocates the workspace from it (the *_workspace() functions give sizes).
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "kc/types.h"
+
+namespace se {
+
+enum class Layout : int { NCHW = 0, NHWC = 1 };
+enum class Act : int { ReLU = 0, SiLU = 1 };  // the squeeze activation
+enum class Pointwise : int { SwishFwd = 0, SwishBwd = 1, SigmoidFwd = 2, SigmoidBwd = 3 };
+
+struct Dims {
+  int64_t n, c, l;  // batch, channels, H * W
+  Layout layout;
+};
+
+// How the HW reduction is cut: `splits` pieces of `chunk` elements of L each
+// (chunk a multiple of 16 bytes' worth of elements, the last piece shorter).
+struct ReducePlan {
+  int splits;
+  int64_t chunk;
+};
+ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms);
+
+// Launch options that differ between kernel versions (see se_fused.cu's header).
+struct LaunchOpts {
+  int num_sms;
+  bool reverse;    // v2+: elementwise pass walks memory backwards (hits what the reduction left in L2)
+  bool streaming;  // v2+: outputs stored with .cs (evict-first), so they do not push inputs out of L2
+  bool pdl;        // v3+: programmatic dependent launch (sm_90+): next kernel launches while this one drains
+};
+LaunchOpts version_opts(int version, int num_sms, int cc_major);
+
+// ---------------------------------------------------------------- stages (stages.cu)
+// global average pool: out[n, c] = mean_l x (in x's dtype).
+//   version 1: the seed's algorithm, one thread per (n, c) looping over L
+//              (uncoalesced in NCHW); needs no workspace.
+//   version 2: coalesced split reduction; part: [N, plan.splits, C] fp32.
+cudaError_t pool_forward(const void* x, kc::DType dt, Dims d, int version, float* part,
+                         void* out, int num_sms, cudaStream_t stream);
+// grad_x[n, c, l] = grad[n, c] * alpha (grad: dense fp32 [N, C]); out in dt.
+cudaError_t pool_backward(const float* grad, float alpha, kc::DType dt, Dims d, void* grad_x,
+                          int num_sms, cudaStream_t stream);
+// Elementwise on n dense elements: SwishFwd/SigmoidFwd: out = f(a) (b unused);
+// SwishBwd: out = a * swish'(b) (a = grad, b = x); SigmoidBwd: out = a * b * (1 - b) (b = y).
+cudaError_t pointwise(Pointwise op, const void* a, const void* b, void* out, kc::DType dt, int64_t n,
+                      int num_sms, cudaStream_t stream);
+// excitation: out[n, c, l] = x[n, c, l] * s[n, c] (s dense fp32 [N, C]).
+cudaError_t excitation_forward(const void* x, const float* s, void* out, kc::DType dt, Dims d,
+                               int num_sms, cudaStream_t stream);
+// excitation backward in one pass over (grad, x): grad_x = grad * s[n, c] and
+// grad_s[n, c] = sum_l grad * x, a block reduction per (n, c) (no atomics).
+// part: [N, plan.splits, C] fp32; grad_s: dense [N, C] in s_dt.
+cudaError_t excitation_backward(const void* grad, const void* x, const float* s, void* grad_x,
+                                void* grad_s, kc::DType dt, kc::DType s_dt, Dims d, float* part,
+                                int num_sms, cudaStream_t stream);
+
+// ---------------------------------------------------------------- fused (se_fused.cu)
+// out = x * sigmoid(w2 @ act(w1 @ mean_l(x) + b1) + b2), broadcast over l.
+int64_t fused_forward_workspace(const Dims& d, const ReducePlan& p);  // floats
+cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const float* w1,
+                       const float* b1, const float* w2, const float* b2, void* out, float* ws,
+                       LaunchOpts o, cudaStream_t stream);
+// Gradients of the fused block. grad and x share x's layout and dtype; dx in
+// it too; dw1 [S, C], db1 [S], dw2 [C, S], db2 [C] fp32. Recomputes the
+// pooled mean in the same pass that reduces grad * x, so the backward moves 4
+// tensors' worth of bytes (read grad, x; read grad, write dx) and nothing more.
+int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p);  // floats
+cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act,
+                        const float* w1, const float* b1, const float* w2, const float* b2,
+                        void* dx, float* dw1, float* db1, float* dw2, float* db2, float* ws,
+                        LaunchOpts o, cudaStream_t stream);
+
+// Dynamic shared memory the fused MLP kernels need (bytes), and the most any
+// block may have on the current device; the glue rejects shapes above it.
+size_t fused_mlp_smem_bytes(int64_t C, int64_t S, bool backward);
+
+}  // namespace se

@@ -1,0 +1,105 @@
+"""nn.Module drop-in for torchvision.ops.SqueezeExcitation, and convert()."""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import ops
+
+
+class SqueezeExcitation(nn.Module):
+    """Squeeze-and-Excitation block (Hu et al., 2018) on the fused se_module kernels.
+
+    The same submodules, parameter names and shapes as
+    ``torchvision.ops.SqueezeExcitation`` (``fc1``, ``fc2``: 1x1 Conv2d with bias;
+    ``avgpool``, ``activation``, ``scale_activation`` without parameters), so it
+    loads that module's state_dict. ``forward`` does not call the submodules: it
+    runs ``se_module.ops.se_block`` on their weights.
+
+    activation: ReLU or SiLU (a class or factory returning an instance, as in
+    torchvision; the default here is SiLU, the EfficientNet choice, where
+    torchvision's is ReLU). scale_activation: Sigmoid.
+    version: the fused-kernel version (csrc/se_fused.cu)."""
+
+    def __init__(self, input_channels: int, squeeze_channels: int,
+                 activation: Callable[..., nn.Module] = nn.SiLU,
+                 scale_activation: Callable[..., nn.Module] = nn.Sigmoid,
+                 version: int = ops.DEFAULT_VERSION) -> None:
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(input_channels, squeeze_channels, 1)
+        self.fc2 = nn.Conv2d(squeeze_channels, input_channels, 1)
+        self.activation = activation()
+        self.scale_activation = scale_activation()
+        ops.activation_code(self.activation)  # raises for anything but ReLU / SiLU
+        if not isinstance(self.scale_activation, nn.Sigmoid):
+            raise ValueError(f"unsupported scale_activation {self.scale_activation!r}: only Sigmoid")
+        self.version = version
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        unbatched = input.dim() == 3
+        x = input.unsqueeze(0) if unbatched else input
+        out = ops.se_block(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
+                           ops.activation_code(self.activation), self.version)
+        return out.squeeze(0) if unbatched else out
+
+
+def _torchvision_types() -> tuple:
+    try:
+        from torchvision.ops import SqueezeExcitation as TVSqueezeExcitation
+    except ImportError:
+        return ()
+    return (TVSqueezeExcitation,)
+
+
+def _unsupported(m: nn.Module) -> str | None:
+    try:
+        ops.activation_code(m.activation)
+    except (ValueError, AttributeError):
+        return f"activation {getattr(m, 'activation', None)!r}"
+    if not isinstance(getattr(m, "scale_activation", None), nn.Sigmoid):
+        return f"scale_activation {getattr(m, 'scale_activation', None)!r}"
+    for name in ("fc1", "fc2"):
+        conv = getattr(m, name, None)
+        if not (isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1) and conv.groups == 1
+                and conv.bias is not None and conv.stride == (1, 1) and conv.padding == (0, 0)):
+            return f"{name} {conv!r}"
+    return None
+
+
+def _swap(m: nn.Module, version: int) -> nn.Module:
+    why = _unsupported(m)
+    if why is not None:
+        warnings.warn(f"se_module.convert: kept {type(m).__name__} with unsupported {why}")
+        return m
+    new = SqueezeExcitation(m.fc1.in_channels, m.fc1.out_channels, activation=lambda: m.activation,
+                            scale_activation=lambda: m.scale_activation, version=version)
+    # share the original submodules: same parameters (values, device, dtype, the
+    # optimizer's references) and same hooks on them
+    new.avgpool, new.fc1, new.fc2 = m.avgpool, m.fc1, m.fc2
+    new.train(m.training)
+    return new
+
+
+def convert(model: nn.Module, types: tuple | None = None, version: int = ops.DEFAULT_VERSION) -> nn.Module:
+    """Replace every torchvision ``SqueezeExcitation`` in ``model`` (in place) by
+    ours, sharing its fc1/fc2 parameters; returns the model (or the new module if
+    ``model`` itself is one). ``types`` overrides the classes to replace (default:
+    torchvision.ops.SqueezeExcitation). Blocks with an activation other than
+    ReLU/SiLU, or a scale activation other than Sigmoid, are kept with a warning."""
+    if types is None:
+        types = _torchvision_types()
+        if not types:
+            raise RuntimeError("se_module.convert: torchvision is not installed; pass types=(YourSEClass,)")
+    types = tuple(t for t in types if t is not SqueezeExcitation)
+    if isinstance(model, types):
+        return _swap(model, version)
+    for name, child in list(model.named_children()):
+        if isinstance(child, types):
+            setattr(model, name, _swap(child, version))
+        else:
+            convert(child, types, version)
+    return model

@@ -1,0 +1,219 @@
+"""The se_module ops: Python entry points, autograd formulas and fake tensors.
+
+The kernels live in ``csrc/`` (schemas in binding.cpp); importing this module
+loads the extension ``se_module_C``, which registers ``torch.ops.se_module.*``.
+
+Layout rule (shared with csrc/se_checks.h): an output shaped like ``x`` is
+channels_last when ``x`` is channels_last-dense and not NCHW-dense, and
+NCHW-contiguous otherwise.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kernel_common.build import import_extension
+
+_C = import_extension("se_module", Path(__file__).resolve().parent.parent)
+
+_ops = torch.ops.se_module
+
+#: fused-kernel version used when none is given (see csrc/se_fused.cu)
+DEFAULT_VERSION = 3
+ACTIVATIONS = {"relu": 0, "silu": 1}
+
+
+def activation_code(activation) -> int:
+    """0 for ReLU, 1 for SiLU; accepts "relu"/"silu", 0/1, or an nn.ReLU/nn.SiLU instance or class."""
+    if isinstance(activation, str):
+        key = activation.lower()
+        if key in ACTIVATIONS:
+            return ACTIVATIONS[key]
+    elif isinstance(activation, int) and activation in (0, 1):
+        return activation
+    else:
+        cls = activation if isinstance(activation, type) else type(activation)
+        if issubclass(cls, torch.nn.ReLU):
+            return 0
+        if issubclass(cls, torch.nn.SiLU):
+            return 1
+    raise ValueError(f"unsupported SE activation {activation!r}: use ReLU or SiLU")
+
+
+def _out_format(x: torch.Tensor):
+    if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _like_x(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=_out_format(x))
+
+
+def _check4d(x: torch.Tensor, name: str = "x"):
+    torch._check(x.dim() == 4, lambda: f"{name} must be 4-D [N, C, H, W], got {x.dim()}-D")
+
+
+# --------------------------------------------------------------------------- public functions
+
+def global_avg_pool(x: torch.Tensor, version: int = 2) -> torch.Tensor:
+    """Mean of ``x`` [N, C, H, W] over H and W: [N, C] in x's dtype.
+
+    version 1 is the seed's kernel (one thread per (n, c), uncoalesced in NCHW),
+    version 2 the coalesced split reduction. Same result up to rounding order."""
+    return _ops.global_avg_pool(x, version)
+
+
+def swish(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x) (SiLU), elementwise, any shape; output contiguous."""
+    return _ops.swish(x)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)), elementwise, any shape; output contiguous."""
+    return _ops.sigmoid(x)
+
+
+def excitation(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x[n, c, h, w] * s[n, c] with x [N, C, H, W] and s [N, C]; the output has x's dtype."""
+    return _ops.excitation(x, s)
+
+
+def _flat(w: torch.Tensor) -> torch.Tensor:
+    return w.flatten(1) if w.dim() == 4 else w
+
+
+def se_block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+             activation="silu", version: int = DEFAULT_VERSION) -> torch.Tensor:
+    """The fused SE block: ``x * sigmoid(fc2(act(fc1(mean_hw(x)))))``.
+
+    x: [N, C, H, W] (NCHW or channels_last; fp32, fp16 or bf16 on CUDA, also
+    fp64 on CPU). w1: fc1.weight [S, C] or [S, C, 1, 1], b1 [S], w2: fc2.weight
+    [C, S] or [C, S, 1, 1], b2 [C], in any floating dtype (computed in fp32).
+    Differentiable in x and all four weights."""
+    return _ops.se_block(x, _flat(w1), b1, _flat(w2), b2, activation_code(activation), version)
+
+
+def se_block_staged(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                    activation="silu", pool_version: int = 2) -> torch.Tensor:
+    """The same block the way the seed ran it: our pool, swish, sigmoid and
+    excitation kernels as separate ops, the two 1x1 convs as torch matmuls."""
+    act = activation_code(activation)
+    w1, w2 = _flat(w1), _flat(w2)
+    p = global_avg_pool(x, pool_version)
+    h = F.linear(p.to(w1.dtype), w1, b1)
+    a = swish(h) if act == 1 else torch.relu(h)
+    s = sigmoid(F.linear(a, w2, b2))
+    return excitation(x, s)
+
+
+# --------------------------------------------------------------------------- fakes
+
+@torch.library.register_fake("se_module::global_avg_pool")
+def _pool_fake(x, version=2):
+    _check4d(x)
+    return x.new_empty((x.shape[0], x.shape[1]))
+
+
+@torch.library.register_fake("se_module::global_avg_pool_backward")
+def _pool_bwd_fake(grad, H, W, channels_last):
+    torch._check(grad.dim() == 2, lambda: "grad must be [N, C]")
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty((grad.shape[0], grad.shape[1], H, W), dtype=grad.dtype, device=grad.device,
+                       memory_format=fmt)
+
+
+def _pointwise_fake(a, b=None):
+    return torch.empty_like(a, memory_format=torch.contiguous_format)
+
+
+for _name in ("swish", "sigmoid"):
+    torch.library.register_fake(f"se_module::{_name}")(lambda x: _pointwise_fake(x))
+for _name in ("swish_backward", "sigmoid_backward"):
+    torch.library.register_fake(f"se_module::{_name}")(lambda grad, t: _pointwise_fake(grad, t))
+
+
+@torch.library.register_fake("se_module::excitation")
+def _excitation_fake(x, s):
+    _check4d(x)
+    return _like_x(x)
+
+
+@torch.library.register_fake("se_module::excitation_backward")
+def _excitation_bwd_fake(grad, x, s):
+    _check4d(x)
+    return _like_x(x), torch.empty((x.shape[0], x.shape[1]), dtype=s.dtype, device=s.device)
+
+
+@torch.library.register_fake("se_module::se_block")
+def _se_block_fake(x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION):
+    _check4d(x)
+    return _like_x(x)
+
+
+@torch.library.register_fake("se_module::se_block_backward")
+def _se_block_bwd_fake(grad, x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION):
+    _check4d(x)
+    c = torch.contiguous_format
+    return (_like_x(x), torch.empty_like(w1, memory_format=c), torch.empty_like(b1, memory_format=c),
+            torch.empty_like(w2, memory_format=c), torch.empty_like(b2, memory_format=c))
+
+
+# --------------------------------------------------------------------------- autograd
+
+def _pool_setup(ctx, inputs, output):
+    x, _version = inputs
+    ctx.hw = (x.shape[2], x.shape[3])
+    ctx.channels_last = _out_format(x) == torch.channels_last
+
+
+def _pool_backward(ctx, grad):
+    return _ops.global_avg_pool_backward(grad, ctx.hw[0], ctx.hw[1], ctx.channels_last), None
+
+
+torch.library.register_autograd("se_module::global_avg_pool", _pool_backward, setup_context=_pool_setup)
+
+
+def _save_input(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _save_output(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+torch.library.register_autograd(
+    "se_module::swish", lambda ctx, grad: _ops.swish_backward(grad, ctx.saved_tensors[0]), setup_context=_save_input)
+torch.library.register_autograd(
+    "se_module::sigmoid", lambda ctx, grad: _ops.sigmoid_backward(grad, ctx.saved_tensors[0]),
+    setup_context=_save_output)
+
+
+def _excitation_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _excitation_backward(ctx, grad):
+    x, s = ctx.saved_tensors
+    return _ops.excitation_backward(grad, x, s)
+
+
+torch.library.register_autograd("se_module::excitation", _excitation_backward, setup_context=_excitation_setup)
+
+
+def _se_setup(ctx, inputs, output):
+    x, w1, b1, w2, b2, activation, version = inputs
+    ctx.save_for_backward(x, w1, b1, w2, b2)
+    ctx.activation = activation
+    ctx.version = version
+
+
+def _se_backward(ctx, grad):
+    x, w1, b1, w2, b2 = ctx.saved_tensors
+    dx, dw1, db1, dw2, db2 = _ops.se_block_backward(grad, x, w1, b1, w2, b2, ctx.activation, ctx.version)
+    return dx, dw1, db1, dw2, db2, None, None
+
+
+torch.library.register_autograd("se_module::se_block", _se_backward, setup_context=_se_setup)

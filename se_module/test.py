@@ -1,0 +1,647 @@
+"""Tests of se_module: every op against a float64 PyTorch reference, on CPU and
+(when present) CUDA.
+
+    python test.py [--jit] [pytest args]      # or: pytest test.py
+
+KC_SANITIZE=1 (scripts/sanitize.sh) shrinks the CUDA shapes and skips the
+tests that only exercise other people's kernels (torch.compile, torchvision).
+"""
+import copy
+import os
+import sys
+import warnings
+
+if __name__ == "__main__" and "--jit" in sys.argv:
+    os.environ["KC_JIT"] = "1"
+    sys.argv.remove("--jit")
+
+from kernel_common import testing  # noqa: E402  (sets KC_POISON_OUTPUTS=1 before the extension loads)
+from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import se_module  # noqa: E402
+from se_module import SqueezeExcitation, convert, ops  # noqa: E402
+
+SAN = os.environ.get("KC_SANITIZE", "0") == "1"
+try:
+    import torchvision  # noqa: F401
+
+    HAS_TV = True
+except ImportError:
+    HAS_TV = False
+requires_tv = pytest.mark.skipif(not HAS_TV, reason="torchvision is not installed")
+no_sanitize = pytest.mark.skipif(SAN, reason="KC_SANITIZE=1: only our kernels run under compute-sanitizer")
+
+T = torch.ops.se_module
+
+
+# --------------------------------------------------------------------------- references and inputs
+
+def se_ref(x, w1, b1, w2, b2, act="silu"):
+    """torchvision.ops.SqueezeExcitation's math, on [S, C] / [C, S] weights."""
+    p = x.mean((2, 3))
+    h = F.linear(p, w1, b1)
+    a = F.silu(h) if act == "silu" else F.relu(h)
+    s = torch.sigmoid(F.linear(a, w2, b2))
+    return x * s[:, :, None, None]
+
+
+class RefSE(nn.Module):
+    """torchvision.ops.SqueezeExcitation, written out (torchvision is not on every machine)."""
+
+    def __init__(self, input_channels, squeeze_channels, activation=nn.ReLU, scale_activation=nn.Sigmoid):
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(input_channels, squeeze_channels, 1)
+        self.fc2 = nn.Conv2d(squeeze_channels, input_channels, 1)
+        self.activation = activation()
+        self.scale_activation = scale_activation()
+
+    def forward(self, input):
+        scale = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(input)))))
+        return scale * input
+
+
+def cl_offset_view(t):
+    """channels_last values of t stored one element into a buffer (not 16-byte aligned)."""
+    n, c, h, w = t.shape
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = buf.as_strided(t.shape, (h * w * c, 1, w * c, c), storage_offset=1)
+    v.copy_(t)
+    return v
+
+
+LAYOUTS = ["nchw", "cl", "strided", "offset", "cl_offset"]
+
+
+def in_layout(t, layout):
+    if layout == "nchw":
+        return t.contiguous()
+    if layout == "cl":
+        return t.contiguous(memory_format=torch.channels_last)
+    if layout == "strided":
+        return testing.strided_view(t)
+    if layout == "offset":
+        return testing.offset_view(t, 1)
+    if layout == "cl_offset":
+        return cl_offset_view(t)
+    raise ValueError(layout)
+
+
+def make(n, c, h, w, s, device, dtype=torch.float32, wdtype=None, layout="nchw", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = in_layout(testing.fresh(n, c, h, w, dtype=dtype, device=device, gen=gen), layout)
+    wd = wdtype or dtype
+    w1 = testing.fresh(s, c, dtype=wd, device=device, gen=gen, scale=c ** -0.5)
+    b1 = testing.fresh(s, dtype=wd, device=device, gen=gen, scale=0.5)
+    w2 = testing.fresh(c, s, dtype=wd, device=device, gen=gen, scale=s ** -0.5)
+    b2 = testing.fresh(c, dtype=wd, device=device, gen=gen, scale=0.5)
+    g = testing.fresh(n, c, h, w, dtype=dtype, device=device, gen=gen)
+    return x, (w1, b1, w2, b2), g
+
+
+def grads_of(fn, inputs, g):
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    return (out, *torch.autograd.grad(out, inputs, g))
+
+
+def close(out, ref, tol, name):
+    """fp32/fp64 check, scale-relative: every result here is a sum (over H*W, C,
+    S or the batch), whose rounding error is bounded by the size of its terms,
+    not by the (possibly cancelled) result, so the atol is tol x the largest
+    reference value."""
+    scale = max(ref.detach().abs().max().item(), 1e-30) if ref.numel() else 1.0
+    testing.assert_close(out, ref, tol * scale, tol, name)
+
+
+NAMES = ["out", "dx", "dw1", "db1", "dw2", "db2"]
+
+# (N, C, H, W, S): odd sizes, H*W = 1, squeeze 1, C not a multiple of 4 or 32,
+# long rows (L > 4096: one block per row piece on the GPU), many channels
+SHAPES = [
+    (2, 8, 5, 7, 3),
+    (1, 1, 1, 1, 1),
+    (3, 33, 1, 1, 5),
+    (2, 13, 9, 9, 1),
+    (4, 64, 16, 16, 16),
+    (1, 4, 70, 70, 2),
+    (2, 3, 7, 1, 2),
+]
+
+
+# --------------------------------------------------------------------------- fused block, fp32
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fused_fp32(device, layout, shape):
+    act = "silu" if sum(shape) % 2 else "relu"
+    x, w, g = make(*shape, device=device, layout=layout)
+    ours = grads_of(lambda *a: ops.se_block(*a, activation=act), [x, *w], g)
+    ref = grads_of(lambda *a: se_ref(*a, act=act), [t.double() for t in (x, *w)], g.double())
+    for o, r, name in zip(ours, ref, NAMES):
+        close(o, r, 2e-5, f"{name} ({act}, {layout})")
+    want_cl = layout in ("cl", "cl_offset") and shape[1] > 1 and shape[2] * shape[3] > 1
+    assert ours[0].is_contiguous(memory_format=torch.channels_last if want_cl else torch.contiguous_format)
+    assert ours[1].is_contiguous(memory_format=torch.channels_last if want_cl else torch.contiguous_format)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_in_other_layout(device):
+    """autograd may hand the backward a grad in another layout (or expanded)."""
+    x, w, g = make(2, 12, 6, 5, 4, device=device, layout="cl")
+    for gl in [g.contiguous(), g.expand(2, 12, 6, 5), torch.ones(1, device=device).expand(2, 12, 6, 5)]:
+        ours = T.se_block_backward(gl, x, *w, 1, se_module.DEFAULT_VERSION)
+        ref = grads_of(lambda *a: se_ref(*a), [t.double() for t in (x, *w)], gl.double())[1:]
+        for o, r, name in zip(ours, ref, NAMES[1:]):
+            close(o, r, 2e-5, name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(device):
+    x, w, g = make(0, 6, 3, 3, 2, device=device)
+    out, dx, *dws = grads_of(lambda *a: ops.se_block(*a), [x, *w], g)
+    assert out.shape == x.shape and dx.shape == x.shape
+    for d, t in zip(dws, w):
+        assert d.shape == t.shape and torch.equal(d, torch.zeros_like(t))
+
+
+# --------------------------------------------------------------------------- low precision
+
+def torch_lowp_grads(x, w, g, act):
+    """PyTorch's own same-precision result (all in x's dtype)."""
+    return grads_of(lambda *a: se_ref(*a, act=act), [x, *[t.to(x.dtype) for t in w]], g)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["nchw", "cl", "offset"])
+@pytest.mark.parametrize("shape", [(2, 24, 9, 9, 6), (3, 40, 16, 16, 10), (2, 7, 5, 3, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_fused_lowp(device, dtype, layout, shape):
+    x, w, g = make(*shape, device=device, dtype=dtype, layout=layout)
+    ours = grads_of(lambda *a: ops.se_block(*a), [x, *w], g)
+    ref = grads_of(lambda *a: se_ref(*a), [t.double() for t in (x, *w)], g.double())
+    theirs = torch_lowp_grads(x, w, g, "silu")
+    for o, r, t, name in zip(ours, ref, theirs, NAMES):
+        assert o.dtype == dtype, name
+        testing.assert_lowp_close(o, r, t, name=f"{name} {dtype}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lowp_x_fp32_weights(device, dtype):
+    """x in half precision, weights fp32 (what autocast hands an SE block): the
+    MLP runs in fp32, so only the final roundings of out and dx are lowp."""
+    x, w, g = make(3, 20, 8, 8, 5, device=device, dtype=dtype, wdtype=torch.float32, layout="cl")
+    ours = grads_of(lambda *a: ops.se_block(*a), [x, *w], g)
+    ref = grads_of(lambda *a: se_ref(*a), [t.double() for t in (x, *w)], g.double())
+    for o, r, name in zip(ours[:2], ref[:2], NAMES[:2]):
+        assert o.dtype == dtype
+        testing.assert_close_to_ref(o, r, name)
+    for o, r, name in zip(ours[2:], ref[2:], NAMES[2:]):
+        assert o.dtype == torch.float32
+        close(o, r, 2e-5, name)  # exact products of lowp values, summed in fp32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast(device):
+    dt = torch.bfloat16
+    m = SqueezeExcitation(16, 4).to(device)
+    ref_m = RefSE(16, 4, activation=nn.SiLU).to(device)
+    ref_m.load_state_dict(m.state_dict())
+    x = testing.fresh(2, 16, 7, 7, device=device)
+    with torch.autocast(device_type=device, dtype=dt):
+        out = m(x)
+        out_lowp_x = m(x.to(dt))
+        ref = ref_m(x)
+    assert out.dtype == ref.dtype == torch.float32  # as torchvision: fp32 x gives fp32 out
+    assert out_lowp_x.dtype == dt
+    # ours computes the MLP in fp32; torchvision's convs ran in bf16 under autocast
+    want = se_ref(x.double(), *(p.double().flatten(1) if p.dim() == 4 else p.double()
+                                for p in (m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias)))
+    testing.assert_lowp_close(out.to(dt), want, ref.to(dt), name="autocast out")
+    with torch.autocast(device_type=device, dtype=dt):
+        m(x).sum().backward()
+    assert m.fc1.weight.grad.dtype == torch.float32 and torch.isfinite(m.fc1.weight.grad).all()
+
+
+# --------------------------------------------------------------------------- stages
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["nchw", "cl", "strided", "cl_offset"])
+@pytest.mark.parametrize("shape", [(2, 8, 5, 7, 3), (3, 33, 1, 1, 5), (1, 4, 70, 70, 2), (2, 3, 7, 1, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_stage_ops_fp32(device, layout, shape):
+    x, w, g = make(*shape, device=device, layout=layout)
+    n, c = shape[:2]
+    xd = x.double()
+    for version in (1, 2):
+        p, dx = grads_of(lambda t: ops.global_avg_pool(t, version), [x], g[:, :, 0, 0].contiguous())
+        pr, dxr = grads_of(lambda t: t.mean((2, 3)), [xd], g[:, :, 0, 0].double().contiguous())
+        close(p, pr, 1e-5, f"pool v{version}")
+        close(dx, dxr, 1e-6, f"pool v{version} backward")
+    h = testing.fresh(n, 5, 3, device=device)  # any shape
+    for ours, theirs, name in [(ops.swish, F.silu, "swish"), (ops.sigmoid, torch.sigmoid, "sigmoid")]:
+        gh = testing.fresh(*h.shape, device=device)
+        o = grads_of(ours, [h], gh)
+        r = grads_of(theirs, [h.double()], gh.double())
+        close(o[0], r[0], 1e-6, name)
+        close(o[1], r[1], 1e-6, name + " backward")
+    s = torch.rand(n, c, device=device) + 0.1
+    o = grads_of(ops.excitation, [x, s], g)
+    r = grads_of(lambda a, b: a * b[:, :, None, None], [xd, s.double()], g.double())
+    for a, b, name in zip(o, r, ["excitation", "dx", "ds"]):
+        close(a, b, 1e-5, name)
+    want_cl = layout in ("cl", "cl_offset") and c > 1 and shape[2] * shape[3] > 1
+    assert o[0].is_contiguous(memory_format=torch.channels_last if want_cl else torch.contiguous_format)
+    # the stage pipeline, end to end
+    o = grads_of(lambda *a: ops.se_block_staged(*a), [x, *w], g)
+    r = grads_of(lambda *a: se_ref(*a), [t.double() for t in (x, *w)], g.double())
+    for a, b, name in zip(o, r, NAMES):
+        close(a, b, 2e-5, "staged " + name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_stage_ops_lowp(device, dtype):
+    x, w, g = make(2, 24, 9, 9, 6, device=device, dtype=dtype, layout="cl")
+    xd = x.double()
+    gp = g[:, :, 0, 0].contiguous()
+    for version in (1, 2):
+        o = grads_of(lambda t: ops.global_avg_pool(t, version), [x], gp)
+        r = grads_of(lambda t: t.mean((2, 3)), [xd], gp.double())
+        t = grads_of(lambda t: t.mean((2, 3)), [x], gp)
+        for a, b, c, name in zip(o, r, t, ["pool", "pool backward"]):
+            testing.assert_lowp_close(a, b, c, name=f"{name} v{version}")
+    s = (torch.rand(2, 24, device=device) + 0.1).to(dtype)
+    o = grads_of(ops.excitation, [x, s], g)
+    r = grads_of(lambda a, b: a * b[:, :, None, None], [xd, s.double()], g.double())
+    t = grads_of(lambda a, b: a * b[:, :, None, None], [x, s], g)
+    for a, b, c, name in zip(o, r, t, ["excitation", "dx", "ds"]):
+        testing.assert_lowp_close(a, b, c, name=name)
+    h = testing.fresh(4, 33, device=device, dtype=dtype)
+    for ours, theirs, name in [(ops.swish, F.silu, "swish"), (ops.sigmoid, torch.sigmoid, "sigmoid")]:
+        gh = testing.fresh(4, 33, device=device, dtype=dtype)
+        o = grads_of(ours, [h], gh)
+        r = grads_of(theirs, [h.double()], gh.double())
+        t = grads_of(theirs, [h], gh)
+        for a, b, c, nm in zip(o, r, t, [name, name + " backward"]):
+            testing.assert_lowp_close(a, b, c, name=nm)
+
+
+# --------------------------------------------------------------------------- opcheck, gradcheck, compile
+
+def _opcheck_samples(device):
+    x, w, g = make(2, 6, 5, 3, 2, device=device)
+    xc, wc, gc = make(3, 5, 4, 4, 3, device=device, layout="cl", seed=1)
+    rg = lambda t: t.detach().clone().requires_grad_()  # noqa: E731
+    s = torch.rand(2, 6, device=device)
+    h = testing.fresh(3, 7, device=device)
+    return [
+        (T.global_avg_pool, (rg(x), 2)),
+        (T.global_avg_pool, (rg(xc), 1)),
+        (T.global_avg_pool_backward, (g[:, :, 0, 0].contiguous(), 5, 3, False)),
+        (T.global_avg_pool_backward, (gc[:, :, 0, 0].contiguous(), 4, 4, True)),
+        (T.swish, (rg(h),)),
+        (T.swish_backward, (h, h.clone())),
+        (T.sigmoid, (rg(h),)),
+        (T.sigmoid_backward, (h, torch.sigmoid(h))),
+        (T.excitation, (rg(x), rg(s))),
+        (T.excitation, (rg(xc), torch.rand(3, 5, device=device))),
+        (T.excitation_backward, (g, x, s)),
+        (T.se_block, (rg(x), *map(rg, w), 1, 3)),
+        (T.se_block, (rg(xc), *map(rg, wc), 0, 1)),
+        (T.se_block_backward, (g, x, *w, 1, 3)),
+        (T.se_block_backward, (gc, xc, *wc, 0, 2)),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    seen = set()
+    for op, args in _opcheck_samples(device):
+        torch.library.opcheck(op, args)
+        seen.add(op._name if hasattr(op, "_name") else str(op))
+    assert len(seen) == 10, seen  # every op of the library
+
+
+def test_gradcheck_float64_cpu():
+    x, w, _ = make(2, 5, 3, 4, 3, device="cpu", dtype=torch.float64)
+    for act in ("silu", "relu"):
+        args = [t.detach().requires_grad_() for t in (x, *w)]
+        assert torch.autograd.gradcheck(lambda *a: ops.se_block(*a, activation=act), args)
+        assert torch.autograd.gradcheck(lambda *a: ops.se_block_staged(*a, activation=act), args)
+    xr = x.detach().requires_grad_()
+    xcl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    s = torch.rand(2, 5, dtype=torch.float64, requires_grad=True)
+    h = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ops.global_avg_pool(t), [xr])
+    assert torch.autograd.gradcheck(lambda t: ops.global_avg_pool(t), [xcl])
+    assert torch.autograd.gradcheck(ops.swish, [h])
+    assert torch.autograd.gradcheck(ops.sigmoid, [h])
+    assert torch.autograd.gradcheck(ops.excitation, [xr, s])
+    assert torch.autograd.gradcheck(ops.excitation, [xcl, s])
+
+
+@no_sanitize
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    torch._dynamo.reset()
+    m = SqueezeExcitation(16, 4).to(device)
+    x = testing.fresh(2, 16, 5, 5, device=device).contiguous(memory_format=torch.channels_last)
+    g = testing.fresh(2, 16, 5, 5, device=device)
+    cm = torch.compile(m, fullgraph=True)
+    xs = x.detach().requires_grad_()
+    out = cm(xs)
+    grads = torch.autograd.grad(out, [xs, *m.parameters()], g)
+    xe = x.detach().requires_grad_()
+    ref = m(xe)
+    ref_grads = torch.autograd.grad(ref, [xe, *m.parameters()], g)
+    assert torch.equal(out, ref)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- errors, determinism
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs_raise_and_process_stays_usable(device):
+    x, w, g = make(2, 6, 4, 4, 3, device=device)
+    w1, b1, w2, b2 = w
+    bad = [
+        (lambda: T.se_block(x[0], w1, b1, w2, b2, 1, 3), "must be 4-D"),
+        (lambda: T.se_block(x.to(torch.int32), w1, b1, w2, b2, 1, 3), "floating"),
+        (lambda: T.se_block(x, w1[:, :5], b1, w2, b2, 1, 3), r"w1 must be \[S, C\]"),
+        (lambda: T.se_block(x, w1[None], b1, w2, b2, 1, 3), "2-D"),
+        (lambda: T.se_block(x, w1, b1[:2], w2, b2, 1, 3), r"b1 \(fc1.bias\) must be"),
+        (lambda: T.se_block(x, w1, b1, w2.t(), b2, 1, 3), r"w2 \(fc2.weight\) must be"),
+        (lambda: T.se_block(x, w1, b1, w2, b2[:1], 1, 3), r"b2 \(fc2.bias\) must be"),
+        (lambda: T.se_block(x, w1, b1, w2, b2, 7, 3), "activation must be 0"),
+        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2 or 3"),
+        (lambda: T.se_block(x[:, :, :0], w1, b1, w2, b2, 1, 3), "at least 1"),
+        (lambda: T.se_block_backward(g[:1], x, w1, b1, w2, b2, 1, 3), "grad must have x's shape"),
+        (lambda: T.global_avg_pool(x, 3), "version must be 1"),
+        (lambda: T.excitation(x, torch.rand(2, 5, device=device)), r"s must be \[N, C\]"),
+        (lambda: T.excitation_backward(g.half(), x, torch.rand(2, 6, device=device)), "grad must have x's dtype"),
+        (lambda: T.swish_backward(g, x[:1]), "same shape"),
+        (lambda: T.global_avg_pool_backward(g, 4, 4, False), r"grad must be \[N, C\]"),
+        (lambda: ops.se_block(x, *w, activation="gelu"), "unsupported SE activation"),
+    ]
+    if device == "cuda":
+        bad += [
+            (lambda: T.se_block(x.double(), w1, b1, w2, b2, 1, 3), "float32, float16 or bfloat16"),
+            (lambda: T.se_block(x, w1.cpu(), b1, w2, b2, 1, 3), "same device"),
+            (lambda: T.excitation(x, torch.rand(2, 6)), "same device"),
+        ]
+    for fn, msg in bad:
+        with pytest.raises((RuntimeError, ValueError), match=msg):
+            fn()
+    out = ops.se_block(x, *w)
+    close(out, se_ref(x.double(), *[t.double() for t in w]), 2e-5, "after errors")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+def test_deterministic(device, layout):
+    shape = (2, 16, 40, 40, 4) if SAN else (2, 64, 96, 96, 16)
+    x, w, g = make(*shape, device=device, layout=layout)
+    a = grads_of(lambda *t: ops.se_block(*t), [x, *w], g)
+    b = grads_of(lambda *t: ops.se_block(*t), [x, *w], g)
+    for u, v, name in zip(a, b, NAMES):
+        assert torch.equal(u, v), f"{name} differs between two identical runs"
+    s = torch.rand(shape[0], shape[1], device=device)
+    e = grads_of(ops.excitation, [x, s], g)
+    f = grads_of(ops.excitation, [x, s], g)
+    for u, v, name in zip(e, f, ["excitation", "dx", "ds"]):
+        assert torch.equal(u, v), f"{name} differs between two identical runs"
+    p1, p2 = ops.global_avg_pool(x), ops.global_avg_pool(x)
+    assert torch.equal(p1, p2)
+
+
+# --------------------------------------------------------------------------- CUDA only
+
+@requires_cuda
+@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+def test_cuda_versions_agree_bitwise(version, layout):
+    """versions differ in traversal order and launch mode only, never in arithmetic."""
+    shape = (2, 40, 24, 24, 8) if SAN else (3, 96, 56, 56, 24)
+    x, w, g = make(*shape, device="cuda", layout=layout)
+    base = grads_of(lambda *t: ops.se_block(*t, version=1), [x, *w], g)
+    ours = grads_of(lambda *t: ops.se_block(*t, version=version), [x, *w], g)
+    for a, b, name in zip(ours, base, NAMES):
+        assert torch.equal(a, b), f"v{version} {name} differs from v1"
+    ref = grads_of(lambda *a: se_ref(*a), [t.double() for t in (x, *w)], g.double())
+    for a, b, name in zip(ours, ref, NAMES):
+        close(a, b, 2e-5, name)
+
+
+CUDA_BIG = [
+    (2, 64, 112, 112, 16),   # the seed's shape: split reduction, one block per row piece
+    (1, 64, 112, 112, 16),   # N * C small: more splits
+    (4, 1100, 3, 3, 8),      # NHWC with more than one column tile (C / 4 > 256)
+    (1, 16, 64, 64, 4),      # NHWC, one sample: rows split across blocks
+    (32, 672, 7, 7, 28),     # EfficientNet-like: short rows, warp per row
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("shape", CUDA_BIG, ids=lambda s: "x".join(map(str, s)))
+def test_cuda_big_shapes(layout, shape):
+    if SAN:
+        shape = (shape[0], min(shape[1], 300), min(shape[2], 40), min(shape[3], 40), shape[4])
+    x, w, g = make(*shape, device="cuda", layout=layout)
+    ours = grads_of(lambda *t: ops.se_block(*t), [x, *w], g)
+    ref = grads_of(lambda *a: se_ref(*a), [t.double() for t in (x, *w)], g.double())
+    for a, b, name in zip(ours, ref, NAMES):
+        close(a, b, 2e-5, name)
+    for version in (1, 2):
+        o = grads_of(lambda t: ops.global_avg_pool(t, version), [x], g[:, :, 0, 0].contiguous())
+        r = grads_of(lambda t: t.mean((2, 3)), [x.double()], g[:, :, 0, 0].double().contiguous())
+        close(o[0], r[0], 1e-5, f"pool v{version}")
+        close(o[1], r[1], 1e-6, f"pool v{version} backward")
+    s = torch.rand(shape[0], shape[1], device="cuda")
+    o = grads_of(ops.excitation, [x, s], g)
+    r = grads_of(lambda a, b: a * b[:, :, None, None], [x.double(), s.double()], g.double())
+    for a, b, name in zip(o, r, ["excitation", "dx", "ds"]):
+        close(a, b, 1e-5, name)
+
+
+@requires_cuda
+@no_sanitize
+def test_cuda_64bit_indexing():
+    """N * C * H * W > 2^31 elements (bf16, 4.3 GB a tensor): the 64-bit index path."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < 24e9:
+        pytest.skip(f"needs about 24 GB of free GPU memory, {free / 1e9:.1f} GB free")
+    dt = torch.bfloat16
+    n, c, h, wd, s = 1, 2, 32768, 32769, 2
+    assert n * c * h * wd > 2 ** 31
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(n, c, h, wd, device="cuda", dtype=dt, generator=gen)
+    g = torch.randn(n, c, h, wd, device="cuda", dtype=dt, generator=gen)
+    w = [testing.fresh(*sh, device="cuda") for sh in ((s, c), (s,), (c, s), (c,))]
+    out = ops.se_block(x, *w)
+    dx, dw1, db1, dw2, db2 = T.se_block_backward(g, x, *w, 1, se_module.DEFAULT_VERSION)
+    # reference on the pooled vectors (exact sums in fp32 via torch), checked at the far end of the tensor
+    xs = [t.double() for t in w]
+    p = x.mean((2, 3), dtype=torch.float32).double()
+    ds = torch.stack([(g[0, k].float() * x[0, k].float()).sum(dtype=torch.float64) for k in range(c)])[None]
+    pv = p.detach().requires_grad_()
+    a = F.silu(F.linear(pv, xs[0], xs[1]))
+    sv = torch.sigmoid(F.linear(a, xs[2], xs[3]))
+    (dp,) = torch.autograd.grad(sv, pv, ds * 1.0)
+    sl = (slice(None), slice(None), slice(-3, None), slice(None))
+    want_out = (x[sl].double() * sv[:, :, None, None]).to(dt)
+    want_dx = (g[sl].double() * sv[:, :, None, None] + dp[:, :, None, None] / (h * wd)).to(dt)
+    testing.assert_close(out[sl], want_out.double(), 0, 1e-2, "out (tail)")
+    testing.assert_close(dx[sl], want_dx.double(), 1e-6, 1e-2, "dx (tail)")
+    assert torch.isfinite(dw1).all() and torch.isfinite(db2).all()
+
+
+@requires_cuda
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_cuda_graph_capture(version):
+    m = SqueezeExcitation(32, 8, version=version).cuda()
+    static_x = testing.fresh(4, 32, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last)
+    static_x.requires_grad_()
+    g = testing.fresh(4, 32, 9, 9, device="cuda")
+    params = list(m.parameters())
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            torch.autograd.grad(m(static_x), [static_x, *params], g)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = m(static_x)
+        grads = torch.autograd.grad(out, [static_x, *params], g)
+    new = testing.fresh(4, 32, 9, 9, device="cuda", offset=0.5)
+    with torch.no_grad():
+        static_x.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    xe = new.contiguous(memory_format=torch.channels_last).requires_grad_()
+    ref = m(xe)
+    ref_grads = torch.autograd.grad(ref, [xe, *params], g)
+    assert torch.equal(out, ref)
+    for a, b in zip(grads, ref_grads):
+        assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- nn.Module and convert
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", [nn.ReLU, nn.SiLU])
+def test_module_matches_torchvision_style(device, act):
+    ref = RefSE(24, 6, activation=act).to(device)
+    ours = SqueezeExcitation(24, 6, activation=act).to(device)
+    assert [(k, v.shape) for k, v in ours.state_dict().items()] == [(k, v.shape) for k, v in ref.state_dict().items()]
+    ours.load_state_dict(ref.state_dict())
+    x = testing.fresh(3, 24, 6, 6, device=device)
+    ref64 = copy.deepcopy(ref).double()
+    out = ours(x)
+    torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-5)
+    close(out, ref64(x.double()), 2e-5, "module out")
+    close(ours(x[0]), ref64(x[0:1].double())[0], 2e-5, "unbatched")
+    out.sum().backward()
+    ref(x).sum().backward()
+    for (n1, p1), (n2, p2) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert n1 == n2
+        torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_module_rejects_unsupported():
+    with pytest.raises(ValueError, match="unsupported SE activation"):
+        SqueezeExcitation(8, 2, activation=nn.GELU)
+    with pytest.raises(ValueError, match="scale_activation"):
+        SqueezeExcitation(8, 2, scale_activation=nn.Hardsigmoid)
+
+
+def test_convert_with_given_types():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1),
+                          RefSE(8, 2, activation=nn.SiLU),
+                          nn.Sequential(nn.ReLU(), RefSE(8, 3)),
+                          RefSE(8, 2, scale_activation=nn.Hardsigmoid))
+    x = testing.fresh(2, 3, 10, 10)
+    want = model(x)
+    fc1 = model[1].fc1
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out_model = convert(model, types=(RefSE,))
+    assert out_model is model
+    assert isinstance(model[1], SqueezeExcitation) and isinstance(model[2][1], SqueezeExcitation)
+    assert isinstance(model[3], RefSE) and any("Hardsigmoid" in str(r.message) for r in rec)
+    assert model[1].fc1 is fc1  # the very same parameters
+    assert isinstance(model[2][1].activation, nn.ReLU)
+    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+    single = RefSE(4, 1)
+    assert isinstance(convert(single, types=(RefSE,)), SqueezeExcitation)
+
+
+@requires_tv
+def test_torchvision_state_dict_and_convert():
+    from torchvision.ops import SqueezeExcitation as TV
+
+    tv = TV(32, 8, activation=nn.SiLU)
+    ours = SqueezeExcitation(32, 8)
+    ours.load_state_dict(tv.state_dict())
+    x = testing.fresh(2, 32, 5, 5)
+    torch.testing.assert_close(ours(x), tv(x), rtol=1e-5, atol=1e-5)
+    model = nn.Sequential(TV(32, 8), nn.Identity())
+    convert(model)
+    assert isinstance(model[0], SqueezeExcitation)
+
+
+@requires_tv
+@no_sanitize
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_efficientnet_b0_equivalence(train):
+    """Outputs and every parameter gradient of efficientnet_b0 (random weights)
+    with its 16 SE blocks converted match the original. TF32 is turned off so
+    that both models round the same way outside the SE blocks; the bound (1e-4
+    norm-wise) is ~1000x the fp32 rounding our different summation order makes
+    and far below what any wrong gradient term would give (O(1))."""
+    import torchvision
+
+    device = "cuda" if HAS_CUDA else "cpu"
+    torch.manual_seed(0)
+    ref = torchvision.models.efficientnet_b0(weights=None).to(device)
+    ours = convert(copy.deepcopy(ref))
+    assert sum(isinstance(m, SqueezeExcitation) for m in ours.modules()) == 16
+    assert not any(isinstance(m, torchvision.ops.SqueezeExcitation) for m in ours.modules())
+    ref.train(train)
+    ours.train(train)
+    x = testing.fresh(4, 3, 96, 96, device=device)
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        outs, grads = [], []
+        for m in (ref, ours):
+            torch.manual_seed(1)  # same dropout / stochastic-depth masks
+            out = m(x)
+            g = torch.autograd.grad(out.square().sum(), list(m.parameters()))
+            outs.append(out)
+            grads.append(dict(zip([n for n, _ in m.named_parameters()], g)))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    err = testing.rel_err(outs[1], outs[0])
+    assert err < 1e-4, f"output rel err {err:.2e}"
+    assert grads[0].keys() == grads[1].keys()
+    worst = max((testing.rel_err(grads[1][k], grads[0][k]), k) for k in grads[0])
+    print(f"efficientnet_b0 ({'train' if train else 'eval'}): out rel err {err:.2e}, worst grad {worst[0]:.2e} "
+          f"({worst[1]})")
+    assert worst[0] < 1e-4, f"gradient rel err {worst[0]:.2e} at {worst[1]}"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, *sys.argv[1:]]))
