@@ -3,17 +3,20 @@
     python bench.py [--out STEM] [--quick]
 
 Columns (times in microseconds, median over repeats, L2 flushed before each):
-  v1, v2        our kernels (version 1 = the seed's algorithm, 2 = the fast one)
+  v1, v2, v3    our kernels (1 = the seed's algorithm, 2 = row in registers,
+                3 = 2 + the next row prefetched; the default)
   torch         forward: F.layer_norm; backward: aten.native_layer_norm_backward
                 on precomputed mean/rstd (PyTorch's own CUDA kernels)
   compile       torch.compile of the same math (backward: the closed-form dx,
                 dweight, dbias from mean/rstd, as Inductor fuses it)
   floor         the bytes that must move over the measured copy bandwidth:
                 forward 2 passes (read x, write y), backward 3 (read x, dy; write dx)
-  %floor        floor / v2; x torch = torch / v2
+  pct_floor     floor / v3; x_torch = torch / v3, x_compile = compile / v3
+--sweep also times v3 for each DAY26_TARGET_ITERS (the block-shape knob).
 Writes STEM.md (the tables), STEM.json and STEM.png.
 """
 import argparse
+import os
 import sys
 
 import torch
@@ -45,6 +48,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_out/day26")
     p.add_argument("--quick", action="store_true", help="two shapes only")
+    p.add_argument("--sweep", action="store_true", help="also time v3 for DAY26_TARGET_ITERS in 1, 2, 4, 8")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench.py needs a CUDA GPU")
@@ -54,7 +58,7 @@ def main():
     meta["copy_gbs"] = round(bw, 1)
     cfwd, cbwd = compiled_fns()
     shapes = SHAPES[:2] if args.quick else SHAPES
-    fwd_rows, bwd_rows = [], []
+    fwd_rows, bwd_rows, sweep_rows = [], [], []
     for dtype in (torch.float32, torch.bfloat16):
         for n, d in shapes:
             x = torch.randn(n, d, device="cuda", dtype=dtype)
@@ -66,34 +70,47 @@ def main():
             t = {}
             t["v1"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=1))
             t["v2"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=2))
+            t["v3"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=3))
             t["torch"] = bench.time_us(lambda: F.layer_norm(x, (d,), w, b))
             t["compile"] = bench.time_us(lambda: cfwd(x, w, b))
             floor = bench.floor_us(2 * n * d * esz, bw)
-            fwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["v2"],
-                                 x_torch=t["torch"] / t["v2"], x_compile=t["compile"] / t["v2"]))
+            fwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["v3"],
+                                 x_torch=t["torch"] / t["v3"], x_compile=t["compile"] / t["v3"]))
             _, mean, rstd = torch.ops.aten.native_layer_norm(x, [d], w, b, 1e-5)
             m1, r1 = mean.view(-1), rstd.view(-1)
             t = {}
             t["v1"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=1))
             t["v2"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=2))
+            t["v3"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=3))
             t["torch"] = bench.time_us(lambda: torch.ops.aten.native_layer_norm_backward(
                 dy, x, [d], mean, rstd, w, b, [True, True, True]))
             t["compile"] = bench.time_us(lambda: cbwd(dy, x, m1, r1, w))
             floor = bench.floor_us(3 * n * d * esz, bw)
-            bwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["v2"],
-                                 x_torch=t["torch"] / t["v2"], x_compile=t["compile"] / t["v2"]))
+            bwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["v3"],
+                                 x_torch=t["torch"] / t["v3"], x_compile=t["compile"] / t["v3"]))
+            if args.sweep:
+                row = dict(shape=label)
+                for ti in ("1", "2", "4", "8"):
+                    os.environ["DAY26_TARGET_ITERS"] = ti
+                    row[f"fwd_t{ti}"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=3))
+                    row[f"bwd_t{ti}"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=3))
+                os.environ.pop("DAY26_TARGET_ITERS")
+                sweep_rows.append(row)
             del x, w, b, dy, mean, rstd
             torch.cuda.empty_cache()
             print(f"  done {label}", file=sys.stderr)
-    cols = ["shape", "v1", "v2", "torch", "compile", "floor", "pct_floor", "x_torch", "x_compile"]
+    cols = ["shape", "v1", "v2", "v3", "torch", "compile", "floor", "pct_floor", "x_torch", "x_compile"]
     head = (f"day26 LayerNorm on {meta['device']} ({meta['date']}, torch {meta['torch']}), "
-            f"copy bandwidth {bw:.0f} GB/s; times in us, median; pct_floor = floor / v2")
+            f"copy bandwidth {bw:.0f} GB/s; times in us, median; pct_floor = floor / v3")
     md = (f"{head}\n\nForward (floor: 2 passes)\n\n{bench.format_table(fwd_rows, cols)}\n\n"
           f"Backward (dx, dweight, dbias; floor: 3 passes)\n\n{bench.format_table(bwd_rows, cols)}\n")
+    if sweep_rows:
+        scols = ["shape"] + [f"{k}_t{ti}" for k in ("fwd", "bwd") for ti in ("1", "2", "4", "8")]
+        md += f"\nv3 by DAY26_TARGET_ITERS (us)\n\n{bench.format_table(sweep_rows, scols)}\n"
     with open(f"{args.out}.md", "w") as f:
         f.write(md)
     bench.write_report(fwd_rows + [dict(r, shape="bwd " + r["shape"]) for r in bwd_rows], cols, args.out,
-                       "day26 LayerNorm fwd / bwd (us)", meta, plot_cols=["v1", "v2", "torch", "compile", "floor"],
+                       "day26 LayerNorm fwd / bwd (us)", meta, plot_cols=["v2", "v3", "torch", "compile", "floor"],
                        label_col="shape")
     print(md)
     return 0

@@ -78,7 +78,7 @@ for p in "${pkgs[@]}"; do
   jflag=(); [[ $MODE == jit ]] && jflag=(--jit)
   junit="$LOGS/$p.junit.xml"; rm -f "$junit"
   echo "   python test.py ${jflag[*]} (log: $LOGS/$p.test.log)"
-  (cd "$p" && $PY test.py "${jflag[@]}" -rs --junitxml="$junit" 2>&1) | tee "$LOGS/$p.test.log" | grep -E '(passed|failed|error|no tests ran)' | tail -1 | sed 's/^/   /'
+  (cd "$p" && $PY test.py "${jflag[@]}" -v --tb=short -rfs --junitxml="$junit" 2>&1) | tee "$LOGS/$p.test.log" | grep -E '(passed|failed|error|no tests ran)' | tail -1 | sed 's/^/   /'
   rc=${PIPESTATUS[0]}
   read -r n_t n_f n_e n_s < <($PY - "$junit" <<'PYEOF'
 import sys, xml.etree.ElementTree as ET

@@ -20,7 +20,7 @@ for tool in memcheck racecheck; do
   log="$LOGS/$PKG.sanitize-$tool.log"
   echo "== compute-sanitizer --tool $tool: $PKG (-k '$EXPR'), log $log"
   (cd "$ROOT/$PKG" && compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 99 \
-      $PY -m pytest test.py -x -q -k "$EXPR" -p no:cacheprovider) >"$log" 2>&1
+      $PY -m pytest test.py -q --tb=short -k "$EXPR" -p no:cacheprovider) >"$log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
   echo "   rc=$rc ${summary:-no summary line}; $(grep -E '[0-9]+ (passed|failed)' "$log" | tail -1)"

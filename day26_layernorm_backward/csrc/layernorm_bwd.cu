@@ -15,6 +15,10 @@
 //       block. A small finalize kernel sums the partials in a fixed order. No
 //       float atomics anywhere: the same inputs on the same GPU give bitwise the
 //       same dweight/dbias. Rows longer than 16384 fall back to v1.
+//   v3  v2 plus a software pipeline across rows: the next row's x, dy, mean
+//       and rstd are loaded into a second set of registers before the current
+//       row is reduced (when a thread's share is <= 64 bytes per tensor;
+//       otherwise as v2), so memory latency overlaps the reductions.
 // Traffic of v2: x, dy read once, dx written once (the 3-pass floor), plus
 // 2 * grid * D * 4 bytes of partials written and read back.
 #include "layernorm.h"
@@ -98,7 +102,7 @@ __device__ __forceinline__ void smem_accumulate(float* p, const float (&v)[VEC])
   }
 }
 
-template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials>
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials, bool kPrefetch>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
           const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
@@ -109,6 +113,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
   const int64_t slots = kWarp ? (blockDim.x >> 5) : 1;
   const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
+  const int64_t stride = int64_t(gridDim.x) * slots;
   const float inv_d = 1.f / float(D);
 
   if (kPartials) {
@@ -118,43 +123,56 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   float* acc_w = acc + slot * 2 * D;
   float* acc_b = acc_w + D;
 
-  for (int64_t row = blockIdx.x * slots + slot; row < rows; row += int64_t(gridDim.x) * slots) {
-    float xv[ITERS][VEC], gv[ITERS][VEC];
-    const T* xr = x + row * D;
-    const T* dyr = dy + row * D;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
-        load_f32<T, VEC>(xr + c, xv[it]);
-        load_f32<T, VEC>(dyr + c, gv[it]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) xv[it][j] = gv[it][j] = 0.f;
+  RowRegs<T, VEC, ITERS> cx, cd, nx, nd;
+  float nmu = 0.f, nrs = 0.f;
+  int64_t row = blockIdx.x * slots + slot;
+  if (kPrefetch && row < rows) {
+    load_row(nx, x + row * D, D, tpr, t);
+    load_row(nd, dy + row * D, D, tpr, t);
+    nmu = mean[row];
+    nrs = rstd[row];
+  }
+  for (; row < rows; row += stride) {
+    float mu, rs;
+    if (kPrefetch) {
+      cx = nx;
+      cd = nd;
+      mu = nmu;
+      rs = nrs;
+      const int64_t next = row + stride;
+      if (next < rows) {  // issue the next row's loads now; they land while this row computes
+        load_row(nx, x + next * D, D, tpr, t);
+        load_row(nd, dy + next * D, D, tpr, t);
+        nmu = mean[next];
+        nrs = rstd[next];
       }
+    } else {
+      load_row(cx, x + row * D, D, tpr, t);
+      load_row(cd, dy + row * D, D, tpr, t);
+      mu = mean[row];
+      rs = rstd[row];
     }
-    const float mu = mean[row], rs = rstd[row];
+    // pass 1: row sums of g and g * xhat; per-column dy * xhat and dy into smem
     float sums[2] = {0.f, 0.f};
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int64_t c = (int64_t(it) * tpr + t) * VEC;
       if (c < D) {
-        float wv[VEC];
-        if (w) load_f32<TW, VEC>(w + c, wv);
-        float pw[VEC];
+        float wv[VEC], pw[VEC], pb[VEC];
+        load_param<TW, VEC>(w, c, 1.f, wv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (xv[it][j] - mu) * rs;
-          const float dyv = gv[it][j];
-          pw[j] = dyv * xhat;
-          xv[it][j] = xhat;                        // keep xhat, x is no longer needed
-          gv[it][j] = w ? dyv * wv[j] : dyv;       // g = dy * weight
-          sums[0] += gv[it][j];
-          sums[1] += gv[it][j] * xhat;
+          const float xhat = (kc::to_float(cx.v[it].v[j]) - mu) * rs;
+          const float d = kc::to_float(cd.v[it].v[j]);
+          const float g = d * wv[j];
+          sums[0] += g;
+          sums[1] += g * xhat;
+          pw[j] = d * xhat;
+          pb[j] = d;
         }
         if (kPartials) {
           smem_accumulate<VEC>(acc_w + c, pw);
-          smem_accumulate<VEC>(acc_b + c, gv[it]);  // overwritten below: use dy, not g
+          smem_accumulate<VEC>(acc_b + c, pb);
         }
       }
     }
@@ -165,15 +183,21 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       kc::block_reduce_sum<2>(sums, red);
     }
     const float a = sums[0] * inv_d, b = sums[1] * inv_d;
+    // pass 2: dx = rstd * (g - a - xhat * b), recomputing xhat and g from registers
     if (dx) {
       T* dxr = dx + row * D;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
         if (c < D) {
-          float out[VEC];
+          float wv[VEC], out[VEC];
+          load_param<TW, VEC>(w, c, 1.f, wv);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) out[j] = rs * (gv[it][j] - a - xv[it][j] * b);
+          for (int j = 0; j < VEC; ++j) {
+            const float xhat = (kc::to_float(cx.v[it].v[j]) - mu) * rs;
+            const float g = kc::to_float(cd.v[it].v[j]) * wv[j];
+            out[j] = rs * (g - a - xhat * b);
+          }
           store_from_f32<T, VEC>(dxr + c, out);
         }
       }
@@ -230,8 +254,8 @@ int v2_vec(const LnBackwardArgs& a) {
   return ok ? V : 1;
 }
 
-template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials>
-auto v2_kernel() { return ln_bwd_v2<T, TW, VEC, ITERS, kWarp, kPartials>; }
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials, bool kPrefetch>
+auto v2_kernel() { return ln_bwd_v2<T, TW, VEC, ITERS, kWarp, kPartials, kPrefetch>; }
 
 size_t v2_smem(const V2Config& cfg, int64_t D) {
   return size_t(cfg.warp ? kWarpRowsPerBlock : 1) * 2 * size_t(D) * sizeof(float);
@@ -272,11 +296,16 @@ struct V2Launch {
   const V2Config& cfg;
   cudaStream_t stream;
   bool partials;
+  bool prefetch;      // v3
   int64_t* grid_out;  // when set: only compute the grid
 
   template <int VEC, int ITERS, bool kWarp>
   cudaError_t operator()() const {
-    auto kernel = partials ? v2_kernel<T, TW, VEC, ITERS, kWarp, true>() : v2_kernel<T, TW, VEC, ITERS, kWarp, false>();
+    constexpr bool kFits = prefetch_fits<T, VEC, ITERS>();
+    auto kernel = partials ? (prefetch && kFits ? v2_kernel<T, TW, VEC, ITERS, kWarp, true, kFits>()
+                                                : v2_kernel<T, TW, VEC, ITERS, kWarp, true, false>())
+                           : (prefetch && kFits ? v2_kernel<T, TW, VEC, ITERS, kWarp, false, kFits>()
+                                                : v2_kernel<T, TW, VEC, ITERS, kWarp, false, false>());
     const int64_t grid = v2_grid(kernel, cfg, a.rows, a.cols, partials);
     if (grid_out) {
       *grid_out = grid;
@@ -300,12 +329,12 @@ struct V2Launch {
 template <typename T, typename TW>
 cudaError_t backward_typed(const LnBackwardArgs& a, int version, cudaStream_t stream, int64_t* grid_out) {
   const bool partials = a.dweight || a.dbias;
-  if (version == 2) {
+  if (version >= 2) {
     const int vec = v2_vec<T, TW>(a);
     constexpr int V = kc::max_vec_elems<T>();
     const V2Config cfg = v2_config(a.cols, vec);
     if (cfg.ok) {
-      V2Launch<T, TW> l{a, cfg, stream, partials, grid_out};
+      V2Launch<T, TW> l{a, cfg, stream, partials, version == 3, grid_out};
       return vec == V ? with_v2_config<V>(cfg, l) : with_v2_config<1>(cfg, l);
     }
   }
@@ -346,7 +375,7 @@ cudaError_t typed(kc::DType dt, kc::DType wdt, F&& f) {
 }  // namespace
 
 int64_t ln_backward_workspace_floats(const LnBackwardArgs& a, int version) {
-  if (version != 2 || (!a.dweight && !a.dbias)) return 0;
+  if (version < 2 || (!a.dweight && !a.dbias)) return 0;
   int64_t grid = 0;
   typed(a.dt, a.wdt, [&](auto t, auto tw) {
     return backward_typed<decltype(t), decltype(tw)>(a, version, nullptr, &grid);
@@ -355,7 +384,7 @@ int64_t ln_backward_workspace_floats(const LnBackwardArgs& a, int version) {
 }
 
 cudaError_t ln_backward(const LnBackwardArgs& a, int version, cudaStream_t stream) {
-  if (version != 1 && version != 2) return cudaErrorInvalidValue;
+  if (version < 1 || version > 3) return cudaErrorInvalidValue;
   if (a.rows == 0 && !a.dweight && !a.dbias) return cudaSuccess;
   return typed(a.dt, a.wdt, [&](auto t, auto tw) {
     return backward_typed<decltype(t), decltype(tw)>(a, version, stream, nullptr);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cuda_runtime.h>
 
 #include "kc/convert.cuh"
@@ -37,6 +38,17 @@ inline int next_pow2(int64_t v) {
   return p;
 }
 
+// Vector accesses per thread the block path aims at (more: fewer threads per
+// row and more bytes in flight per thread; fewer: more threads, fewer
+// registers). A tuning knob: DAY26_TARGET_ITERS=1|2|4|8 (read at every launch,
+// so a benchmark can sweep it); default kDefaultTargetIters.
+constexpr int kDefaultTargetIters = 4;
+inline int target_iters() {
+  const char* e = std::getenv("DAY26_TARGET_ITERS");
+  const int v = e ? std::atoi(e) : 0;
+  return (v == 1 || v == 2 || v == 4 || v == 8) ? v : kDefaultTargetIters;
+}
+
 // vec: the vector width that every pointer and the row length allow (1 or 16 bytes' worth).
 inline V2Config v2_config(int64_t cols, int vec) {
   V2Config c;
@@ -48,8 +60,9 @@ inline V2Config v2_config(int64_t cols, int vec) {
     c.iters = next_pow2((nv + 31) / 32);
     c.threads = 32 * kWarpRowsPerBlock;
   } else {
-    // aim at 4 vector accesses per thread, then clamp the block size
-    int tpr = next_pow2((nv + 3) / 4);
+    // aim at target_iters() vector accesses per thread, then clamp the block size
+    const int ti = target_iters();
+    int tpr = next_pow2((nv + ti - 1) / ti);
     tpr = tpr < 128 ? 128 : (tpr > kMaxTpr ? kMaxTpr : tpr);
     c.tpr = tpr;
     c.threads = tpr;
@@ -73,12 +86,48 @@ inline int num_sms() {
   return cache[dev];
 }
 
+// v3 prefetches the next row while the current one is reduced: a second copy
+// of the thread's share of the row stays in registers, so it is enabled only
+// when that share is at most kPrefetchBytes per tensor.
+constexpr int kPrefetchBytes = 64;
+template <typename T, int VEC, int ITERS>
+constexpr bool prefetch_fits() { return ITERS * VEC * int(sizeof(T)) <= kPrefetchBytes; }
+
+// A thread's share of one row, in the storage dtype: ITERS vectors of VEC
+// elements at columns (it * tpr + t) * VEC. Entries past the row end are never
+// loaded and never read (every use is guarded by the same column test).
+template <typename T, int VEC, int ITERS>
+struct RowRegs {
+  kc::Vec<T, VEC> v[ITERS];
+};
+
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void load_row(RowRegs<T, VEC, ITERS>& r, const T* __restrict__ p, int64_t D, int tpr,
+                                         int t) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int64_t c = (int64_t(it) * tpr + t) * VEC;
+    if (c < D) r.v[it] = kc::load_vec<VEC>(p + c);
+  }
+}
+
 // Load VEC elements of T starting at p (aligned when VEC > 1) as fp32.
 template <typename T, int VEC>
 __device__ __forceinline__ void load_f32(const T* p, float (&out)[VEC]) {
   const kc::Vec<T, VEC> v = kc::load_vec<VEC>(p);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) out[j] = kc::to_float(v.v[j]);
+}
+
+// VEC weights (or `fill` when p is null: weight 1, bias 0) as fp32.
+template <typename TW, int VEC>
+__device__ __forceinline__ void load_param(const TW* p, int64_t c, float fill, float (&out)[VEC]) {
+  if (p) {
+    load_f32<TW, VEC>(p + c, out);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = fill;
+  }
 }
 
 template <typename T, int VEC>

@@ -12,6 +12,10 @@
 //       once. One warp per row for D <= 512 (8 rows per block, warp shuffles
 //       only), one block per row above that (128..512 threads, <= 32 elements
 //       per thread). Rows longer than 16384 fall back to v1.
+//   v3  v2 plus a software pipeline across rows: while row r is reduced and
+//       written, row r + stride is already being loaded into a second set of
+//       registers (when a thread's share is <= 64 bytes; otherwise as v2). The
+//       grid is one wave of blocks, so each block sees several rows.
 // Traffic: v2 reads x once and writes y once (the floor: 2 passes); v1 reads x
 // three times (mostly from L2 when the rows of the blocks in flight fit there).
 #include "layernorm.h"
@@ -56,13 +60,16 @@ __global__ void ln_fwd_v1(const T* __restrict__ x, const TW* __restrict__ w, con
   }
 }
 
-// v2. Assumptions (checked by the launcher):
+// v2 / v3. Assumptions (checked by the launcher):
 // - kWarp: blockDim.x = 32 * kWarpRowsPerBlock, one warp per row;
 //   else: blockDim.x = threads per row (a multiple of 32, <= kMaxTpr), one block per row;
 // - VEC > 1 only when x, y, weight, bias are aligned to a VEC-vector and D % VEC == 0;
 // - ITERS * VEC * (threads per row) >= D;
 // - rows are visited grid-stride, so any number of rows works with any grid.
-template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
+// kPrefetch (v3): the next row of this thread (row + stride) is loaded into
+// registers before the current one is reduced, so its memory latency overlaps
+// the reductions and the stores of the current row.
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPrefetch>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
@@ -72,42 +79,38 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
   const int64_t rows_per_block = kWarp ? (blockDim.x >> 5) : 1;
   const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
+  const int64_t stride = int64_t(gridDim.x) * rows_per_block;
   const float inv_d = 1.f / float(D);
 
-  for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
-    // Warps of one block leave this loop at different times in the warp path;
-    // the block path keeps the whole block together (its reductions sync).
-    float xv[ITERS][VEC];
-    const T* xr = x + row * D;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
-        load_f32<T, VEC>(xr + c, xv[it]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) xv[it][j] = 0.f;
-      }
+  RowRegs<T, VEC, ITERS> cur, nxt;
+  int64_t row = blockIdx.x * rows_per_block + slot;
+  if (kPrefetch && row < rows) load_row(nxt, x + row * D, D, tpr, t);
+  // Warps of one block leave this loop at different times in the warp path;
+  // the block path keeps the whole block together (its reductions sync).
+  for (; row < rows; row += stride) {
+    if (kPrefetch) {
+      cur = nxt;
+      if (row + stride < rows) load_row(nxt, x + (row + stride) * D, D, tpr, t);
+    } else {
+      load_row(cur, x + row * D, D, tpr, t);
     }
     float s = 0.f;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it)
+      if ((int64_t(it) * tpr + t) * VEC < D)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s += xv[it][j];
+        for (int j = 0; j < VEC; ++j) s += kc::to_float(cur.v[it].v[j]);
     s = kWarp ? kc::warp_reduce_sum(s) : kc::block_reduce_sum(s, red);
     const float mean = s * inv_d;
     float q = 0.f;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
+    for (int it = 0; it < ITERS; ++it)
+      if ((int64_t(it) * tpr + t) * VEC < D)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float d = xv[it][j] - mean;
+          const float d = kc::to_float(cur.v[it].v[j]) - mean;
           q += d * d;
         }
-      }
-    }
     q = kWarp ? kc::warp_reduce_sum(q) : kc::block_reduce_sum(q, red);
     const float rstd = rsqrtf(q * inv_d + eps);
     T* yr = y + row * D;
@@ -116,11 +119,10 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
       const int64_t c = (int64_t(it) * tpr + t) * VEC;
       if (c < D) {
         float wv[VEC], bv[VEC], out[VEC];
-        if (w) load_f32<TW, VEC>(w + c, wv);
-        if (b) load_f32<TW, VEC>(b + c, bv);
+        load_param<TW, VEC>(w, c, 1.f, wv);
+        load_param<TW, VEC>(b, c, 0.f, bv);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          out[j] = (xv[it][j] - mean) * rstd * (w ? wv[j] : 1.f) + (b ? bv[j] : 0.f);
+        for (int j = 0; j < VEC; ++j) out[j] = (kc::to_float(cur.v[it].v[j]) - mean) * rstd * wv[j] + bv[j];
         store_from_f32<T, VEC>(yr + c, out);
       }
     }
@@ -131,14 +133,17 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   }
 }
 
-template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kWantPrefetch>
 cudaError_t launch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStream_t stream) {
-  auto kernel = ln_fwd_v2<T, TW, VEC, ITERS, kWarp>;
+  constexpr bool kPrefetch = kWantPrefetch && prefetch_fits<T, VEC, ITERS>();
+  auto kernel = ln_fwd_v2<T, TW, VEC, ITERS, kWarp, kPrefetch>;
   int per_sm = 0;
   KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, 0));
   const int64_t rows_per_block = kWarp ? cfg.threads / 32 : 1;
   const int64_t needed = (a.rows + rows_per_block - 1) / rows_per_block;
-  const int64_t cap = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1) * 4;
+  // v3 wants every block to see several rows (prefetch needs a next row); v2
+  // launches up to 4 waves of blocks instead.
+  const int64_t cap = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1) * (kPrefetch ? 1 : 4);
   const unsigned grid = unsigned(needed < cap ? needed : cap);
   kernel<<<grid, cfg.threads, 0, stream>>>(static_cast<const T*>(a.x), static_cast<const TW*>(a.weight),
                                            static_cast<const TW*>(a.bias), static_cast<T*>(a.y), a.mean,
@@ -146,15 +151,15 @@ cudaError_t launch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStrea
   return cudaGetLastError();
 }
 
-template <typename T, typename TW, int VEC>
+template <typename T, typename TW, int VEC, bool kPf>
 cudaError_t dispatch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStream_t stream) {
   return KC_BOOL_SWITCH(cfg.warp, kWarp, [&] {
     switch (cfg.iters) {
-      case 1: return launch_fwd_v2<T, TW, VEC, 1, kWarp>(a, cfg, stream);
-      case 2: return launch_fwd_v2<T, TW, VEC, 2, kWarp>(a, cfg, stream);
-      case 4: if constexpr (4 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 4, kWarp>(a, cfg, stream); break;
-      case 8: if constexpr (8 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 8, kWarp>(a, cfg, stream); break;
-      case 16: if constexpr (16 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 16, kWarp>(a, cfg, stream); break;
+      case 1: return launch_fwd_v2<T, TW, VEC, 1, kWarp, kPf>(a, cfg, stream);
+      case 2: return launch_fwd_v2<T, TW, VEC, 2, kWarp, kPf>(a, cfg, stream);
+      case 4: if constexpr (4 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 4, kWarp, kPf>(a, cfg, stream); break;
+      case 8: if constexpr (8 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 8, kWarp, kPf>(a, cfg, stream); break;
+      case 16: if constexpr (16 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 16, kWarp, kPf>(a, cfg, stream); break;
     }
     return cudaErrorInvalidConfiguration;
   });
@@ -163,13 +168,17 @@ cudaError_t dispatch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStr
 template <typename T, typename TW>
 cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
-  if (version == 2) {
+  if (version >= 2) {
     constexpr int V = kc::max_vec_elems<T>();
     const bool vec_ok = kc::can_vectorize<T, V>(a.x, a.cols) && kc::can_vectorize<T, V>(a.y, a.cols) &&
                         (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V)) &&
                         (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
     const V2Config cfg = v2_config(a.cols, vec_ok ? V : 1);
-    if (cfg.ok) return vec_ok ? dispatch_fwd_v2<T, TW, V>(a, cfg, stream) : dispatch_fwd_v2<T, TW, 1>(a, cfg, stream);
+    if (cfg.ok) {
+      return KC_BOOL_SWITCH(version == 3, kPf, [&] {
+        return vec_ok ? dispatch_fwd_v2<T, TW, V, kPf>(a, cfg, stream) : dispatch_fwd_v2<T, TW, 1, kPf>(a, cfg, stream);
+      });
+    }
   }
   // v1 (and v2's fallback for long rows): one block per row, in chunks that fit a grid
   for (int64_t r0 = 0; r0 < a.rows; r0 += 0x7fffffff) {
@@ -186,7 +195,7 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
 
 cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
-  if (version != 1 && version != 2) return cudaErrorInvalidValue;
+  if (version < 1 || version > 3) return cudaErrorInvalidValue;
   const bool w_f32 = a.wdt == kc::DType::F32;
   return KC_DTYPE_SWITCH(a.dt, T, [&] {
     return KC_BOOL_SWITCH(w_f32, kWF32, [&] {
