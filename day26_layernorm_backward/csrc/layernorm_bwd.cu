@@ -15,15 +15,19 @@
 //       block. A small finalize kernel sums the partials in a fixed order. No
 //       float atomics anywhere: the same inputs on the same GPU give bitwise the
 //       same dweight/dbias. Rows longer than 16384 fall back to v1.
-//   v3  v2 plus a software pipeline across rows: the next row's x, dy, mean
-//       and rstd are loaded into a second set of registers before the current
-//       row is reduced (when a thread's share is <= 64 bytes per tensor;
-//       otherwise as v2), so memory latency overlaps the reductions.
+//   v3  v2's math on a cp.async pipeline: each block of the persistent grid
+//       keeps the next `stages - 1` rows of x and dy in flight into shared
+//       memory (each thread copies and reads back only its own 16-byte vectors,
+//       so the stages need no barrier), and, since the rows no longer occupy
+//       shared memory for the accumulators, dy * xhat and dy per column are
+//       accumulated in registers (each thread owns fixed columns). Block path
+//       with 16-byte vectors only; else as v2.
 // Traffic of v2: x, dy read once, dx written once (the 3-pass floor), plus
 // 2 * grid * D * 4 bytes of partials written and read back.
 #include "layernorm.h"
 #include "layernorm_common.cuh"
 
+#include "kc/async_copy.cuh"
 #include "kc/check.cuh"
 #include "kc/reduce.cuh"
 #include "kc/switch.cuh"
@@ -102,7 +106,41 @@ __device__ __forceinline__ void smem_accumulate(float* p, const float (&v)[VEC])
   }
 }
 
-template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials, bool kPrefetch>
+// pass 1 of a row: the row sums of g = dy * w and g * xhat; per column dy * xhat
+// and dy into pw/pb. pass 2: dx = rstd * (g - a - xhat * b).
+template <typename T, typename TW, int VEC>
+__device__ __forceinline__ void bwd_pass1(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv, const TW* w,
+                                          int64_t c, float mu, float rs, float (&sums)[2], float (&pw)[VEC],
+                                          float (&pb)[VEC]) {
+  float wv[VEC];
+  load_param<TW, VEC>(w, c, 1.f, wv);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+    const float d = kc::to_float(dv.v[j]);
+    const float g = d * wv[j];
+    sums[0] += g;
+    sums[1] += g * xhat;
+    pw[j] = d * xhat;
+    pb[j] = d;
+  }
+}
+
+template <typename T, typename TW, int VEC>
+__device__ __forceinline__ void bwd_pass2(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv, const TW* w,
+                                          int64_t c, float mu, float rs, float a, float b, T* dxr) {
+  float wv[VEC], out[VEC];
+  load_param<TW, VEC>(w, c, 1.f, wv);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+    const float g = kc::to_float(dv.v[j]) * wv[j];
+    out[j] = rs * (g - a - xhat * b);
+  }
+  store_from_f32<T, VEC>(dxr + c, out);
+}
+
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
           const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
@@ -113,7 +151,6 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
   const int64_t slots = kWarp ? (blockDim.x >> 5) : 1;
   const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
-  const int64_t stride = int64_t(gridDim.x) * slots;
   const float inv_d = 1.f / float(D);
 
   if (kPartials) {
@@ -123,53 +160,18 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   float* acc_w = acc + slot * 2 * D;
   float* acc_b = acc_w + D;
 
-  RowRegs<T, VEC, ITERS> cx, cd, nx, nd;
-  float nmu = 0.f, nrs = 0.f;
-  int64_t row = blockIdx.x * slots + slot;
-  if (kPrefetch && row < rows) {
-    load_row(nx, x + row * D, D, tpr, t);
-    load_row(nd, dy + row * D, D, tpr, t);
-    nmu = mean[row];
-    nrs = rstd[row];
-  }
-  for (; row < rows; row += stride) {
-    float mu, rs;
-    if (kPrefetch) {
-      cx = nx;
-      cd = nd;
-      mu = nmu;
-      rs = nrs;
-      const int64_t next = row + stride;
-      if (next < rows) {  // issue the next row's loads now; they land while this row computes
-        load_row(nx, x + next * D, D, tpr, t);
-        load_row(nd, dy + next * D, D, tpr, t);
-        nmu = mean[next];
-        nrs = rstd[next];
-      }
-    } else {
-      load_row(cx, x + row * D, D, tpr, t);
-      load_row(cd, dy + row * D, D, tpr, t);
-      mu = mean[row];
-      rs = rstd[row];
-    }
-    // pass 1: row sums of g and g * xhat; per-column dy * xhat and dy into smem
+  for (int64_t row = blockIdx.x * slots + slot; row < rows; row += int64_t(gridDim.x) * slots) {
+    RowRegs<T, VEC, ITERS> cx, cd;
+    load_row(cx, x + row * D, D, tpr, t);
+    load_row(cd, dy + row * D, D, tpr, t);
+    const float mu = mean[row], rs = rstd[row];
     float sums[2] = {0.f, 0.f};
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int64_t c = (int64_t(it) * tpr + t) * VEC;
       if (c < D) {
-        float wv[VEC], pw[VEC], pb[VEC];
-        load_param<TW, VEC>(w, c, 1.f, wv);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (kc::to_float(cx.v[it].v[j]) - mu) * rs;
-          const float d = kc::to_float(cd.v[it].v[j]);
-          const float g = d * wv[j];
-          sums[0] += g;
-          sums[1] += g * xhat;
-          pw[j] = d * xhat;
-          pb[j] = d;
-        }
+        float pw[VEC], pb[VEC];
+        bwd_pass1<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums, pw, pb);
         if (kPartials) {
           smem_accumulate<VEC>(acc_w + c, pw);
           smem_accumulate<VEC>(acc_b + c, pb);
@@ -182,24 +184,11 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     } else {
       kc::block_reduce_sum<2>(sums, red);
     }
-    const float a = sums[0] * inv_d, b = sums[1] * inv_d;
-    // pass 2: dx = rstd * (g - a - xhat * b), recomputing xhat and g from registers
     if (dx) {
-      T* dxr = dx + row * D;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
-        if (c < D) {
-          float wv[VEC], out[VEC];
-          load_param<TW, VEC>(w, c, 1.f, wv);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float xhat = (kc::to_float(cx.v[it].v[j]) - mu) * rs;
-            const float g = kc::to_float(cd.v[it].v[j]) * wv[j];
-            out[j] = rs * (g - a - xhat * b);
-          }
-          store_from_f32<T, VEC>(dxr + c, out);
-        }
+        if (c < D) bwd_pass2<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums[0] * inv_d, sums[1] * inv_d, dx + row * D);
       }
     }
   }
@@ -212,6 +201,97 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       float s = 0.f;
       for (int64_t k = 0; k < slots; ++k) s += acc[k * 2 * D + which * D + c];
       out[i] = s;
+    }
+  }
+}
+
+// v3. Block path, VEC = 16 bytes of T, blockDim.x = threads per row <= kMaxTpr;
+// dynamic shared memory: stages * 2 * D elements of T ([stages][x | dy][D]);
+// partial: [gridDim.x][2][D] fp32 when kPartials (every column written).
+template <typename T, typename TW, int ITERS, bool kPartials>
+__global__ void __launch_bounds__(kMaxTpr)
+ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+          const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
+          float* __restrict__ partial, int64_t rows, int64_t D, int stages) {
+  constexpr int VEC = kc::max_vec_elems<T>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sbuf = reinterpret_cast<T*>(smem_raw);  // stage s: x at s * 2D, dy at s * 2D + D
+  __shared__ float red[64];
+  const int tpr = blockDim.x, t = threadIdx.x;
+  const int64_t stride = gridDim.x;
+  const float inv_d = 1.f / float(D);
+  auto issue = [&](int64_t r, int stage) {  // this thread's vectors of row r -> stage
+    if (r < rows) {
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int64_t c = (int64_t(it) * tpr + t) * VEC;
+        if (c < D) {
+          kc::cp_async_16(sbuf + (2 * stage) * D + c, x + r * D + c);
+          kc::cp_async_16(sbuf + (2 * stage + 1) * D + c, dy + r * D + c);
+        }
+      }
+    }
+    kc::cp_async_commit();  // one group per row, empty past the end, so counts stay uniform
+  };
+  float accw[ITERS][VEC], accb[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) accw[it][j] = accb[it][j] = 0.f;
+
+  const int64_t first = blockIdx.x;
+  for (int s = 0; s < stages - 1; ++s) issue(first + s * stride, s);
+  int stage = 0;
+  for (int64_t row = first; row < rows; row += stride) {
+    issue(row + (stages - 1) * stride, stage == 0 ? stages - 1 : stage - 1);  // the stage read last iteration
+    const float mu = mean[row], rs = rstd[row];
+    kc::cp_async_wait(stages - 1);  // this row's group has landed
+    const T* sx = sbuf + (2 * stage) * D;
+    const T* sd = sx + D;
+    float sums[2] = {0.f, 0.f};
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        float pw[VEC], pb[VEC];
+        bwd_pass1<T, TW, VEC>(*reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c),
+                              *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), w, c, mu, rs, sums, pw, pb);
+        if (kPartials) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            accw[it][j] += pw[j];
+            accb[it][j] += pb[j];
+          }
+        }
+      }
+    }
+    kc::block_reduce_sum<2>(sums, red);
+    if (dx) {
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int64_t c = (int64_t(it) * tpr + t) * VEC;
+        if (c < D)
+          bwd_pass2<T, TW, VEC>(*reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c),
+                                *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), w, c, mu, rs, sums[0] * inv_d,
+                                sums[1] * inv_d, dx + row * D);
+      }
+    }
+    stage = stage + 1 == stages ? 0 : stage + 1;
+  }
+  kc::cp_async_wait(0);
+  if (kPartials) {
+    float* out = partial + int64_t(blockIdx.x) * 2 * D;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+#pragma unroll
+        for (int j = 0; j < VEC; j += 4) {  // VEC is 4 or 8: 16-byte stores
+          *reinterpret_cast<float4*>(out + c + j) = make_float4(accw[it][j], accw[it][j + 1], accw[it][j + 2], accw[it][j + 3]);
+          *reinterpret_cast<float4*>(out + D + c + j) =
+              make_float4(accb[it][j], accb[it][j + 1], accb[it][j + 2], accb[it][j + 3]);
+        }
+      }
     }
   }
 }
@@ -254,8 +334,8 @@ int v2_vec(const LnBackwardArgs& a) {
   return ok ? V : 1;
 }
 
-template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials, bool kPrefetch>
-auto v2_kernel() { return ln_bwd_v2<T, TW, VEC, ITERS, kWarp, kPartials, kPrefetch>; }
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials>
+auto v2_kernel() { return ln_bwd_v2<T, TW, VEC, ITERS, kWarp, kPartials>; }
 
 size_t v2_smem(const V2Config& cfg, int64_t D) {
   return size_t(cfg.warp ? kWarpRowsPerBlock : 1) * 2 * size_t(D) * sizeof(float);
@@ -290,22 +370,24 @@ cudaError_t with_v2_config(const V2Config& cfg, F&& f) {
   });
 }
 
+template <typename TW>
+cudaError_t launch_finalize(const LnBackwardArgs& a, int64_t grid, cudaStream_t stream) {
+  ln_bwd_finalize<TW><<<unsigned((a.cols + 31) / 32), 1024, 0, stream>>>(
+      a.workspace, grid, a.cols, static_cast<TW*>(a.dweight), static_cast<TW*>(a.dbias));
+  return cudaGetLastError();
+}
+
 template <typename T, typename TW>
 struct V2Launch {
   const LnBackwardArgs& a;
   const V2Config& cfg;
   cudaStream_t stream;
   bool partials;
-  bool prefetch;      // v3
   int64_t* grid_out;  // when set: only compute the grid
 
   template <int VEC, int ITERS, bool kWarp>
   cudaError_t operator()() const {
-    constexpr bool kFits = prefetch_fits<T, VEC, ITERS>();
-    auto kernel = partials ? (prefetch && kFits ? v2_kernel<T, TW, VEC, ITERS, kWarp, true, kFits>()
-                                                : v2_kernel<T, TW, VEC, ITERS, kWarp, true, false>())
-                           : (prefetch && kFits ? v2_kernel<T, TW, VEC, ITERS, kWarp, false, kFits>()
-                                                : v2_kernel<T, TW, VEC, ITERS, kWarp, false, false>());
+    auto kernel = partials ? v2_kernel<T, TW, VEC, ITERS, kWarp, true>() : v2_kernel<T, TW, VEC, ITERS, kWarp, false>();
     const int64_t grid = v2_grid(kernel, cfg, a.rows, a.cols, partials);
     if (grid_out) {
       *grid_out = grid;
@@ -317,14 +399,45 @@ struct V2Launch {
           static_cast<const TW*>(a.weight), static_cast<T*>(a.dx), a.workspace, a.rows, a.cols);
       KC_CUDA_LAUNCH_TRY();
     }
-    if (partials) {
-      ln_bwd_finalize<TW><<<unsigned((a.cols + 31) / 32), 1024, 0, stream>>>(
-          a.workspace, grid, a.cols, static_cast<TW*>(a.dweight), static_cast<TW*>(a.dbias));
-      KC_CUDA_LAUNCH_TRY();
-    }
-    return cudaSuccess;
+    return partials ? launch_finalize<TW>(a, grid, stream) : cudaSuccess;
   }
 };
+
+// v3: the pipelined kernel (block path, 16-byte vectors).
+template <typename T, typename TW, int ITERS>
+cudaError_t launch_v3(const LnBackwardArgs& a, const V2Config& cfg, int stages, bool partials, cudaStream_t stream,
+                      int64_t* grid_out) {
+  auto kernel = partials ? ln_bwd_v3<T, TW, ITERS, true> : ln_bwd_v3<T, TW, ITERS, false>;
+  const size_t smem = size_t(stages) * 2 * size_t(a.cols) * sizeof(T);
+  if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0;
+  KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, smem));
+  const int64_t grid = persistent_grid(a.rows, per_sm);
+  if (grid_out) {
+    *grid_out = grid;
+    return cudaSuccess;
+  }
+  if (grid > 0) {
+    kernel<<<unsigned(grid), cfg.threads, smem, stream>>>(static_cast<const T*>(a.dy), static_cast<const T*>(a.x),
+                                                          a.mean, a.rstd, static_cast<const TW*>(a.weight),
+                                                          static_cast<T*>(a.dx), a.workspace, a.rows, a.cols, stages);
+    KC_CUDA_LAUNCH_TRY();
+  }
+  return partials ? launch_finalize<TW>(a, grid, stream) : cudaSuccess;
+}
+
+template <typename T, typename TW>
+cudaError_t dispatch_v3(const LnBackwardArgs& a, const V2Config& cfg, int stages, bool partials, cudaStream_t stream,
+                        int64_t* grid_out) {
+  constexpr int V = kc::max_vec_elems<T>();
+  switch (cfg.iters) {
+    case 1: return launch_v3<T, TW, 1>(a, cfg, stages, partials, stream, grid_out);
+    case 2: return launch_v3<T, TW, 2>(a, cfg, stages, partials, stream, grid_out);
+    case 4: if constexpr (4 * V <= kMaxEpt) return launch_v3<T, TW, 4>(a, cfg, stages, partials, stream, grid_out); break;
+    case 8: if constexpr (8 * V <= kMaxEpt) return launch_v3<T, TW, 8>(a, cfg, stages, partials, stream, grid_out); break;
+  }
+  return cudaErrorInvalidConfiguration;
+}
 
 template <typename T, typename TW>
 cudaError_t backward_typed(const LnBackwardArgs& a, int version, cudaStream_t stream, int64_t* grid_out) {
@@ -334,7 +447,10 @@ cudaError_t backward_typed(const LnBackwardArgs& a, int version, cudaStream_t st
     constexpr int V = kc::max_vec_elems<T>();
     const V2Config cfg = v2_config(a.cols, vec);
     if (cfg.ok) {
-      V2Launch<T, TW> l{a, cfg, stream, partials, version == 3, grid_out};
+      const int stages = pipe_stages(2 * size_t(a.cols) * sizeof(T));
+      if (version == 3 && vec == V && !cfg.warp && stages >= 2)
+        return dispatch_v3<T, TW>(a, cfg, stages, partials, stream, grid_out);
+      V2Launch<T, TW> l{a, cfg, stream, partials, grid_out};
       return vec == V ? with_v2_config<V>(cfg, l) : with_v2_config<1>(cfg, l);
     }
   }

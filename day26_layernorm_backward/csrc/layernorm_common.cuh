@@ -86,13 +86,6 @@ inline int num_sms() {
   return cache[dev];
 }
 
-// v3 prefetches the next row while the current one is reduced: a second copy
-// of the thread's share of the row stays in registers, so it is enabled only
-// when that share is at most kPrefetchBytes per tensor.
-constexpr int kPrefetchBytes = 64;
-template <typename T, int VEC, int ITERS>
-constexpr bool prefetch_fits() { return ITERS * VEC * int(sizeof(T)) <= kPrefetchBytes; }
-
 // A thread's share of one row, in the storage dtype: ITERS vectors of VEC
 // elements at columns (it * tpr + t) * VEC. Entries past the row end are never
 // loaded and never read (every use is guarded by the same column test).
@@ -109,6 +102,29 @@ __device__ __forceinline__ void load_row(RowRegs<T, VEC, ITERS>& r, const T* __r
     const int64_t c = (int64_t(it) * tpr + t) * VEC;
     if (c < D) r.v[it] = kc::load_vec<VEC>(p + c);
   }
+}
+
+// v3: a cp.async pipeline of `stages` rows per block in shared memory (the
+// tensors a row needs: x for the forward, x and dy for the backward). Stages
+// are chosen to fit two blocks per SM when possible, else one; fewer than two
+// stages means no overlap, and v3 falls back to v2.
+constexpr int kMaxStages = 8;
+constexpr size_t kSmemTwoBlocks = 100 * 1024, kSmemOneBlock = 200 * 1024;
+inline int pipe_stages(size_t bytes_per_row) {
+  size_t s = kSmemTwoBlocks / bytes_per_row;
+  if (s < 3) s = kSmemOneBlock / bytes_per_row;
+  return s < 2 ? 0 : (s > kMaxStages ? kMaxStages : int(s));
+}
+
+// Blocks of a persistent grid: what fits at once, but no more than rows / 16
+// (at least one per SM), so every block sees enough rows to fill its pipeline
+// and, in the backward, the per-block partial sums stay small next to the data.
+inline int64_t persistent_grid(int64_t rows, int per_sm) {
+  const int64_t fit = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1);
+  int64_t want = rows / 16;
+  if (want < num_sms()) want = num_sms();
+  int64_t g = fit < want ? fit : want;
+  return g < rows ? g : rows;
 }
 
 // Load VEC elements of T starting at p (aligned when VEC > 1) as fp32.

@@ -12,15 +12,17 @@
 //       once. One warp per row for D <= 512 (8 rows per block, warp shuffles
 //       only), one block per row above that (128..512 threads, <= 32 elements
 //       per thread). Rows longer than 16384 fall back to v1.
-//   v3  v2 plus a software pipeline across rows: while row r is reduced and
-//       written, row r + stride is already being loaded into a second set of
-//       registers (when a thread's share is <= 64 bytes; otherwise as v2). The
-//       grid is one wave of blocks, so each block sees several rows.
+//   v3  v2's math on a cp.async pipeline: a persistent grid, each block keeps
+//       the next `stages - 1` rows in flight into shared memory (each thread
+//       copies, and later reads, only its own 16-byte vectors, so no barrier
+//       guards the stages). Several rows per block in flight, no registers
+//       spent on them. Block path with 16-byte vectors only; else as v2.
 // Traffic: v2 reads x once and writes y once (the floor: 2 passes); v1 reads x
 // three times (mostly from L2 when the rows of the blocks in flight fit there).
 #include "layernorm.h"
 #include "layernorm_common.cuh"
 
+#include "kc/async_copy.cuh"
 #include "kc/check.cuh"
 #include "kc/reduce.cuh"
 #include "kc/switch.cuh"
@@ -60,16 +62,55 @@ __global__ void ln_fwd_v1(const T* __restrict__ x, const TW* __restrict__ w, con
   }
 }
 
-// v2 / v3. Assumptions (checked by the launcher):
+// v2. Assumptions (checked by the launcher):
 // - kWarp: blockDim.x = 32 * kWarpRowsPerBlock, one warp per row;
 //   else: blockDim.x = threads per row (a multiple of 32, <= kMaxTpr), one block per row;
 // - VEC > 1 only when x, y, weight, bias are aligned to a VEC-vector and D % VEC == 0;
 // - ITERS * VEC * (threads per row) >= D;
 // - rows are visited grid-stride, so any number of rows works with any grid.
-// kPrefetch (v3): the next row of this thread (row + stride) is loaded into
-// registers before the current one is reduced, so its memory latency overlaps
-// the reductions and the stores of the current row.
-template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPrefetch>
+template <typename T, typename TW, int VEC, int ITERS>
+__device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
+                                        const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
+                                        float* rstd_out, int64_t D, float eps, int tpr, int t, bool warp, float* red) {
+  const float inv_d = 1.f / float(D);
+  float s = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it)
+    if ((int64_t(it) * tpr + t) * VEC < D)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) s += kc::to_float(cur.v[it].v[j]);
+  s = warp ? kc::warp_reduce_sum(s) : kc::block_reduce_sum(s, red);
+  const float mean = s * inv_d;
+  float q = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it)
+    if ((int64_t(it) * tpr + t) * VEC < D)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = kc::to_float(cur.v[it].v[j]) - mean;
+        q += d * d;
+      }
+  q = warp ? kc::warp_reduce_sum(q) : kc::block_reduce_sum(q, red);
+  const float rstd = rsqrtf(q * inv_d + eps);
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int64_t c = (int64_t(it) * tpr + t) * VEC;
+    if (c < D) {
+      float wv[VEC], bv[VEC], out[VEC];
+      load_param<TW, VEC>(w, c, 1.f, wv);
+      load_param<TW, VEC>(b, c, 0.f, bv);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out[j] = (kc::to_float(cur.v[it].v[j]) - mean) * rstd * wv[j] + bv[j];
+      store_from_f32<T, VEC>(yr + c, out);
+    }
+  }
+  if (t == 0) {
+    *mean_out = mean;
+    *rstd_out = rstd;
+  }
+}
+
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
@@ -79,71 +120,64 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
   const int64_t rows_per_block = kWarp ? (blockDim.x >> 5) : 1;
   const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
-  const int64_t stride = int64_t(gridDim.x) * rows_per_block;
-  const float inv_d = 1.f / float(D);
-
-  RowRegs<T, VEC, ITERS> cur, nxt;
-  int64_t row = blockIdx.x * rows_per_block + slot;
-  if (kPrefetch && row < rows) load_row(nxt, x + row * D, D, tpr, t);
   // Warps of one block leave this loop at different times in the warp path;
   // the block path keeps the whole block together (its reductions sync).
-  for (; row < rows; row += stride) {
-    if (kPrefetch) {
-      cur = nxt;
-      if (row + stride < rows) load_row(nxt, x + (row + stride) * D, D, tpr, t);
-    } else {
-      load_row(cur, x + row * D, D, tpr, t);
-    }
-    float s = 0.f;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it)
-      if ((int64_t(it) * tpr + t) * VEC < D)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) s += kc::to_float(cur.v[it].v[j]);
-    s = kWarp ? kc::warp_reduce_sum(s) : kc::block_reduce_sum(s, red);
-    const float mean = s * inv_d;
-    float q = 0.f;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it)
-      if ((int64_t(it) * tpr + t) * VEC < D)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = kc::to_float(cur.v[it].v[j]) - mean;
-          q += d * d;
-        }
-    q = kWarp ? kc::warp_reduce_sum(q) : kc::block_reduce_sum(q, red);
-    const float rstd = rsqrtf(q * inv_d + eps);
-    T* yr = y + row * D;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
-        float wv[VEC], bv[VEC], out[VEC];
-        load_param<TW, VEC>(w, c, 1.f, wv);
-        load_param<TW, VEC>(b, c, 0.f, bv);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = (kc::to_float(cur.v[it].v[j]) - mean) * rstd * wv[j] + bv[j];
-        store_from_f32<T, VEC>(yr + c, out);
-      }
-    }
-    if (t == 0) {
-      mean_out[row] = mean;
-      rstd_out[row] = rstd;
-    }
+  for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
+    RowRegs<T, VEC, ITERS> cur;
+    load_row(cur, x + row * D, D, tpr, t);
+    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t, kWarp, red);
   }
 }
 
-template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kWantPrefetch>
+// v3. Block path, VEC = 16 bytes of T, blockDim.x = threads per row; dynamic
+// shared memory: stages * D elements of T (16-byte aligned rows, D % VEC == 0).
+template <typename T, typename TW, int ITERS>
+__global__ void __launch_bounds__(kMaxTpr)
+ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
+          T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+          int64_t rows, int64_t D, float eps, int stages) {
+  constexpr int VEC = kc::max_vec_elems<T>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sx = reinterpret_cast<T*>(smem_raw);  // [stages][D]
+  __shared__ float red[32];
+  const int tpr = blockDim.x, t = threadIdx.x;
+  const int64_t stride = gridDim.x;
+  auto issue = [&](int64_t r, int stage) {  // this thread's vectors of row r -> stage
+    if (r < rows) {
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int64_t c = (int64_t(it) * tpr + t) * VEC;
+        if (c < D) kc::cp_async_16(sx + stage * D + c, x + r * D + c);
+      }
+    }
+    kc::cp_async_commit();  // one group per row, empty past the end, so counts stay uniform
+  };
+  const int64_t first = blockIdx.x;
+  for (int s = 0; s < stages - 1; ++s) issue(first + s * stride, s);
+  int stage = 0;
+  for (int64_t row = first; row < rows; row += stride) {
+    issue(row + (stages - 1) * stride, stage == 0 ? stages - 1 : stage - 1);  // the stage read last iteration
+    kc::cp_async_wait(stages - 1);                                            // this row's group has landed
+    RowRegs<T, VEC, ITERS> cur;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + stage * D + c);
+    }
+    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t, false, red);
+    stage = stage + 1 == stages ? 0 : stage + 1;
+  }
+  kc::cp_async_wait(0);
+}
+
+template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
 cudaError_t launch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStream_t stream) {
-  constexpr bool kPrefetch = kWantPrefetch && prefetch_fits<T, VEC, ITERS>();
-  auto kernel = ln_fwd_v2<T, TW, VEC, ITERS, kWarp, kPrefetch>;
+  auto kernel = ln_fwd_v2<T, TW, VEC, ITERS, kWarp>;
   int per_sm = 0;
   KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, 0));
   const int64_t rows_per_block = kWarp ? cfg.threads / 32 : 1;
   const int64_t needed = (a.rows + rows_per_block - 1) / rows_per_block;
-  // v3 wants every block to see several rows (prefetch needs a next row); v2
-  // launches up to 4 waves of blocks instead.
-  const int64_t cap = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1) * (kPrefetch ? 1 : 4);
+  const int64_t cap = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1) * 4;  // up to 4 waves
   const unsigned grid = unsigned(needed < cap ? needed : cap);
   kernel<<<grid, cfg.threads, 0, stream>>>(static_cast<const T*>(a.x), static_cast<const TW*>(a.weight),
                                            static_cast<const TW*>(a.bias), static_cast<T*>(a.y), a.mean,
@@ -151,18 +185,44 @@ cudaError_t launch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStrea
   return cudaGetLastError();
 }
 
-template <typename T, typename TW, int VEC, bool kPf>
+template <typename T, typename TW, int ITERS>
+cudaError_t launch_fwd_v3(const LnForwardArgs& a, const V2Config& cfg, int stages, cudaStream_t stream) {
+  auto kernel = ln_fwd_v3<T, TW, ITERS>;
+  const size_t smem = size_t(stages) * size_t(a.cols) * sizeof(T);
+  if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0;
+  KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, smem));
+  const int64_t grid = persistent_grid(a.rows, per_sm);
+  kernel<<<unsigned(grid), cfg.threads, smem, stream>>>(static_cast<const T*>(a.x), static_cast<const TW*>(a.weight),
+                                                        static_cast<const TW*>(a.bias), static_cast<T*>(a.y), a.mean,
+                                                        a.rstd, a.rows, a.cols, a.eps, stages);
+  return cudaGetLastError();
+}
+
+template <typename T, typename TW, int VEC>
 cudaError_t dispatch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStream_t stream) {
   return KC_BOOL_SWITCH(cfg.warp, kWarp, [&] {
     switch (cfg.iters) {
-      case 1: return launch_fwd_v2<T, TW, VEC, 1, kWarp, kPf>(a, cfg, stream);
-      case 2: return launch_fwd_v2<T, TW, VEC, 2, kWarp, kPf>(a, cfg, stream);
-      case 4: if constexpr (4 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 4, kWarp, kPf>(a, cfg, stream); break;
-      case 8: if constexpr (8 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 8, kWarp, kPf>(a, cfg, stream); break;
-      case 16: if constexpr (16 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 16, kWarp, kPf>(a, cfg, stream); break;
+      case 1: return launch_fwd_v2<T, TW, VEC, 1, kWarp>(a, cfg, stream);
+      case 2: return launch_fwd_v2<T, TW, VEC, 2, kWarp>(a, cfg, stream);
+      case 4: if constexpr (4 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 4, kWarp>(a, cfg, stream); break;
+      case 8: if constexpr (8 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 8, kWarp>(a, cfg, stream); break;
+      case 16: if constexpr (16 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 16, kWarp>(a, cfg, stream); break;
     }
     return cudaErrorInvalidConfiguration;
   });
+}
+
+template <typename T, typename TW>
+cudaError_t dispatch_fwd_v3(const LnForwardArgs& a, const V2Config& cfg, int stages, cudaStream_t stream) {
+  constexpr int V = kc::max_vec_elems<T>();
+  switch (cfg.iters) {
+    case 1: return launch_fwd_v3<T, TW, 1>(a, cfg, stages, stream);
+    case 2: return launch_fwd_v3<T, TW, 2>(a, cfg, stages, stream);
+    case 4: if constexpr (4 * V <= kMaxEpt) return launch_fwd_v3<T, TW, 4>(a, cfg, stages, stream); break;
+    case 8: if constexpr (8 * V <= kMaxEpt) return launch_fwd_v3<T, TW, 8>(a, cfg, stages, stream); break;
+  }
+  return cudaErrorInvalidConfiguration;
 }
 
 template <typename T, typename TW>
@@ -175,9 +235,9 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
                         (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
     const V2Config cfg = v2_config(a.cols, vec_ok ? V : 1);
     if (cfg.ok) {
-      return KC_BOOL_SWITCH(version == 3, kPf, [&] {
-        return vec_ok ? dispatch_fwd_v2<T, TW, V, kPf>(a, cfg, stream) : dispatch_fwd_v2<T, TW, 1, kPf>(a, cfg, stream);
-      });
+      const int stages = pipe_stages(size_t(a.cols) * sizeof(T));
+      if (version == 3 && vec_ok && !cfg.warp && stages >= 2) return dispatch_fwd_v3<T, TW>(a, cfg, stages, stream);
+      return vec_ok ? dispatch_fwd_v2<T, TW, V>(a, cfg, stream) : dispatch_fwd_v2<T, TW, 1>(a, cfg, stream);
     }
   }
   // v1 (and v2's fallback for long rows): one block per row, in chunks that fit a grid
