@@ -51,18 +51,22 @@ inline void check_nc(const at::Tensor& s, const char* sn, const at::Tensor& x) {
   check_same_device(s, sn, x, "x");
 }
 
-// fc1: w1 [S, C], b1 [S]; fc2: w2 [C, S], b2 [C].
+// A 1x1 conv weight [O, I, 1, 1] or the matrix [O, I] itself.
+inline bool is_matrix_or_1x1(const at::Tensor& w) {
+  return w.dim() == 2 || (w.dim() == 4 && w.size(2) == 1 && w.size(3) == 1);
+}
+
+// fc1: w1 [S, C] (or [S, C, 1, 1]), b1 [S]; fc2: w2 [C, S] (or [C, S, 1, 1]), b2 [C]. Returns S.
 inline int64_t check_weights(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                              const at::Tensor& b2) {
   const int64_t C = x.size(1);
-  TORCH_CHECK(w1.dim() == 2, "w1 (fc1.weight) must be 2-D [S, C] (se_module.ops.se_block accepts the [S, C, 1, 1] "
-              "conv weight and flattens it), got sizes ", w1.sizes());
+  TORCH_CHECK(is_matrix_or_1x1(w1), "w1 (fc1.weight) must be [S, C] or [S, C, 1, 1], got sizes ", w1.sizes());
   const int64_t S = w1.size(0);
   TORCH_CHECK(S >= 1, "the squeeze width S = w1.size(0) must be at least 1, got ", S);
   TORCH_CHECK(w1.size(1) == C, "w1 must be [S, C] with C = x.size(1) = ", C, ", got ", w1.sizes());
   TORCH_CHECK(b1.dim() == 1 && b1.size(0) == S, "b1 (fc1.bias) must be [S] = [", S, "], got ", b1.sizes());
-  TORCH_CHECK(w2.dim() == 2 && w2.size(0) == C && w2.size(1) == S, "w2 (fc2.weight) must be [C, S] = [", C, ", ",
-              S, "], got ", w2.sizes());
+  TORCH_CHECK(is_matrix_or_1x1(w2) && w2.size(0) == C && w2.size(1) == S, "w2 (fc2.weight) must be [C, S] = [", C,
+              ", ", S, "] (or [C, S, 1, 1]), got ", w2.sizes());
   TORCH_CHECK(b2.dim() == 1 && b2.size(0) == C, "b2 (fc2.bias) must be [C] = [", C, "], got ", b2.sizes());
   const char* names[] = {"w1", "b1", "w2", "b2"};
   const at::Tensor* ts[] = {&w1, &b1, &w2, &b2};

@@ -323,8 +323,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
       }
     }
   });
-  return {to_format(dx, out_format(x_)), dw1.to(w1_.scalar_type()), db1.to(b1_.scalar_type()),
-          dw2.to(w2_.scalar_type()), db2.to(b2_.scalar_type())};
+  // weight gradients in the weights' dtype and shape ([S, C] or the conv's [S, C, 1, 1])
+  return {to_format(dx, out_format(x_)), dw1.to(w1_.scalar_type()).view(w1_.sizes()), db1.to(b1_.scalar_type()),
+          dw2.to(w2_.scalar_type()).view(w2_.sizes()), db2.to(b2_.scalar_type())};
 }
 
 }  // namespace

@@ -74,7 +74,9 @@ at::Tensor workspace(int64_t floats, const at::Tensor& like) {
   return kc::new_output({floats > 0 ? floats : 1}, like.options().dtype(at::kFloat));
 }
 
-at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+at::Tensor fp32(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat && t.is_contiguous() ? t : t.to(at::kFloat).contiguous();
+}
 
 // ------------------------------------------------------------------ stages
 
@@ -201,7 +203,7 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
   f.b1 = fp32(b1);
   f.w2 = fp32(w2);
   f.b2 = fp32(b2);
-  f.opts = se::version_opts(int(version), info.sms, info.major);
+  f.opts = se::version_opts(int(version), info.sms, info.major, info.smem_optin);
   return f;
 }
 
@@ -248,7 +250,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
         dw2.mutable_data_ptr<float>(), db2.mutable_data_ptr<float>(), ws.mutable_data_ptr<float>(), f.opts,
         at::cuda::getCurrentCUDAStream()));
   }
-  return {dx, dw1.to(w1.scalar_type()), db1.to(b1.scalar_type()), dw2.to(w2.scalar_type()), db2.to(b2.scalar_type())};
+  // weight gradients in the weights' dtype and shape ([S, C] or the conv's [S, C, 1, 1])
+  auto as_w = [](const at::Tensor& d, const at::Tensor& w) {
+    return (w.scalar_type() == at::kFloat ? d : d.to(w.scalar_type())).view(w.sizes());
+  };
+  return {dx, as_w(dw1, w1), as_w(db1, b1), as_w(dw2, w2), as_w(db2, b2)};
 }
 
 }  // namespace

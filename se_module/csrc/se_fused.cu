@@ -79,15 +79,53 @@ struct MlpArgs {
   float* dz2_out;   // [N, C] (backward)
   float* a_out;     // [N, S] (backward)
   float* dz1_out;   // [N, S] (backward)
+  bool staged;      // copy w1, b1, w2, b2 to shared memory first (when they fit)
 };
+
+__host__ __device__ inline int64_t pad4(int64_t n) { return (n + 3) & ~int64_t(3); }
+// floats of shared memory the staged weights take (each piece padded to 16 bytes)
+__host__ __device__ inline int64_t staged_floats(int64_t c, int64_t s) { return 2 * pad4(s * c) + pad4(s) + pad4(c); }
+
+__device__ __forceinline__ void copy_to_smem(float* dst, const float* src, int64_t n) {
+  if (kc::is_aligned(src, 16) && n % 4 == 0) {  // dst is 16-byte aligned by construction
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    for (int64_t i = threadIdx.x; i < n / 4; i += kThreads) d4[i] = __ldg(s4 + i);
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) dst[i] = __ldg(src + i);
+  }
+}
+
+struct Weights {
+  const float *w1, *b1, *w2, *b2;
+  float* work;  // first free float of shared memory
+};
+
+// The weights, copied to shared memory when m.staged (the copies are visible
+// after the caller's next __syncthreads), else m's global pointers. The weights
+// are not written by the kernel this one depends on, so this runs before
+// grid_dependency_wait: under PDL it overlaps the reduction still draining.
+__device__ __forceinline__ Weights stage_weights(const MlpArgs& m, float* sm) {
+  if (!m.staged) return Weights{m.w1, m.b1, m.w2, m.b2, sm};
+  float* w1 = sm;
+  float* w2 = w1 + pad4(m.s * m.c);
+  float* b1 = w2 + pad4(m.s * m.c);
+  float* b2 = b1 + pad4(m.s);
+  copy_to_smem(w1, m.w1, m.s * m.c);
+  copy_to_smem(w2, m.w2, m.s * m.c);
+  copy_to_smem(b1, m.b1, m.s);
+  copy_to_smem(b2, m.b2, m.c);
+  return Weights{w1, b1, w2, b2, b2 + pad4(m.c)};
+}
 
 // p[c] = inv_l * sum of the splits; then a[j] = act(w1[j, :] . p + b1[j]) by
 // one warp per j. Leaves p and a (and z1 when asked) in shared memory.
 template <Act ACT>
-__device__ __forceinline__ void mlp_squeeze(const MlpArgs& m, int64_t n, float* p, float* a, float* z1,
-                                            float* gs) {
+__device__ __forceinline__ void mlp_squeeze(const MlpArgs& m, const Weights& wt, int64_t n, float* p, float* a,
+                                            float* z1, float* gs) {
   for (int64_t c = threadIdx.x; c < m.c; c += kThreads) {
     float acc = 0.f, accg = 0.f;
+#pragma unroll 4
     for (int sp = 0; sp < m.splits; ++sp) {
       acc += m.part_x[(n * m.splits + sp) * m.c + c];
       if (gs != nullptr) accg += m.part_gx[(n * m.splits + sp) * m.c + c];
@@ -98,10 +136,10 @@ __device__ __forceinline__ void mlp_squeeze(const MlpArgs& m, int64_t n, float* 
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   for (int64_t j = warp; j < m.s; j += kThreads / 32) {
-    const float* w = m.w1 + j * m.c;
+    const float* w = wt.w1 + j * m.c;
     float d = 0.f;
     for (int64_t c = lane; c < m.c; c += 32) d += w[c] * p[c];
-    d = kc::warp_reduce_sum<32>(d) + m.b1[j];
+    d = kc::warp_reduce_sum<32>(d) + wt.b1[j];
     if (lane == 0) {
       a[j] = act_f<ACT>(d);
       if (z1 != nullptr) z1[j] = d;
@@ -112,25 +150,27 @@ __device__ __forceinline__ void mlp_squeeze(const MlpArgs& m, int64_t n, float* 
 
 template <Act ACT>
 __global__ void __launch_bounds__(kThreads) mlp_forward_kernel(MlpArgs m) {
-  extern __shared__ float sm[];
-  float* p = sm;         // [C]
-  float* a = sm + m.c;   // [S]
+  extern __shared__ float4 sm4[];
+  const Weights wt = stage_weights(m, reinterpret_cast<float*>(sm4));
+  float* p = wt.work;         // [C]
+  float* a = wt.work + m.c;   // [S]
   dev::grid_dependency_wait();
   dev::launch_dependents();
   const int64_t n = blockIdx.x;
-  mlp_squeeze<ACT>(m, n, p, a, nullptr, nullptr);
+  mlp_squeeze<ACT>(m, wt, n, p, a, nullptr, nullptr);
   for (int64_t c = threadIdx.x; c < m.c; c += kThreads) {
-    const float* w = m.w2 + c * m.s;
+    const float* w = wt.w2 + c * m.s;
     float z = 0.f;
     for (int64_t j = 0; j < m.s; ++j) z += w[j] * a[j];
-    m.s_out[n * m.c + c] = sigmoidf_(z + m.b2[c]);
+    m.s_out[n * m.c + c] = sigmoidf_(z + wt.b2[c]);
   }
 }
 
 template <Act ACT>
 __global__ void __launch_bounds__(kThreads) mlp_backward_kernel(MlpArgs m) {
-  extern __shared__ float sm[];
-  float* p = sm;              // [C]
+  extern __shared__ float4 sm4[];
+  const Weights wt = stage_weights(m, reinterpret_cast<float*>(sm4));
+  float* p = wt.work;         // [C]
   float* gs = p + m.c;        // [C]  ds = sum_l g x
   float* dz2 = gs + m.c;      // [C]
   float* z1 = dz2 + m.c;      // [S]
@@ -139,12 +179,12 @@ __global__ void __launch_bounds__(kThreads) mlp_backward_kernel(MlpArgs m) {
   dev::grid_dependency_wait();
   dev::launch_dependents();
   const int64_t n = blockIdx.x;
-  mlp_squeeze<ACT>(m, n, p, a, z1, gs);
+  mlp_squeeze<ACT>(m, wt, n, p, a, z1, gs);
   for (int64_t c = threadIdx.x; c < m.c; c += kThreads) {
-    const float* w = m.w2 + c * m.s;
+    const float* w = wt.w2 + c * m.s;
     float z = 0.f;
     for (int64_t j = 0; j < m.s; ++j) z += w[j] * a[j];
-    const float s = sigmoidf_(z + m.b2[c]);
+    const float s = sigmoidf_(z + wt.b2[c]);
     const float d = gs[c] * s * (1.f - s);
     dz2[c] = d;
     m.s_out[n * m.c + c] = s;
@@ -155,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) mlp_backward_kernel(MlpArgs m) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   for (int64_t j = warp; j < m.s; j += kThreads / 32) {
     float d = 0.f;
-    for (int64_t c = lane; c < m.c; c += 32) d += m.w2[c * m.s + j] * dz2[c];
+    for (int64_t c = lane; c < m.c; c += 32) d += wt.w2[c * m.s + j] * dz2[c];
     d = kc::warp_reduce_sum<32>(d);
     if (lane == 0) {
       const float g1 = d * act_grad<ACT>(z1[j]);
@@ -167,14 +207,16 @@ __global__ void __launch_bounds__(kThreads) mlp_backward_kernel(MlpArgs m) {
   __syncthreads();
   for (int64_t c = threadIdx.x; c < m.c; c += kThreads) {
     float d = 0.f;
-    for (int64_t j = 0; j < m.s; ++j) d += m.w1[j * m.c + c] * dz1[j];
+    for (int64_t j = 0; j < m.s; ++j) d += wt.w1[j * m.c + c] * dz1[j];
     m.coef_out[n * m.c + c] = d * m.inv_l;
   }
 }
 
 template <typename K>
-cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, const MlpArgs& m, const LaunchOpts& o,
-                       cudaStream_t stream) {
+cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, MlpArgs m, const LaunchOpts& o, cudaStream_t stream) {
+  const size_t staged = smem + size_t(staged_floats(m.c, m.s)) * sizeof(float);
+  m.staged = staged <= size_t(o.max_smem);
+  if (m.staged) smem = staged;
   if (smem > 48 * 1024) {
     KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

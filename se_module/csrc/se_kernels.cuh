@@ -187,23 +187,23 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_kernel(ReduceArgs<T> a) 
       store_f<VEC>(a.gs_out + base + i, o, false);
     }
   };
+  // 4 vectors per lane per trip, all loads issued before any is used (a piece of
+  // a row is often only 2-4 vectors per lane: no sequential remainder loop)
   constexpr int64_t STEP = int64_t(TEAM) * VEC;
-  int64_t i = int64_t(lane) * VEC;
-  for (; i + 3 * STEP < len; i += 4 * STEP) {
+  for (int64_t i0 = int64_t(lane) * VEC; i0 < len; i0 += 4 * STEP) {
     float xv[4][VEC], gv[4][VEC];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      load_f<VEC>(xr + i + u * STEP, xv[u]);
-      if constexpr (kSumGX) load_f<VEC>(gr + i + u * STEP, gv[u]);
+      const int64_t i = i0 + u * STEP;
+      if (i < len) {
+        load_f<VEC>(xr + i, xv[u]);
+        if constexpr (kSumGX) load_f<VEC>(gr + i, gv[u]);
+      }
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) consume(i + u * STEP, xv[u], gv[u]);
-  }
-  for (; i < len; i += STEP) {
-    float xv[VEC], gv[VEC];
-    load_f<VEC>(xr + i, xv);
-    if constexpr (kSumGX) load_f<VEC>(gr + i, gv);
-    consume(i, xv, gv);
+    for (int u = 0; u < 4; ++u) {
+      if (i0 + u * STEP < len) consume(i0 + u * STEP, xv[u], gv[u]);
+    }
   }
 
   if constexpr (TEAM == 32) {
@@ -285,25 +285,21 @@ __global__ void __launch_bounds__(kThreads) reduce_cols_kernel(ReduceArgs<T> a) 
         store_f<VEC>(a.gs_out + off, o, false);
       }
     };
-    int64_t l = l0 + rp;
-    for (; l + 3 * rows_par < l1; l += 4 * rows_par) {
+    for (int64_t l = l0 + rp; l < l1; l += 4 * rows_par) {
       float xv[4][VEC], gv[4][VEC];
       int64_t off[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         off[u] = (n * a.l + l + u * rows_par) * a.c + col_off;
-        load_f<VEC>(a.x + off[u], xv[u]);
-        if constexpr (kSumGX) load_f<VEC>(a.g + off[u], gv[u]);
+        if (l + u * rows_par < l1) {
+          load_f<VEC>(a.x + off[u], xv[u]);
+          if constexpr (kSumGX) load_f<VEC>(a.g + off[u], gv[u]);
+        }
       }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) consume(off[u], xv[u], gv[u]);
-    }
-    for (; l < l1; l += rows_par) {
-      float xv[VEC], gv[VEC];
-      const int64_t off = (n * a.l + l) * a.c + col_off;
-      load_f<VEC>(a.x + off, xv);
-      if constexpr (kSumGX) load_f<VEC>(a.g + off, gv);
-      consume(off, xv, gv);
+      for (int u = 0; u < 4; ++u) {
+        if (l + u * rows_par < l1) consume(off[u], xv[u], gv[u]);
+      }
     }
   }
   if (rp < rows_par) {
@@ -452,18 +448,21 @@ __device__ __forceinline__ int64_t channel_of(const EwArgs<T>& a, int64_t e) {
 
 template <typename T, int VEC, Layout LAY, Ew MODE, bool k64>
 __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
-  grid_dependency_wait();
   if constexpr (MODE == Ew::Dx) {
     if (int(blockIdx.x) >= a.ew_blocks) {
+      grid_dependency_wait();
       wgrad_block(a.wg, int64_t(blockIdx.x) - a.ew_blocks);
       return;
     }
   }
   const int64_t stride = int64_t(a.ew_blocks) * kThreads;
   const int64_t total = a.total_vec;
-  for (int64_t v0 = int64_t(blockIdx.x) * kThreads + threadIdx.x; v0 < total; v0 += 4 * stride) {
-    float xv[4][VEC];
-    int64_t vv[4];
+  float xv[4][VEC];
+  int64_t vv[4];
+  // in (x, or grad in Dx mode) was written before the previous kernel of this
+  // chain ran, so the first 4 vectors are loaded before grid_dependency_wait:
+  // under PDL they arrive while the MLP kernel is still computing s.
+  auto load_batch = [&](int64_t v0) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int64_t v = v0 + u * stride;
@@ -472,6 +471,11 @@ __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
         if (vv[u] >= 0) load_f<VEC>(a.in + vv[u] * VEC, xv[u]);
       }
     }
+  };
+  int64_t v0 = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  load_batch(v0);
+  grid_dependency_wait();
+  while (v0 < total) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       if (vv[u] < 0) continue;
@@ -489,6 +493,8 @@ __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
       }
       store_f<VEC>(a.out + e, o, a.streaming);
     }
+    v0 += 4 * stride;
+    if (v0 < total) load_batch(v0);
   }
 }
 

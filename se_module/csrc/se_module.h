@@ -46,8 +46,9 @@ struct LaunchOpts {
   bool reverse;    // v2+: elementwise pass walks memory backwards (hits what the reduction left in L2)
   bool streaming;  // v2+: outputs stored with .cs (evict-first), so they do not push inputs out of L2
   bool pdl;        // v3+: programmatic dependent launch (sm_90+): next kernel launches while this one drains
+  int max_smem;    // bytes of shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 };
-LaunchOpts version_opts(int version, int num_sms, int cc_major);
+LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem);
 
 // ---------------------------------------------------------------- stages (stages.cu)
 // global average pool: out[n, c] = mean_l x (in x's dtype).

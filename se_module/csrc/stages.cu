@@ -60,8 +60,9 @@ ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms) {
   return ReducePlan{int(ceil_div(d.l, chunk)), chunk};
 }
 
-LaunchOpts version_opts(int version, int num_sms, int cc_major) {
+LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem) {
   LaunchOpts o;
+  o.max_smem = max_smem;
   o.num_sms = num_sms;
   o.reverse = version >= 2;
   o.streaming = version >= 2;

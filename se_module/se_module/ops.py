@@ -3,6 +3,11 @@
 The kernels live in ``csrc/`` (schemas in binding.cpp); importing this module
 loads the extension ``se_module_C``, which registers ``torch.ops.se_module.*``.
 
+Autograd: the stage ops through torch.library.register_autograd (below); the
+fused ``se_block`` through a C++ torch::autograd::Function at the Autograd key
+(csrc/se_autograd.cpp), because the Python path's host overhead was larger
+than the block's GPU time at the seed's shapes (README, version log).
+
 Layout rule (shared with csrc/se_checks.h): an output shaped like ``x`` is
 channels_last when ``x`` is channels_last-dense and not NCHW-dense, and
 NCHW-contiguous otherwise.
@@ -90,10 +95,10 @@ def se_block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tens
     """The fused SE block: ``x * sigmoid(fc2(act(fc1(mean_hw(x)))))``.
 
     x: [N, C, H, W] (NCHW or channels_last; fp32, fp16 or bf16 on CUDA, also
-    fp64 on CPU). w1: fc1.weight [S, C] or [S, C, 1, 1], b1 [S], w2: fc2.weight
-    [C, S] or [C, S, 1, 1], b2 [C], in any floating dtype (computed in fp32).
-    Differentiable in x and all four weights."""
-    return _ops.se_block(x, _flat(w1), b1, _flat(w2), b2, activation_code(activation), version)
+    fp64 on CPU). w1: fc1.weight [S, C, 1, 1] or [S, C], b1 [S], w2: fc2.weight
+    [C, S, 1, 1] or [C, S], b2 [C], in any floating dtype (computed in fp32).
+    Differentiable in x and all four weights (gradients in the weights' shapes)."""
+    return _ops.se_block(x, w1, b1, w2, b2, activation_code(activation), version)
 
 
 def se_block_staged(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
@@ -203,17 +208,4 @@ def _excitation_backward(ctx, grad):
 torch.library.register_autograd("se_module::excitation", _excitation_backward, setup_context=_excitation_setup)
 
 
-def _se_setup(ctx, inputs, output):
-    x, w1, b1, w2, b2, activation, version = inputs
-    ctx.save_for_backward(x, w1, b1, w2, b2)
-    ctx.activation = activation
-    ctx.version = version
-
-
-def _se_backward(ctx, grad):
-    x, w1, b1, w2, b2 = ctx.saved_tensors
-    dx, dw1, db1, dw2, db2 = _ops.se_block_backward(grad, x, w1, b1, w2, b2, ctx.activation, ctx.version)
-    return dx, dw1, db1, dw2, db2, None, None
-
-
-torch.library.register_autograd("se_module::se_block", _se_backward, setup_context=_se_setup)
+# se_block: autograd registered in C++ (csrc/se_autograd.cpp), see the module docstring.

@@ -1,0 +1,70 @@
+// se_autograd.cpp: the fused block's autograd, in C++.
+//
+// The stage ops get their autograd from torch.library.register_autograd
+// (se_module/ops.py). The fused block does not: measured on an H200
+// (README, version log), a Python autograd formula costs ~100 us of host time
+// per forward + backward (the Python autograd.Function, the re-entry into the
+// dispatcher, setup_context), which is more than the GPU work of the whole
+// block up to ~16 x 64 x 112 x 112 fp32. A C++ torch::autograd::Function at the
+// Autograd key (as torchvision does for its ops) keeps the host path short.
+// torch.compile and opcheck work the same: AOTAutograd runs this kernel on fake
+// tensors, which calls se_block / se_block_backward's fakes (ops.py).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor call_forward(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                        const at::Tensor& b2, int64_t act, int64_t version) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("se_module::se_block", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, int64_t, int64_t)>();
+  return op.call(x, w1, b1, w2, b2, act, version);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward(
+    const at::Tensor& g, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+    const at::Tensor& b2, int64_t act, int64_t version) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("se_module::se_block_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, int64_t, int64_t)>();
+  return op.call(g, x, w1, b1, w2, b2, act, version);
+}
+
+class SEBlockFunction : public torch::autograd::Function<SEBlockFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
+                            const at::Tensor& w2, const at::Tensor& b2, int64_t act, int64_t version) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor out = call_forward(x, w1, b1, w2, b2, act, version);
+    ctx->save_for_backward({x, w1, b1, w2, b2});
+    ctx->saved_data["act"] = act;
+    ctx->saved_data["version"] = version;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [dx, dw1, db1, dw2, db2] = call_backward(grads[0], s[0], s[1], s[2], s[3], s[4],
+                                                  ctx->saved_data["act"].toInt(),
+                                                  ctx->saved_data["version"].toInt());
+    return {dx, dw1, db1, dw2, db2, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor se_block_autograd(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                             const at::Tensor& b2, int64_t act, int64_t version) {
+  return SEBlockFunction::apply(x, w1, b1, w2, b2, act, version);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(se_module, Autograd, m) { m.impl("se_block", &se_block_autograd); }
