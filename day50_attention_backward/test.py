@@ -8,7 +8,6 @@ path (float16/bfloat16, head dims multiples of 8 up to 128), layouts, a memory t
 fp16/bf16 results must be within 2x PyTorch's own same-precision error against the
 float64 reference (kernel_common.testing.assert_lowp_close).
 """
-import contextlib
 import math
 import os
 import sys
@@ -23,7 +22,6 @@ from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import day50_attention as da  # noqa: E402
@@ -71,16 +69,16 @@ def reference(q, k, v, do, causal, scale=None):
 
 
 def torch_same_precision(q, k, v, do, causal, scale=None):
-    """PyTorch's own result in the inputs' dtype and device (out, dq, dk, dv). Under
-    compute-sanitizer cuDNN's SDPA kernels are left out: racecheck reports hazards in
-    them (150 on H200, 2026-11-21; none in ours), which would hide ours."""
-    qt, kt, vt = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    ctx = contextlib.nullcontext()
+    """PyTorch's own result in the inputs' dtype and device (out, dq, dk, dv).
+    None under compute-sanitizer on CUDA: racecheck reports hazards inside PyTorch's
+    fused SDPA kernels (cuDNN's and the CUTLASS memory-efficient backward, H200,
+    2026-11-21; none in ours), so the sanitizer run launches only our kernels and
+    check_lowp falls back to a fixed bound."""
     if SANITIZE and q.is_cuda:
-        ctx = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-    with ctx:
-        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
-        out.backward(do)
+        return None
+    qt, kt, vt = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+    out.backward(do)
     return out.detach(), qt.grad, kt.grad, vt.grad
 
 
@@ -109,6 +107,10 @@ def check_lowp(got, ref, theirs, prefix=""):
     (the inputs are standard normal): where every query sees a single key (N = 1) the
     exact dq and dk are 0, a cancellation of O(1) terms (dP - rowsum(dO * O)), and the
     fp32 residue of that cancellation (~1e-6) is not an error the 2x rule can measure."""
+    if theirs is None:  # compute-sanitizer run: 4x the dtype's tolerance (the 2x rule runs without it)
+        for n, a, r in zip(["out", "dq", "dk", "dv"], got, ref):
+            testing.assert_close_to_ref(a, r, name=prefix + n, scale=4.0)
+        return
     for n, a, r, t in zip(["out", "dq", "dk", "dv"], got, ref, theirs):
         floor = None
         if n in ("dq", "dk"):
