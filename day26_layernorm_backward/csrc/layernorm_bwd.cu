@@ -346,7 +346,7 @@ size_t v2_smem(const V2Config& cfg, int64_t D) {
 template <typename Kernel>
 int64_t v2_grid(Kernel kernel, const V2Config& cfg, int64_t rows, int64_t D, bool partials) {
   const size_t smem = partials ? v2_smem(cfg, D) : 0;
-  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  allow_dynamic_smem(kernel, smem);
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, smem) != cudaSuccess || per_sm < 1)
     per_sm = 1;
@@ -409,7 +409,7 @@ cudaError_t launch_v3(const LnBackwardArgs& a, const V2Config& cfg, int stages, 
                       int64_t* grid_out) {
   auto kernel = partials ? ln_bwd_v3<T, TW, ITERS, true> : ln_bwd_v3<T, TW, ITERS, false>;
   const size_t smem = size_t(stages) * 2 * size_t(a.cols) * sizeof(T);
-  if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  KC_CUDA_TRY(allow_dynamic_smem(kernel, smem));
   int per_sm = 0;
   KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, smem));
   const int64_t grid = persistent_grid(a.rows, per_sm);

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "kc/torch_utils.h"
+
 namespace day26 {
 
 struct LnShape {
@@ -25,15 +27,16 @@ inline LnShape ln_check_inputs(const at::Tensor& x, at::IntArrayRef normalized_s
               allow_f64 ? " (or float64 on CPU)" : "", ", got ", x.scalar_type());
   const int64_t k = int64_t(normalized_shape.size());
   TORCH_CHECK(k >= 1, "layer_norm: normalized_shape must have at least one dimension");
-  TORCH_CHECK(x.dim() >= k, "layer_norm: input of shape ", x.sizes(), " has fewer dims than normalized_shape ",
-              normalized_shape);
+  TORCH_CHECK(x.dim() >= k, "layer_norm: input of shape ", kc::fmt(x.sizes()), " has fewer dims than normalized_shape ",
+              kc::fmt(normalized_shape));
   TORCH_CHECK(x.sizes().slice(x.dim() - k).equals(normalized_shape), "layer_norm: normalized_shape ",
-              normalized_shape, " does not match the last ", k, " dims of input of shape ", x.sizes());
+              kc::fmt(normalized_shape), " does not match the last ", kc::fmt(k), " dims of input of shape ",
+              kc::fmt(x.sizes()));
   LnShape s;
   s.cols = 1;
   for (auto d : normalized_shape) s.cols *= d;
   TORCH_CHECK(s.cols >= 1, "layer_norm: normalized_shape must have a positive number of elements, got ",
-              normalized_shape);
+              kc::fmt(normalized_shape));
   s.rows = 1;
   for (int64_t i = 0; i < x.dim() - k; ++i) {
     s.lead.push_back(x.size(i));
@@ -47,8 +50,8 @@ inline LnShape ln_check_inputs(const at::Tensor& x, at::IntArrayRef normalized_s
                 x.device());
     TORCH_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, "layer_norm: ", name,
                 " must have the input's dtype (", x.scalar_type(), ") or float32, got ", t.scalar_type());
-    TORCH_CHECK(t.sizes().equals(normalized_shape), "layer_norm: ", name, " of shape ", t.sizes(),
-                " must have normalized_shape ", normalized_shape);
+    TORCH_CHECK(t.sizes().equals(normalized_shape), "layer_norm: ", name, " of shape ", kc::fmt(t.sizes()),
+                " must have normalized_shape ", kc::fmt(normalized_shape));
   }
   if (weight.has_value() && weight->defined() && bias.has_value() && bias->defined())
     TORCH_CHECK(weight->scalar_type() == bias->scalar_type(), "layer_norm: weight (", weight->scalar_type(),
@@ -60,8 +63,8 @@ inline LnShape ln_check_backward(const at::Tensor& dy, const at::Tensor& x, at::
                                  const at::Tensor& mean, const at::Tensor& rstd,
                                  const c10::optional<at::Tensor>& weight, bool allow_f64) {
   LnShape s = ln_check_inputs(x, normalized_shape, weight, c10::nullopt, allow_f64);
-  TORCH_CHECK(dy.sizes().equals(x.sizes()), "layer_norm backward: grad_out of shape ", dy.sizes(),
-              " must match input of shape ", x.sizes());
+  TORCH_CHECK(dy.sizes().equals(x.sizes()), "layer_norm backward: grad_out of shape ", kc::fmt(dy.sizes()),
+              " must match input of shape ", kc::fmt(x.sizes()));
   TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "layer_norm backward: grad_out dtype ", dy.scalar_type(),
               " must match input dtype ", x.scalar_type());
   TORCH_CHECK(dy.device() == x.device(), "layer_norm backward: grad_out is on ", dy.device(), " but input is on ",
@@ -73,8 +76,8 @@ inline LnShape ln_check_backward(const at::Tensor& dy, const at::Tensor& x, at::
     TORCH_CHECK(t->scalar_type() == (x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat),
                 "layer_norm backward: ", name, " must be float32 (float64 for float64 input), got ",
                 t->scalar_type());
-    TORCH_CHECK(t->numel() == s.rows, "layer_norm backward: ", name, " has ", t->numel(), " elements, expected ",
-                s.rows, " (one per normalized row)");
+    TORCH_CHECK(t->numel() == s.rows, "layer_norm backward: ", name, " has ", kc::fmt(t->numel()), " elements, expected ",
+                kc::fmt(s.rows), " (one per normalized row)");
   }
   return s;
 }

@@ -116,6 +116,15 @@ inline int pipe_stages(size_t bytes_per_row) {
   return s < 2 ? 0 : (s > kMaxStages ? kMaxStages : int(s));
 }
 
+// Allow `dynamic` bytes of dynamic shared memory for `kernel`. The default cap
+// (48 KB) counts static shared memory too, so raise it with a margin whenever
+// the dynamic part comes near it.
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
+  if (dynamic + 4096 <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic));
+}
+
 // Blocks of a persistent grid: what fits at once, but no more than rows / 16
 // (at least one per SM), so every block sees enough rows to fill its pipeline
 // and, in the backward, the per-block partial sums stay small next to the data.

@@ -189,7 +189,7 @@ template <typename T, typename TW, int ITERS>
 cudaError_t launch_fwd_v3(const LnForwardArgs& a, const V2Config& cfg, int stages, cudaStream_t stream) {
   auto kernel = ln_fwd_v3<T, TW, ITERS>;
   const size_t smem = size_t(stages) * size_t(a.cols) * sizeof(T);
-  if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  KC_CUDA_TRY(allow_dynamic_smem(kernel, smem));
   int per_sm = 0;
   KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, smem));
   const int64_t grid = persistent_grid(a.rows, per_sm);

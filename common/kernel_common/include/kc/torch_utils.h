@@ -35,6 +35,21 @@ inline DType to_kc_dtype(const at::Tensor& t, const char* name) {
   return DType::F32;
 }
 
+// Numbers and shapes for error messages, formatted without std::ostream.
+// Seen on the GPU image (torch 2.11, 2026-11-21): streaming an integer
+// (`c10::str(..., int64_t)`, so also an IntArrayRef) from an extension crashed
+// the process inside ostream's number formatting, while strings streamed fine.
+// TORCH_CHECK messages in this repo therefore pass numbers through kc::fmt.
+inline std::string fmt(int64_t v) { return std::to_string(v); }
+inline std::string fmt(at::IntArrayRef a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(a[i]);
+  }
+  return s + "]";
+}
+
 inline void check_float_dtype(const at::Tensor& t, const char* name) { (void)to_kc_dtype(t, name); }
 
 inline void check_same_device(const at::Tensor& a, const char* an, const at::Tensor& b, const char* bn) {
