@@ -92,6 +92,32 @@ def graph_us(fn):
     return t
 
 
+def host_us(fn, n=200):
+    """Host time per call: n calls enqueued back to back, wall clock before the final sync
+    (at a shape whose GPU work is shorter than the host work, so the queue never fills)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def host_table():
+    shape = (1, 64, 112, 112, 16)
+    tv, ours, x, g = setup(shape)
+    rows = []
+    for name, f, params in (("fused", ours, list(ours.parameters())), ("eager", tv, list(tv.parameters())),
+                            ("staged", lambda t: ops.se_block_staged(t, tv.fc1.weight, tv.fc1.bias, tv.fc2.weight,
+                                                                     tv.fc2.bias), list(tv.parameters()))):
+        fwd, fb = fwd_and_fwdbwd(f, params, x, g)
+        rows.append({"variant": name, "forward_host_us": host_us(fwd), "fwd+bwd_host_us": host_us(fb)})
+    return rows
+
+
 def fwd_and_fwdbwd(f, params, x, g):
     inputs = [x, *params]
     return (lambda: f(x)), (lambda: torch.autograd.grad(f(x), inputs, g))
@@ -255,6 +281,9 @@ def main(argv=None):
     bar("fwd % of floor at (8, 64, 448, 448)", largest["fwd"]["floor%"], 80.0)
     bar("fwd+bwd % of floor at (8, 64, 448, 448)", largest["fb"]["floor%"], 80.0)
     sections.append("### issue 3 bars\n\n" + bench.format_table(summary, ["bar", "measured", "target", "met"]))
+
+    sections.append("### host time per call at (1, 64, 112, 112) (us; enqueue only, GPU not waited for)\n\n"
+                    + bench.format_table(host_table(), ["variant", "forward_host_us", "fwd+bwd_host_us"]))
 
     vrows, vcols = versions_table(bw)
     sections.append("### kernel versions (fp32, NCHW; pool: the stage op; fwd/fb: the fused block, GPU time from "

@@ -326,6 +326,7 @@ def _opcheck_samples(device):
     ]
 
 
+@pytest.mark.skipif(SAN, reason="KC_SANITIZE=1: opcheck exercises tracing, not our kernels (they run in every other test)")
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     seen = set()
@@ -493,6 +494,7 @@ def test_cuda_64bit_indexing():
 
 
 @requires_cuda
+@pytest.mark.skipif(SAN, reason="KC_SANITIZE=1: sanitize.sh turns the caching allocator off, which graph capture needs")
 @pytest.mark.parametrize("version", [1, 2, 3])
 def test_cuda_graph_capture(version):
     m = SqueezeExcitation(32, 8, version=version).cuda()
@@ -535,14 +537,14 @@ def test_module_matches_torchvision_style(device, act):
     x = testing.fresh(3, 24, 6, 6, device=device)
     ref64 = copy.deepcopy(ref).double()
     out = ours(x)
-    torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-5)
+    # (no fp32 comparison with ref's cuDNN convs: they run in TF32 by default, ~1e-3 off)
     close(out, ref64(x.double()), 2e-5, "module out")
     close(ours(x[0]), ref64(x[0:1].double())[0], 2e-5, "unbatched")
-    out.sum().backward()
-    ref(x).sum().backward()
-    for (n1, p1), (n2, p2) in zip(ours.named_parameters(), ref.named_parameters()):
-        assert n1 == n2
-        torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-5)
+    out.square().sum().backward()
+    ref64(x.double()).square().sum().backward()
+    for (n1, p1), (n2, p2) in zip(ours.named_parameters(), ref64.named_parameters()):
+        assert n1 == n2 and p1.grad.shape == p2.grad.shape
+        close(p1.grad, p2.grad, 2e-5, "grad of " + n1)
 
 
 def test_module_rejects_unsupported():
@@ -588,45 +590,81 @@ def test_torchvision_state_dict_and_convert():
     assert isinstance(model[0], SqueezeExcitation)
 
 
+def _effnet(device, dtype, train):
+    import torchvision
+
+    torch.manual_seed(0)
+    m = torchvision.models.efficientnet_b0(weights=None).to(device=device, dtype=dtype)
+    for mod in m.modules():  # train mode = batch-statistics BN; no random masks, so every copy computes one function
+        if isinstance(mod, (nn.Dropout, torchvision.ops.StochasticDepth)):
+            mod.p = 0.0
+    return m.train(train)
+
+
+def _out_and_grads(m, x):
+    out = m(x)
+    grads = torch.autograd.grad(out.square().sum(), list(m.parameters()))
+    return out, dict(zip([n for n, _ in m.named_parameters()], grads))
+
+
+@requires_tv
+@no_sanitize
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_efficientnet_b0_equivalence_float64_cpu(train):
+    """Exact math check: efficientnet_b0 in float64 on CPU, with its 16 SE blocks
+    converted, against the original. Differences are float64 rounding (~1e-16
+    relative to the terms); any wrong term would show at 1e-3 or more."""
+    import torchvision
+
+    ref = _effnet("cpu", torch.float64, train)
+    ours = convert(copy.deepcopy(ref))
+    assert sum(isinstance(m, SqueezeExcitation) for m in ours.modules()) == 16
+    assert not any(isinstance(m, torchvision.ops.SqueezeExcitation) for m in ours.modules())
+    x = testing.fresh(2, 3, 64, 64, dtype=torch.float64)
+    (o_ref, g_ref), (o_ours, g_ours) = _out_and_grads(ref, x), _out_and_grads(ours, x)
+    close(o_ours, o_ref, 1e-10, "output")
+    scale = max(g.abs().max().item() for g in g_ref.values())
+    for k in g_ref:  # atol from the largest gradient anywhere: some (BN biases before a train-mode BN) are ~0
+        testing.assert_close(g_ours[k], g_ref[k], 1e-10 * g_ref[k].abs().max().item() + 1e-12 * scale, 1e-9, k)
+
+
 @requires_tv
 @no_sanitize
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_efficientnet_b0_equivalence(train):
-    """Outputs and every parameter gradient of efficientnet_b0 (random weights)
-    with its 16 SE blocks converted match the original. TF32 is turned off so
-    that both models round the same way outside the SE blocks; the bound (1e-4
-    norm-wise) is ~1000x the fp32 rounding our different summation order makes
-    and far below what any wrong gradient term would give (O(1))."""
-    import torchvision
-
+    """efficientnet_b0 (random weights) with its SE blocks converted vs the
+    original, in fp32 on the GPU (CPU if none). Both are compared with the
+    original run in float64: for the output and every parameter gradient, our
+    error must be at most 3x the original's own fp32 error, or under 2e-5 of the
+    tensor's norm (fp32 noise after train-mode BN's cancellations: measured up
+    to 1e-5 for ours and 3e-6 for the original in one SE block's fc1 on CPU).
+    (A bound on |ours - original| alone failed for a BN bias whose true gradient
+    is ~0: both are pure noise there. A wrong gradient term would be O(1).) TF32 is off."""
     device = "cuda" if HAS_CUDA else "cpu"
-    torch.manual_seed(0)
-    ref = torchvision.models.efficientnet_b0(weights=None).to(device)
-    ours = convert(copy.deepcopy(ref))
-    assert sum(isinstance(m, SqueezeExcitation) for m in ours.modules()) == 16
-    assert not any(isinstance(m, torchvision.ops.SqueezeExcitation) for m in ours.modules())
-    ref.train(train)
-    ours.train(train)
-    x = testing.fresh(4, 3, 96, 96, device=device)
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        outs, grads = [], []
-        for m in (ref, ours):
-            torch.manual_seed(1)  # same dropout / stochastic-depth masks
-            out = m(x)
-            g = torch.autograd.grad(out.square().sum(), list(m.parameters()))
-            outs.append(out)
-            grads.append(dict(zip([n for n, _ in m.named_parameters()], g)))
+        ref = _effnet(device, torch.float32, train)
+        ours = convert(copy.deepcopy(ref))
+        ref64 = copy.deepcopy(ref).double()
+        x = testing.fresh(4, 3, 96, 96, device=device)
+        o_ref, g_ref = _out_and_grads(ref, x)
+        o_ours, g_ours = _out_and_grads(ours, x)
+        o_64, g_64 = _out_and_grads(ref64, x.double())
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-    err = testing.rel_err(outs[1], outs[0])
-    assert err < 1e-4, f"output rel err {err:.2e}"
-    assert grads[0].keys() == grads[1].keys()
-    worst = max((testing.rel_err(grads[1][k], grads[0][k]), k) for k in grads[0])
-    print(f"efficientnet_b0 ({'train' if train else 'eval'}): out rel err {err:.2e}, worst grad {worst[0]:.2e} "
-          f"({worst[1]})")
-    assert worst[0] < 1e-4, f"gradient rel err {worst[0]:.2e} at {worst[1]}"
+    def check(a, b, want, name, floor):
+        ours_err = (a.double() - want).norm().item()
+        theirs_err = (b.double() - want).norm().item()
+        assert ours_err <= 3 * theirs_err + floor, (
+            f"{name}: error {ours_err:.3e} vs the original's fp32 error {theirs_err:.3e}")
+        return ours_err / max(theirs_err, 1e-300)
+    check(o_ours, o_ref, o_64, "output", 2e-5 * o_64.norm().item())
+    scale = max(g.norm().item() for g in g_64.values())
+    ratios = [check(g_ours[k], g_ref[k], g_64[k], k, 2e-5 * g_64[k].norm().item() + 1e-9 * scale) for k in g_64]
+    print(f"efficientnet_b0 ({'train' if train else 'eval'}, {device}): output err ratio ours/original "
+          f"{check(o_ours, o_ref, o_64, 'output', 1e9):.2f}, gradient err ratios median "
+          f"{sorted(ratios)[len(ratios) // 2]:.2f} max {max(ratios):.2f} over {len(ratios)} tensors")
 
 
 # --------------------------------------------------------------------------- last: torch.compile

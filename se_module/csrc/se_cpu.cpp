@@ -1,7 +1,9 @@
 // se_cpu.cpp: CPU implementations of every se_module op. The same math as the
 // CUDA kernels (se_fused.cu has the derivation), written as plain loops over
-// NCHW-contiguous data with at::parallel_for, accumulating in float (double
-// for float64 inputs, which gradcheck uses). Outputs follow the layout rule of
+// NCHW-contiguous data with at::parallel_for. Arithmetic in float (double for
+// float64 inputs, which gradcheck uses), except the sums over H * W, which
+// accumulate in double: a plain sequential float sum over thousands of terms
+// is less accurate than the GPU's tree reductions and torch's cascade sums. Outputs follow the layout rule of
 // se_checks.h: channels_last inputs give channels_last outputs.
 #include <cmath>
 #include <vector>
@@ -59,9 +61,9 @@ at::Tensor global_avg_pool_cpu(const at::Tensor& x_, int64_t version) {
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, N * C, 1, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
-        acc_t acc = 0;
-        for (int64_t l = 0; l < L; ++l) acc += acc_t(xp[r * L + l]);
-        op[r] = scalar_t(acc / acc_t(L));
+        double acc = 0;
+        for (int64_t l = 0; l < L; ++l) acc += double(acc_t(xp[r * L + l]));
+        op[r] = scalar_t(acc_t(acc / double(L)));
       }
     });
   });
@@ -69,9 +71,9 @@ at::Tensor global_avg_pool_cpu(const at::Tensor& x_, int64_t version) {
 }
 
 at::Tensor global_avg_pool_backward_cpu(const at::Tensor& grad_, int64_t H, int64_t W, bool channels_last) {
-  TORCH_CHECK(grad_.dim() == 2, "grad must be [N, C], got sizes ", grad_.sizes());
+  TORCH_CHECK(grad_.dim() == 2, "grad must be [N, C], got sizes ", se_glue::str(grad_.sizes()));
   se_glue::check_floating(grad_, "grad");
-  TORCH_CHECK(H >= 1 && W >= 1, "H and W must be at least 1, got ", H, " and ", W);
+  TORCH_CHECK(H >= 1 && W >= 1, "H and W must be at least 1, got ", se_glue::str(H), " and ", se_glue::str(W));
   const at::Tensor g = grad_.contiguous();
   const int64_t N = g.size(0), C = g.size(1), L = H * W;
   at::Tensor out = at::empty({N, C, H, W}, g.options());
@@ -94,8 +96,8 @@ at::Tensor pointwise_cpu(const at::Tensor& a_, const at::Tensor* b_, int op, con
   se_glue::check_floating(a_, name);
   if (b_ != nullptr) {
     TORCH_CHECK(b_->sizes() == a_.sizes() && b_->scalar_type() == a_.scalar_type(),
-                name, ": grad and the saved tensor must have the same shape and dtype, got ", a_.sizes(), " ",
-                a_.scalar_type(), " and ", b_->sizes(), " ", b_->scalar_type());
+                name, ": grad and the saved tensor must have the same shape and dtype, got ", se_glue::str(a_.sizes()),
+                " ", a_.scalar_type(), " and ", se_glue::str(b_->sizes()), " ", b_->scalar_type());
     se_glue::check_same_device(a_, "grad", *b_, "the saved tensor");
   }
   const at::Tensor a = a_.contiguous();
@@ -172,13 +174,13 @@ std::tuple<at::Tensor, at::Tensor> excitation_backward_cpu(const at::Tensor& gra
     acc_t* gsp = gs.mutable_data_ptr<acc_t>();
     at::parallel_for(0, N * C, 1, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
-        acc_t acc = 0;
+        double acc = 0;
         for (int64_t l = 0; l < L; ++l) {
           const acc_t gv = acc_t(gp[r * L + l]);
-          acc += gv * acc_t(xp[r * L + l]);
+          acc += double(gv) * double(acc_t(xp[r * L + l]));
           gxp[r * L + l] = scalar_t(gv * sp[r]);
         }
-        gsp[r] = acc;
+        gsp[r] = acc_t(acc);
       }
     });
   });
@@ -234,9 +236,9 @@ at::Tensor se_block_cpu(const at::Tensor& x_, const at::Tensor& w1, const at::Te
       for (int64_t n = nb; n < ne; ++n) {
         const scalar_t* xn = xp + n * C * L;
         for (int64_t c = 0; c < C; ++c) {
-          acc_t acc = 0;
-          for (int64_t l = 0; l < L; ++l) acc += acc_t(xn[c * L + l]);
-          p[c] = acc / acc_t(L);
+          double acc = 0;
+          for (int64_t l = 0; l < L; ++l) acc += double(acc_t(xn[c * L + l]));
+          p[c] = acc_t(acc / double(L));
         }
         squeeze_sample<acc_t>(p.data(), C, S, w, act, z1.data(), a.data(), s.data());
         for (int64_t c = 0; c < C; ++c)
@@ -280,14 +282,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
         const scalar_t* gn = gp + n * C * L;
         acc_t* p = Pp + n * C;
         for (int64_t c = 0; c < C; ++c) {
-          acc_t sx = 0, sgx = 0;
+          double sx = 0, sgx = 0;
           for (int64_t l = 0; l < L; ++l) {
-            const acc_t xv = acc_t(xn[c * L + l]);
+            const double xv = double(acc_t(xn[c * L + l]));
             sx += xv;
-            sgx += acc_t(gn[c * L + l]) * xv;
+            sgx += double(acc_t(gn[c * L + l])) * xv;
           }
-          p[c] = sx / acc_t(L);
-          gs[c] = sgx;
+          p[c] = acc_t(sx / double(L));
+          gs[c] = acc_t(sgx);
         }
         acc_t* a = Ap + n * S;
         squeeze_sample<acc_t>(p, C, S, w, act, z1.data(), a, s.data());
