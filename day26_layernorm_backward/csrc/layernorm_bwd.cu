@@ -449,7 +449,7 @@ cudaError_t backward_typed(const LnBackwardArgs& a, int version, cudaStream_t st
     if (cfg.ok) {
       const int stages = pipe_stages(2 * size_t(a.cols) * sizeof(T));
       if (version == 3 && vec == V && !cfg.warp && stages >= 2)
-        return dispatch_v3<T, TW>(a, cfg, stages, partials, stream, grid_out);
+        return dispatch_v3<T, TW>(a, v3_config(a.cols, V), stages, partials, stream, grid_out);
       V2Launch<T, TW> l{a, cfg, stream, partials, grid_out};
       return vec == V ? with_v2_config<V>(cfg, l) : with_v2_config<1>(cfg, l);
     }

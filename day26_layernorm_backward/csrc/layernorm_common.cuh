@@ -105,15 +105,30 @@ __device__ __forceinline__ void load_row(RowRegs<T, VEC, ITERS>& r, const T* __r
 }
 
 // v3: a cp.async pipeline of `stages` rows per block in shared memory (the
-// tensors a row needs: x for the forward, x and dy for the backward). Stages
-// are chosen to fit two blocks per SM when possible, else one; fewer than two
-// stages means no overlap, and v3 falls back to v2.
-constexpr int kMaxStages = 8;
-constexpr size_t kSmemTwoBlocks = 100 * 1024, kSmemOneBlock = 200 * 1024;
+// tensors a row needs: x for the forward, x and dy for the backward).
+// Occupancy first: a stage budget that lets four blocks share an SM (each
+// warp's per-row compute and reductions need other warps to hide them), then
+// two, then one; at least two stages (one in flight while one is used), at
+// most kMaxStages. Fewer than two stages in the largest budget: v2 instead.
+// (Run 5, H200: a 100 KB budget gave 8 warps/SM and lost to v2 on most shapes.)
+constexpr int kMaxStages = 4;
 inline int pipe_stages(size_t bytes_per_row) {
-  size_t s = kSmemTwoBlocks / bytes_per_row;
-  if (s < 3) s = kSmemOneBlock / bytes_per_row;
-  return s < 2 ? 0 : (s > kMaxStages ? kMaxStages : int(s));
+  for (size_t budget : {size_t(52) << 10, size_t(104) << 10, size_t(208) << 10}) {
+    const size_t s = budget / bytes_per_row;
+    if (s >= 2) return s > kMaxStages ? kMaxStages : int(s);
+  }
+  return 0;
+}
+// v3 uses more threads per row than v2 (half the vectors per thread): with
+// the row in shared memory, threads cost no data registers.
+inline V2Config v3_config(int64_t cols, int vec) {
+  V2Config c = v2_config(cols, vec);
+  if (!c.warp && c.iters > 1 && c.tpr < kMaxTpr) {
+    c.tpr *= 2;
+    c.threads = c.tpr;
+    c.iters /= 2;
+  }
+  return c;
 }
 
 // Allow `dynamic` bytes of dynamic shared memory for `kernel`. The default cap
@@ -125,12 +140,12 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic));
 }
 
-// Blocks of a persistent grid: what fits at once, but no more than rows / 16
+// Blocks of a persistent grid: what fits at once, but no more than rows / 8
 // (at least one per SM), so every block sees enough rows to fill its pipeline
 // and, in the backward, the per-block partial sums stay small next to the data.
 inline int64_t persistent_grid(int64_t rows, int per_sm) {
   const int64_t fit = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1);
-  int64_t want = rows / 16;
+  int64_t want = rows / 8;
   if (want < num_sms()) want = num_sms();
   int64_t g = fit < want ? fit : want;
   return g < rows ? g : rows;

@@ -236,7 +236,8 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
     const V2Config cfg = v2_config(a.cols, vec_ok ? V : 1);
     if (cfg.ok) {
       const int stages = pipe_stages(size_t(a.cols) * sizeof(T));
-      if (version == 3 && vec_ok && !cfg.warp && stages >= 2) return dispatch_fwd_v3<T, TW>(a, cfg, stages, stream);
+      if (version == 3 && vec_ok && !cfg.warp && stages >= 2)
+        return dispatch_fwd_v3<T, TW>(a, v3_config(a.cols, V), stages, stream);
       return vec_ok ? dispatch_fwd_v2<T, TW, V>(a, cfg, stream) : dispatch_fwd_v2<T, TW, 1>(a, cfg, stream);
     }
   }
