@@ -40,9 +40,9 @@ struct LnBackwardArgs {
   kc::DType dt, wdt;
 };
 
-// version 1: the seed's algorithm; 2: the row in registers; 3: 2 with the next
-// row prefetched (2 and 3 fall back to 1 for rows longer than 16384, or 8192
-// when cols is not a multiple of the vector width).
+// version 1: the seed's algorithm; 2: the row in registers; 3: v2's math on a
+// cp.async pipeline (block path with 16-byte vectors; otherwise v2). 2 and 3
+// fall back to 1 for rows longer than 16384 (8192 without 16-byte vectors).
 cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream);
 
 // fp32 scratch the backward needs for the dweight/dbias partials (0 if none),

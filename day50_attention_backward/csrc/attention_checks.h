@@ -9,25 +9,14 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "kc/torch_utils.h"
+
 namespace day50 {
 
-// Numbers in error messages are formatted here (std::to_string / snprintf) and
-// handed to TORCH_CHECK as strings. Streaming an integer or a double into
-// TORCH_CHECK instantiates std::ostream::_M_insert<long> inside the extension,
-// and on the GPU image (torch 2.11 wheel, extension built with /opt/gcc/bin/g++
-// against /usr/include/c++/13) that call crashed with SIGSEGV (cuda-gdb
-// backtrace, 2026-11-21); strings, ScalarType and Device stream fine.
-inline std::string str(int64_t v) { return std::to_string(v); }
-inline std::string str(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
-}
-inline std::string str(at::IntArrayRef s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
+// Numbers in error messages go through kc::fmt (kc/torch_utils.h): streaming
+// an integer or a double into TORCH_CHECK crashed inside the extension on the
+// GPU image (cuda-gdb backtrace, 2026-11-21).
+using kc::fmt;
 
 enum class Backend { Auto, Fused, Naive };
 
@@ -50,7 +39,7 @@ inline at::ScalarType lse_dtype(at::ScalarType t) { return t == at::kDouble ? at
 inline double check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         std::optional<double> scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "attention: q, k, v must be 4-D (B, H, N, d), got ", str(q.dim()), "-D, ", str(k.dim()), "-D, ", str(v.dim()), "-D");
+              "attention: q, k, v must be 4-D (B, H, N, d), got ", fmt(q.dim()), "-D, ", fmt(k.dim()), "-D, ", fmt(v.dim()), "-D");
   TORCH_CHECK(is_supported_dtype(q.scalar_type()),
               "attention: q must be float64, float32, float16 or bfloat16, got ", q.scalar_type());
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
@@ -59,17 +48,17 @@ inline double check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tens
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
               "attention: q, k, v must be on the same device, got ", q.device(), ", ", k.device(), ", ", v.device());
   TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
-              "attention: batch and head sizes of q ", str(q.sizes()), ", k ", str(k.sizes()), ", v ",
-              str(v.sizes()), " differ");
-  TORCH_CHECK(k.size(2) == v.size(2), "attention: k and v must have the same sequence length, got ", str(k.size(2)),
-              " and ", str(v.size(2)));
+              "attention: batch and head sizes of q ", fmt(q.sizes()), ", k ", fmt(k.sizes()), ", v ",
+              fmt(v.sizes()), " differ");
+  TORCH_CHECK(k.size(2) == v.size(2), "attention: k and v must have the same sequence length, got ", fmt(k.size(2)),
+              " and ", fmt(v.size(2)));
   TORCH_CHECK(k.size(3) == q.size(3) && v.size(3) == q.size(3),
-              "attention: q, k, v must have the same head dim, got ", str(q.size(3)), ", ", str(k.size(3)), ", ",
-              str(v.size(3)));
+              "attention: q, k, v must have the same head dim, got ", fmt(q.size(3)), ", ", fmt(k.size(3)), ", ",
+              fmt(v.size(3)));
   TORCH_CHECK(q.size(3) > 0, "attention: head dim must be positive");
   TORCH_CHECK(k.size(2) > 0, "attention: k and v need at least one key (Nk = 0: softmax over nothing)");
   const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(double(q.size(3)));
-  TORCH_CHECK(std::isfinite(s), "attention: scale must be finite, got ", str(s));
+  TORCH_CHECK(std::isfinite(s), "attention: scale must be finite, got ", fmt(s));
   return s;
 }
 
@@ -77,21 +66,21 @@ inline double check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tens
 inline void check_backward_args(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& out,
                                 const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse) {
   TORCH_CHECK(grad_out.sizes() == q.sizes() && out.sizes() == q.sizes(),
-              "attention_backward: grad_out ", str(grad_out.sizes()), " and out ", str(out.sizes()),
-              " must have q's shape ", str(q.sizes()));
+              "attention_backward: grad_out ", fmt(grad_out.sizes()), " and out ", fmt(out.sizes()),
+              " must have q's shape ", fmt(q.sizes()));
   TORCH_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
               "attention_backward: grad_out and out must have q's dtype ", q.scalar_type());
   TORCH_CHECK(grad_out.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
               "attention_backward: grad_out, out and lse must be on q's device ", q.device());
   const auto want = std::vector<int64_t>{q.size(0), q.size(1), q.size(2)};
   TORCH_CHECK(lse.sizes() == at::IntArrayRef(want), "attention_backward: lse must be (B, H, Nq) = ",
-              str(at::IntArrayRef(want)), ", got ", str(lse.sizes()));
+              fmt(at::IntArrayRef(want)), ", got ", fmt(lse.sizes()));
   TORCH_CHECK(lse.scalar_type() == lse_dtype(q.scalar_type()), "attention_backward: lse must be ",
               lse_dtype(q.scalar_type()), " for ", q.scalar_type(), " inputs, got ", lse.scalar_type());
   if (grad_lse.has_value()) {
     TORCH_CHECK(grad_lse->sizes() == lse.sizes() && grad_lse->scalar_type() == lse.scalar_type() &&
                     grad_lse->device() == lse.device(),
-                "attention_backward: grad_lse must match lse (", str(lse.sizes()), ", ", lse.scalar_type(), ")");
+                "attention_backward: grad_lse must match lse (", fmt(lse.sizes()), ", ", lse.scalar_type(), ")");
   }
 }
 

@@ -71,12 +71,12 @@ Tensor matmul_cpu(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, 
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "matmul: a and b must be 3-D (batch, rows, cols)");
   TORCH_CHECK(day50::is_supported_dtype(a.scalar_type()) && a.scalar_type() == b.scalar_type(),
               "matmul: a and b must have the same floating dtype, got ", a.scalar_type(), " and ", b.scalar_type());
-  TORCH_CHECK(a.size(0) == b.size(0), "matmul: batch sizes differ: ", day50::str(a.size(0)), " and ",
-              day50::str(b.size(0)));
+  TORCH_CHECK(a.size(0) == b.size(0), "matmul: batch sizes differ: ", kc::fmt(a.size(0)), " and ",
+              kc::fmt(b.size(0)));
   const Tensor oa = trans_a ? a.transpose(1, 2) : a;
   const Tensor ob = trans_b ? b.transpose(1, 2) : b;
-  TORCH_CHECK(oa.size(2) == ob.size(1), "matmul: inner sizes differ: op(a) is ", day50::str(oa.sizes()),
-              ", op(b) is ", day50::str(ob.sizes()));
+  TORCH_CHECK(oa.size(2) == ob.size(1), "matmul: inner sizes differ: op(a) is ", kc::fmt(oa.sizes()),
+              ", op(b) is ", kc::fmt(ob.sizes()));
   const auto acc = acc_type(a.scalar_type());
   return at::bmm(oa.to(acc), ob.to(acc)).mul_(alpha).to(a.scalar_type()).contiguous();
 }

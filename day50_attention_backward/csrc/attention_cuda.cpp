@@ -52,7 +52,7 @@ bool choose_fused(Backend backend, const Tensor& q) {
   const char* why = fused_unsupported(q);
   if (backend == Backend::Fused) {
     TORCH_CHECK(why == nullptr, "attention: backend=\"fused\" ", why, " (got ", q.scalar_type(), ", head dim ",
-                day50::str(q.size(3)), "); use backend=\"naive\" or \"auto\"");
+                kc::fmt(q.size(3)), "); use backend=\"naive\" or \"auto\"");
     return true;
   }
   return backend == Backend::Auto && why == nullptr;
@@ -161,13 +161,13 @@ Tensor matmul_cuda(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
   TORCH_CHECK(day50::is_supported_dtype(a.scalar_type()) && a.scalar_type() == b.scalar_type(),
               "matmul: a and b must have the same floating dtype, got ", a.scalar_type(), " and ", b.scalar_type());
   kc::check_same_device(a, "a", b, "b");
-  TORCH_CHECK(a.size(0) == b.size(0), "matmul: batch sizes differ: ", day50::str(a.size(0)), " and ",
-              day50::str(b.size(0)));
+  TORCH_CHECK(a.size(0) == b.size(0), "matmul: batch sizes differ: ", kc::fmt(a.size(0)), " and ",
+              kc::fmt(b.size(0)));
   const int64_t M = trans_a ? a.size(2) : a.size(1), K = trans_a ? a.size(1) : a.size(2);
   const int64_t Kb = trans_b ? b.size(2) : b.size(1), N = trans_b ? b.size(1) : b.size(2);
   TORCH_CHECK(K == Kb, "matmul: inner sizes differ: op(a) is ",
-              day50::str(at::IntArrayRef({a.size(0), M, K})), ", op(b) is ",
-              day50::str(at::IntArrayRef({b.size(0), Kb, N})));
+              kc::fmt(at::IntArrayRef({a.size(0), M, K})), ", op(b) is ",
+              kc::fmt(at::IntArrayRef({b.size(0), Kb, N})));
   const c10::cuda::CUDAGuard guard(a.device());
   Tensor c = kc::new_output({a.size(0), M, N}, a.options());
   auto v3 = [](const Tensor& t) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -41,6 +42,11 @@ inline DType to_kc_dtype(const at::Tensor& t, const char* name) {
 // the process inside ostream's number formatting, while strings streamed fine.
 // TORCH_CHECK messages in this repo therefore pass numbers through kc::fmt.
 inline std::string fmt(int64_t v) { return std::to_string(v); }
+inline std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
 inline std::string fmt(at::IntArrayRef a) {
   std::string s = "[";
   for (size_t i = 0; i < a.size(); ++i) {
