@@ -107,5 +107,11 @@ for p in "${pkgs[@]}"; do
   printf '%-28s %-7s %7s %-9s %7s %7s %7s %-6s\n' "$p" "${R_BUILD[$p]}" "${R_TIME[$p]}" "${R_CHECK[$p]}" \
     "${R_PASS[$p]}" "${R_FAIL[$p]}" "${R_SKIP[$p]}" "${R_BENCH[$p]}"
 done
-if [[ $failed != 0 ]]; then echo "build_all: FAILED"; exit 1; fi
+tp=0; tf=0; ts=0
+for p in "${pkgs[@]}"; do
+  tp=$((tp + ${R_PASS[$p]:-0})); ts=$((ts + ${R_SKIP[$p]:-0}))
+  [[ ${R_FAIL[$p]} =~ ^[0-9]+$ ]] && tf=$((tf + R_FAIL[$p])) || tf=$((tf + 1))
+done
+if [[ $failed != 0 ]]; then echo "build_all: FAILED"; echo "build_all: $tp passed, $tf failed, $ts skipped"; exit 1; fi
 echo "build_all: all passed"
+echo "build_all: $tp passed, $tf failed, $ts skipped"

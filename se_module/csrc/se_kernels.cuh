@@ -375,9 +375,8 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
 //   Bcast: out = s[n, c] * alpha              (pool backward; `in` unused)
 // Grid-stride over VEC-vectors with 4 vectors in flight per thread. reverse:
 // walk from the end, so the first vectors read are the ones the preceding
-// reduction read last (still in L2). In Dx mode the first wg_blocks blocks
-// compute the weight gradients instead (see wgrad_block), saving a launch; they
-// come first so that they are scheduled before the persistent elementwise blocks.
+// reduction read last (still in L2). In Dx mode, blocks past ew_blocks compute
+// the weight gradients instead (see wgrad_block), saving a launch.
 enum class Ew : int { Scale = 0, Dx = 1, Bcast = 2 };
 
 struct WgradArgs {
@@ -429,7 +428,6 @@ struct EwArgs {
   FastDiv div_a, div_b;  // NCHW: div_a = L. NHWC: div_a = C, div_b = L * C (32-bit path only)
   bool reverse, streaming;
   int ew_blocks;
-  int wg_blocks;  // Dx mode: leading blocks that compute the weight gradients
   WgradArgs wg;
 };
 
@@ -450,14 +448,12 @@ __device__ __forceinline__ int64_t channel_of(const EwArgs<T>& a, int64_t e) {
 
 template <typename T, int VEC, Layout LAY, Ew MODE, bool k64>
 __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
-  int64_t bid = blockIdx.x;
   if constexpr (MODE == Ew::Dx) {
-    if (bid < a.wg_blocks) {
+    if (int(blockIdx.x) >= a.ew_blocks) {
       grid_dependency_wait();
-      wgrad_block(a.wg, bid);
+      wgrad_block(a.wg, int64_t(blockIdx.x) - a.ew_blocks);
       return;
     }
-    bid -= a.wg_blocks;
   }
   const int64_t stride = int64_t(a.ew_blocks) * kThreads;
   const int64_t total = a.total_vec;
@@ -476,7 +472,7 @@ __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
       }
     }
   };
-  int64_t v0 = bid * kThreads + threadIdx.x;
+  int64_t v0 = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   load_batch(v0);
   grid_dependency_wait();
   while (v0 < total) {
@@ -536,8 +532,7 @@ cudaError_t launch_ew(const void* in, const float* s, const float* coef, float a
       int64_t blocks = a.ew_blocks;
       if (wg != nullptr) {
         a.wg = *wg;
-        a.wg_blocks = int(wgrad_blocks(wg->c, wg->s));
-        blocks += a.wg_blocks;
+        blocks += wgrad_blocks(wg->c, wg->s);
       }
       if (a.total_vec == 0) return cudaSuccess;
       KC_CUDA_TRY(check_grid(blocks));
