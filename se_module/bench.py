@@ -33,20 +33,10 @@ from se_module import SqueezeExcitation, ops
 try:
     from torchvision.ops import SqueezeExcitation as TVSqueezeExcitation
     EAGER_NAME = "torchvision.ops.SqueezeExcitation"
-except ImportError:  # same code, written out
-    EAGER_NAME = "a copy of torchvision's SqueezeExcitation (torchvision absent)"
+except ImportError:  # the same code, written out
+    from se_module import TorchvisionSqueezeExcitation as TVSqueezeExcitation
 
-    class TVSqueezeExcitation(nn.Module):
-        def __init__(self, input_channels, squeeze_channels, activation=nn.ReLU, scale_activation=nn.Sigmoid):
-            super().__init__()
-            self.avgpool = nn.AdaptiveAvgPool2d(1)
-            self.fc1 = nn.Conv2d(input_channels, squeeze_channels, 1)
-            self.fc2 = nn.Conv2d(squeeze_channels, input_channels, 1)
-            self.activation = activation()
-            self.scale_activation = scale_activation()
-
-        def forward(self, x):
-            return self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x))))) * x
+    EAGER_NAME = "se_module.TorchvisionSqueezeExcitation (torchvision absent)"
 
 BATCH_SWEEP = [(n, 64, 112, 112, 16) for n in (1, 4, 8, 16, 32)]
 SIZE_SWEEP = [(8, 64, s, s, 16) for s in (56, 112, 224, 448)]

@@ -27,6 +27,18 @@ import se_module  # noqa: E402
 from se_module import SqueezeExcitation, convert, ops  # noqa: E402
 
 SAN = os.environ.get("KC_SANITIZE", "0") == "1"
+
+# Under pytest-xdist (build_all.sh uses 4 workers where it is installed) give each
+# worker its share of the cores: 4 workers x all-core OpenMP pools oversubscribe the
+# machine, and OpenMP's spinning barriers then slow CPU-heavy tests by orders of magnitude.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+try:  # a hung test fails with every thread's stack instead of stalling the whole run (GPU image has the plugin)
+    import pytest_timeout  # noqa: F401
+
+    pytestmark = pytest.mark.timeout(600 if SAN else 240)
+except ImportError:
+    pass
 try:
     import torchvision  # noqa: F401
 
@@ -50,20 +62,8 @@ def se_ref(x, w1, b1, w2, b2, act="silu"):
     return x * s[:, :, None, None]
 
 
-class RefSE(nn.Module):
-    """torchvision.ops.SqueezeExcitation, written out (torchvision is not on every machine)."""
-
-    def __init__(self, input_channels, squeeze_channels, activation=nn.ReLU, scale_activation=nn.Sigmoid):
-        super().__init__()
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc1 = nn.Conv2d(input_channels, squeeze_channels, 1)
-        self.fc2 = nn.Conv2d(squeeze_channels, input_channels, 1)
-        self.activation = activation()
-        self.scale_activation = scale_activation()
-
-    def forward(self, input):
-        scale = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(input)))))
-        return scale * input
+# torchvision.ops.SqueezeExcitation, written out (torchvision is not on every machine)
+RefSE = se_module.TorchvisionSqueezeExcitation
 
 
 def cl_offset_view(t):
@@ -574,6 +574,10 @@ def test_convert_with_given_types():
     torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
     single = RefSE(4, 1)
     assert isinstance(convert(single, types=(RefSE,)), SqueezeExcitation)
+    converted = model[1]
+    with pytest.warns(UserWarning, match="Hardsigmoid"):  # the kept block is reported again
+        assert convert(model, types=(RefSE,)) is model
+    assert model[1] is converted  # ours are left alone
 
 
 @requires_tv

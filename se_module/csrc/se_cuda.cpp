@@ -235,9 +235,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
   const int64_t C = p.d.c, S = f.S;
   const auto fo = x_.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
   at::Tensor dx = new_like_x(p, x_);
-  // fp32, in the weights' own shapes ([S, C] or the conv's [S, C, 1, 1]: the same bytes)
-  at::Tensor dw1 = kc::new_output(w1.sizes(), fo), db1 = kc::new_output({S}, fo);
-  at::Tensor dw2 = kc::new_output(w2.sizes(), fo), db2 = kc::new_output({C}, fo);
+  at::Tensor dw1 = kc::new_output({S, C}, fo), db1 = kc::new_output({S}, fo);
+  at::Tensor dw2 = kc::new_output({C, S}, fo), db2 = kc::new_output({C}, fo);
   if (p.d.n == 0) {
     dw1.zero_(), db1.zero_(), dw2.zero_(), db2.zero_();
   } else {
@@ -251,9 +250,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
         dw2.mutable_data_ptr<float>(), db2.mutable_data_ptr<float>(), ws.mutable_data_ptr<float>(), f.opts,
         at::cuda::getCurrentCUDAStream()));
   }
-  // weight gradients in the weights' dtypes
+  // weight gradients in the weights' dtype and shape ([S, C] or the conv's [S, C, 1, 1])
   auto as_w = [](const at::Tensor& d, const at::Tensor& w) {
-    return w.scalar_type() == at::kFloat ? d : d.to(w.scalar_type());
+    return (w.scalar_type() == at::kFloat ? d : d.to(w.scalar_type())).view(w.sizes());
   };
   return {dx, as_w(dw1, w1), as_w(db1, b1), as_w(dw2, w2), as_w(db2, b2)};
 }

@@ -212,6 +212,22 @@ __global__ void __launch_bounds__(kThreads) mlp_backward_kernel(MlpArgs m) {
   }
 }
 
+MlpArgs mlp_args(const float* part_x, int splits, const Dims& d, int64_t S, const float* w1, const float* b1,
+                 const float* w2, const float* b2, float* s_out) {
+  MlpArgs m{};
+  m.part_x = part_x;
+  m.splits = splits;
+  m.c = d.c;
+  m.s = S;
+  m.inv_l = 1.f / float(d.l);
+  m.w1 = w1;
+  m.b1 = b1;
+  m.w2 = w2;
+  m.b2 = b2;
+  m.s_out = s_out;
+  return m;
+}
+
 template <typename K>
 cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, MlpArgs m, const LaunchOpts& o, cudaStream_t stream) {
   const size_t staged = smem + size_t(staged_floats(m.c, m.s)) * sizeof(float);
@@ -246,17 +262,7 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
   float* part = ws;
   float* s = ws + d.n * p.splits * d.c;
   KC_CUDA_TRY((dev::launch_reduce<true, false, false>(x, nullptr, nullptr, nullptr, dt, d, p, part, nullptr, stream)));
-  MlpArgs m{};
-  m.part_x = part;
-  m.splits = p.splits;
-  m.c = d.c;
-  m.s = S;
-  m.inv_l = 1.f / float(d.l);
-  m.w1 = w1;
-  m.b1 = b1;
-  m.w2 = w2;
-  m.b2 = b2;
-  m.s_out = s;
+  MlpArgs m = mlp_args(part, p.splits, d, S, w1, b1, w2, b2, s);
   const size_t smem = fused_mlp_smem_bytes(d.c, S, false);
   KC_CUDA_TRY(act == Act::SiLU ? launch_mlp(mlp_forward_kernel<Act::SiLU>, d, smem, m, o, stream)
                                : launch_mlp(mlp_forward_kernel<Act::ReLU>, d, smem, m, o, stream));
@@ -280,18 +286,8 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   float* dz1 = a + d.n * S;
   // one pass over (x, grad): sum x and sum grad * x per (n, c)
   KC_CUDA_TRY((dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream)));
-  MlpArgs m{};
-  m.part_x = part_x;
+  MlpArgs m = mlp_args(part_x, p.splits, d, S, w1, b1, w2, b2, s);
   m.part_gx = part_gx;
-  m.splits = p.splits;
-  m.c = d.c;
-  m.s = S;
-  m.inv_l = 1.f / float(d.l);
-  m.w1 = w1;
-  m.b1 = b1;
-  m.w2 = w2;
-  m.b2 = b2;
-  m.s_out = s;
   m.coef_out = coef;
   m.p_out = pool;
   m.dz2_out = dz2;

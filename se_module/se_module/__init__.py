@@ -8,7 +8,7 @@
 - ``convert(model)``: swaps torchvision's SE blocks in a model for ours.
 """
 from . import ops
-from .nn import SqueezeExcitation, convert
+from .nn import SqueezeExcitation, TorchvisionSqueezeExcitation, convert
 from .ops import (
     DEFAULT_VERSION,
     excitation,
@@ -20,6 +20,6 @@ from .ops import (
 )
 
 __all__ = [
-    "ops", "SqueezeExcitation", "convert", "DEFAULT_VERSION", "excitation", "global_avg_pool", "se_block",
+    "ops", "SqueezeExcitation", "TorchvisionSqueezeExcitation", "convert", "DEFAULT_VERSION", "excitation", "global_avg_pool", "se_block",
     "se_block_staged", "sigmoid", "swish",
 ]

@@ -12,7 +12,27 @@ from . import ops
 _se = torch.ops.se_module.se_block.default
 
 
-class SqueezeExcitation(nn.Module):
+class TorchvisionSqueezeExcitation(nn.Module):
+    """torchvision.ops.SqueezeExcitation's structure and math in plain torch ops:
+    the reference our tests and benchmark compare with where torchvision is absent,
+    and the parent of our drop-in (same submodules, so the same state_dict)."""
+
+    def __init__(self, input_channels: int, squeeze_channels: int,
+                 activation: Callable[..., nn.Module] = nn.ReLU,
+                 scale_activation: Callable[..., nn.Module] = nn.Sigmoid) -> None:
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(input_channels, squeeze_channels, 1)
+        self.fc2 = nn.Conv2d(squeeze_channels, input_channels, 1)
+        self.activation = activation()
+        self.scale_activation = scale_activation()
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        scale = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(input)))))
+        return scale * input
+
+
+class SqueezeExcitation(TorchvisionSqueezeExcitation):
     """Squeeze-and-Excitation block (Hu et al., 2018) on the fused se_module kernels.
 
     The same submodules, parameter names and shapes as
@@ -30,12 +50,7 @@ class SqueezeExcitation(nn.Module):
                  activation: Callable[..., nn.Module] = nn.SiLU,
                  scale_activation: Callable[..., nn.Module] = nn.Sigmoid,
                  version: int = ops.DEFAULT_VERSION) -> None:
-        super().__init__()
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc1 = nn.Conv2d(input_channels, squeeze_channels, 1)
-        self.fc2 = nn.Conv2d(squeeze_channels, input_channels, 1)
-        self.activation = activation()
-        self.scale_activation = scale_activation()
+        super().__init__(input_channels, squeeze_channels, activation, scale_activation)
         ops.activation_code(self.activation)  # raises for anything but ReLU / SiLU
         if not isinstance(self.scale_activation, nn.Sigmoid):
             raise ValueError(f"unsupported scale_activation {self.scale_activation!r}: only Sigmoid")
@@ -98,9 +113,13 @@ def convert(model: nn.Module, types: tuple | None = None, version: int = ops.DEF
         if not types:
             raise RuntimeError("se_module.convert: torchvision is not installed; pass types=(YourSEClass,)")
     types = tuple(t for t in types if t is not SqueezeExcitation)
+    if isinstance(model, SqueezeExcitation):
+        return model
     if isinstance(model, types):
         return _swap(model, version)
     for name, child in list(model.named_children()):
+        if isinstance(child, SqueezeExcitation):  # already ours (a subclass of the reference class)
+            continue
         if isinstance(child, types):
             setattr(model, name, _swap(child, version))
         else:
