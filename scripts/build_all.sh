@@ -78,7 +78,12 @@ for p in "${pkgs[@]}"; do
   jflag=(); [[ $MODE == jit ]] && jflag=(--jit)
   # With pytest-xdist present (the GPU image has it), run tests in 4 workers:
   # faster, and a test that crashes its process is reported instead of ending the run.
-  $PY -c "import xdist" 2>/dev/null && jflag+=(-n 4)
+  # Each worker gets a share of the cores for its CPU threads (all-core OpenMP in
+  # four workers oversubscribes the machine).
+  if $PY -c "import xdist" 2>/dev/null; then
+    jflag+=(-n 4)
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))}
+  fi
   junit="$LOGS/$p.junit.xml"; rm -f "$junit"
   echo "   python test.py ${jflag[*]} (log: $LOGS/$p.test.log)"
   (cd "$p" && $PY test.py "${jflag[@]}" -v --tb=short -rfs --junitxml="$junit" 2>&1) | tee "$LOGS/$p.test.log" | grep -E '(passed|failed|error|no tests ran)' | tail -1 | sed 's/^/   /'

@@ -25,16 +25,23 @@ export KC_LOG_DIR=/tmp/kc_logs MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 mkdir -p "$KC_LOG_DIR"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$KC_LOG_DIR/gpu.txt"
 python3 -c 'import torch,sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+# Every step has a time limit (seconds, overridable), so a hang still leaves
+# logs to pack and a table to print.
+T_TEST=${KC_TEST_TIMEOUT:-360}; T_SAN=${KC_SAN_TIMEOUT:-300}; T_BENCH=${KC_BENCH_TIMEOUT:-300}
 status=0
-bash scripts/build_all.sh "${PKGS[@]}" 2>&1 | tee "$KC_LOG_DIR/build_all.log" || status=1
+timeout "$T_TEST" bash scripts/build_all.sh "${PKGS[@]}" 2>&1 | tee "$KC_LOG_DIR/build_all.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || { status=1; echo "build_all failed or passed its ${T_TEST}s limit"; }
 if [[ $SAN == 1 ]]; then
-  for p in "${PKGS[@]}"; do bash scripts/sanitize.sh "$p" 2>&1 | tee -a "$KC_LOG_DIR/sanitize.log" || status=1; done
+  for p in "${PKGS[@]}"; do
+    timeout "$T_SAN" bash scripts/sanitize.sh "$p" 2>&1 | tee -a "$KC_LOG_DIR/sanitize.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || { status=1; echo "sanitize $p failed or passed its ${T_SAN}s limit"; }
+  done
 fi
 if [[ $BENCH == 1 ]]; then
   for p in "${PKGS[@]}"; do
     [[ -f $p/bench.py ]] || continue
     echo "== bench $p"
-    (cd "$p" && python3 bench.py --out "$OUT/$p" $BARGS 2>&1 | tee "$KC_LOG_DIR/$p.bench.log") || status=1
+    (cd "$p" && timeout "$T_BENCH" python3 bench.py --out "$OUT/$p" $BARGS 2>&1 | tee "$KC_LOG_DIR/$p.bench.log") || status=1
   done
 fi
 tar -C "$KC_LOG_DIR" -czf "$OUT/logs.tgz" . 2>/dev/null
