@@ -12,19 +12,14 @@
 
 #include <ATen/ATen.h>
 
+#include "kc/torch_utils.h"
+
 namespace se_glue {
 
-// Numbers in error messages are formatted here and handed to TORCH_CHECK as
-// strings: on the GPU image (torch 2.11 wheel, extensions built with
-// /opt/gcc/bin/g++), streaming an integer into TORCH_CHECK's message from an
-// extension crashed the process (SIGSEGV in std::ostream::_M_insert<long>;
-// found by the day50 session, 2026-11-21). Strings, ScalarType and Device stream fine.
-inline std::string str(int64_t v) { return std::to_string(v); }
-inline std::string str(at::IntArrayRef s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
+// Numbers in error messages go through kc::fmt (kc/torch_utils.h): streaming an
+// integer into TORCH_CHECK crashed inside the extension on the GPU image
+// (2026-11-21). Strings, ScalarType and Device stream fine.
+using kc::fmt;
 
 inline bool wants_channels_last(const at::Tensor& x) {
   return !x.is_contiguous() && x.is_contiguous(at::MemoryFormat::ChannelsLast);
@@ -39,10 +34,10 @@ inline void check_floating(const at::Tensor& t, const char* name) {
 }
 
 inline void check_x(const at::Tensor& x, const char* name = "x") {
-  TORCH_CHECK(x.dim() == 4, name, " must be 4-D [N, C, H, W], got ", str(x.dim()), "-D with sizes ", str(x.sizes()));
+  TORCH_CHECK(x.dim() == 4, name, " must be 4-D [N, C, H, W], got ", fmt(x.dim()), "-D with sizes ", fmt(x.sizes()));
   check_floating(x, name);
   TORCH_CHECK(x.size(1) >= 1 && x.size(2) >= 1 && x.size(3) >= 1, name,
-              " must have C, H and W of at least 1, got sizes ", str(x.sizes()));
+              " must have C, H and W of at least 1, got sizes ", fmt(x.sizes()));
 }
 
 inline void check_same_device(const at::Tensor& a, const char* an, const at::Tensor& b, const char* bn) {
@@ -51,7 +46,7 @@ inline void check_same_device(const at::Tensor& a, const char* an, const at::Ten
 }
 
 inline void check_like_x(const at::Tensor& g, const char* gn, const at::Tensor& x) {
-  TORCH_CHECK(g.sizes() == x.sizes(), gn, " must have x's shape ", str(x.sizes()), ", got ", str(g.sizes()));
+  TORCH_CHECK(g.sizes() == x.sizes(), gn, " must have x's shape ", fmt(x.sizes()), ", got ", fmt(g.sizes()));
   TORCH_CHECK(g.scalar_type() == x.scalar_type(), gn, " must have x's dtype ", x.scalar_type(), ", got ",
               g.scalar_type());
   check_same_device(g, gn, x, "x");
@@ -60,7 +55,7 @@ inline void check_like_x(const at::Tensor& g, const char* gn, const at::Tensor& 
 // s: [N, C] per-channel factors of x.
 inline void check_nc(const at::Tensor& s, const char* sn, const at::Tensor& x) {
   TORCH_CHECK(s.dim() == 2 && s.size(0) == x.size(0) && s.size(1) == x.size(1), sn, " must be [N, C] = [",
-              str(x.size(0)), ", ", str(x.size(1)), "], got ", str(s.sizes()));
+              fmt(x.size(0)), ", ", fmt(x.size(1)), "], got ", fmt(s.sizes()));
   check_floating(s, sn);
   check_same_device(s, sn, x, "x");
 }
@@ -74,14 +69,14 @@ inline bool is_matrix_or_1x1(const at::Tensor& w) {
 inline int64_t check_weights(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                              const at::Tensor& b2) {
   const int64_t C = x.size(1);
-  TORCH_CHECK(is_matrix_or_1x1(w1), "w1 (fc1.weight) must be [S, C] or [S, C, 1, 1], got sizes ", str(w1.sizes()));
+  TORCH_CHECK(is_matrix_or_1x1(w1), "w1 (fc1.weight) must be [S, C] or [S, C, 1, 1], got sizes ", fmt(w1.sizes()));
   const int64_t S = w1.size(0);
-  TORCH_CHECK(S >= 1, "the squeeze width S = w1.size(0) must be at least 1, got ", str(S));
-  TORCH_CHECK(w1.size(1) == C, "w1 must be [S, C] with C = x.size(1) = ", str(C), ", got ", str(w1.sizes()));
-  TORCH_CHECK(b1.dim() == 1 && b1.size(0) == S, "b1 (fc1.bias) must be [S] = [", str(S), "], got ", str(b1.sizes()));
+  TORCH_CHECK(S >= 1, "the squeeze width S = w1.size(0) must be at least 1, got ", fmt(S));
+  TORCH_CHECK(w1.size(1) == C, "w1 must be [S, C] with C = x.size(1) = ", fmt(C), ", got ", fmt(w1.sizes()));
+  TORCH_CHECK(b1.dim() == 1 && b1.size(0) == S, "b1 (fc1.bias) must be [S] = [", fmt(S), "], got ", fmt(b1.sizes()));
   TORCH_CHECK(is_matrix_or_1x1(w2) && w2.size(0) == C && w2.size(1) == S, "w2 (fc2.weight) must be [C, S] = [",
-              str(C), ", ", str(S), "] (or [C, S, 1, 1]), got ", str(w2.sizes()));
-  TORCH_CHECK(b2.dim() == 1 && b2.size(0) == C, "b2 (fc2.bias) must be [C] = [", str(C), "], got ", str(b2.sizes()));
+              fmt(C), ", ", fmt(S), "] (or [C, S, 1, 1]), got ", fmt(w2.sizes()));
+  TORCH_CHECK(b2.dim() == 1 && b2.size(0) == C, "b2 (fc2.bias) must be [C] = [", fmt(C), "], got ", fmt(b2.sizes()));
   const char* names[] = {"w1", "b1", "w2", "b2"};
   const at::Tensor* ts[] = {&w1, &b1, &w2, &b2};
   for (int i = 0; i < 4; ++i) {
@@ -92,15 +87,15 @@ inline int64_t check_weights(const at::Tensor& x, const at::Tensor& w1, const at
 }
 
 inline void check_activation(int64_t act) {
-  TORCH_CHECK(act == 0 || act == 1, "activation must be 0 (ReLU) or 1 (SiLU), got ", str(act));
+  TORCH_CHECK(act == 0 || act == 1, "activation must be 0 (ReLU) or 1 (SiLU), got ", fmt(act));
 }
 
 inline void check_fused_version(int64_t v) {
-  TORCH_CHECK(v >= 1 && v <= 3, "version must be 1, 2 or 3 (see se_fused.cu), got ", str(v));
+  TORCH_CHECK(v >= 1 && v <= 3, "version must be 1, 2 or 3 (see se_fused.cu), got ", fmt(v));
 }
 
 inline void check_pool_version(int64_t v) {
-  TORCH_CHECK(v == 1 || v == 2, "version must be 1 (seed: a thread per (n, c)) or 2 (split reduction), got ", str(v));
+  TORCH_CHECK(v == 1 || v == 2, "version must be 1 (seed: a thread per (n, c)) or 2 (split reduction), got ", fmt(v));
 }
 
 }  // namespace se_glue

@@ -71,9 +71,9 @@ at::Tensor global_avg_pool_cpu(const at::Tensor& x_, int64_t version) {
 }
 
 at::Tensor global_avg_pool_backward_cpu(const at::Tensor& grad_, int64_t H, int64_t W, bool channels_last) {
-  TORCH_CHECK(grad_.dim() == 2, "grad must be [N, C], got sizes ", se_glue::str(grad_.sizes()));
+  TORCH_CHECK(grad_.dim() == 2, "grad must be [N, C], got sizes ", kc::fmt(grad_.sizes()));
   se_glue::check_floating(grad_, "grad");
-  TORCH_CHECK(H >= 1 && W >= 1, "H and W must be at least 1, got ", se_glue::str(H), " and ", se_glue::str(W));
+  TORCH_CHECK(H >= 1 && W >= 1, "H and W must be at least 1, got ", kc::fmt(H), " and ", kc::fmt(W));
   const at::Tensor g = grad_.contiguous();
   const int64_t N = g.size(0), C = g.size(1), L = H * W;
   at::Tensor out = at::empty({N, C, H, W}, g.options());
@@ -96,8 +96,8 @@ at::Tensor pointwise_cpu(const at::Tensor& a_, const at::Tensor* b_, int op, con
   se_glue::check_floating(a_, name);
   if (b_ != nullptr) {
     TORCH_CHECK(b_->sizes() == a_.sizes() && b_->scalar_type() == a_.scalar_type(),
-                name, ": grad and the saved tensor must have the same shape and dtype, got ", se_glue::str(a_.sizes()),
-                " ", a_.scalar_type(), " and ", se_glue::str(b_->sizes()), " ", b_->scalar_type());
+                name, ": grad and the saved tensor must have the same shape and dtype, got ", kc::fmt(a_.sizes()),
+                " ", a_.scalar_type(), " and ", kc::fmt(b_->sizes()), " ", b_->scalar_type());
     se_glue::check_same_device(a_, "grad", *b_, "the saved tensor");
   }
   const at::Tensor a = a_.contiguous();

@@ -53,7 +53,7 @@ const DeviceInfo& device_info() {
   static std::array<DeviceInfo, 64> cache{};
   int dev = 0;
   KC_TORCH_CHECK_CUDA(cudaGetDevice(&dev));
-  TORCH_CHECK(dev >= 0 && dev < 64, "device index ", se_glue::str(dev), " out of range");
+  TORCH_CHECK(dev >= 0 && dev < 64, "device index ", kc::fmt(dev), " out of range");
   std::lock_guard<std::mutex> lock(mu);
   DeviceInfo& d = cache[dev];
   if (d.sms == 0) {
@@ -95,9 +95,9 @@ at::Tensor global_avg_pool_cuda(const at::Tensor& x_, int64_t version) {
 }
 
 at::Tensor global_avg_pool_backward_cuda(const at::Tensor& grad, int64_t H, int64_t W, bool channels_last) {
-  TORCH_CHECK(grad.dim() == 2, "grad must be [N, C], got sizes ", se_glue::str(grad.sizes()));
+  TORCH_CHECK(grad.dim() == 2, "grad must be [N, C], got sizes ", kc::fmt(grad.sizes()));
   const kc::DType dt = kc::to_kc_dtype(grad, "grad");
-  TORCH_CHECK(H >= 1 && W >= 1, "H and W must be at least 1, got ", se_glue::str(H), " and ", se_glue::str(W));
+  TORCH_CHECK(H >= 1 && W >= 1, "H and W must be at least 1, got ", kc::fmt(H), " and ", kc::fmt(W));
   const c10::cuda::CUDAGuard guard(grad.device());
   const int64_t N = grad.size(0), C = grad.size(1);
   const at::Tensor g = fp32(grad);
@@ -114,8 +114,8 @@ at::Tensor pointwise_cuda(const at::Tensor& a_, const at::Tensor* b_, se::Pointw
   const kc::DType dt = kc::to_kc_dtype(a_, name);
   if (b_ != nullptr) {
     TORCH_CHECK(b_->sizes() == a_.sizes() && b_->scalar_type() == a_.scalar_type(), name,
-                ": grad and the saved tensor must have the same shape and dtype, got ", se_glue::str(a_.sizes()),
-                " ", a_.scalar_type(), " and ", se_glue::str(b_->sizes()), " ", b_->scalar_type());
+                ": grad and the saved tensor must have the same shape and dtype, got ", kc::fmt(a_.sizes()),
+                " ", a_.scalar_type(), " and ", kc::fmt(b_->sizes()), " ", b_->scalar_type());
     se_glue::check_same_device(a_, "grad", *b_, "the saved tensor");
   }
   const c10::cuda::CUDAGuard guard(a_.device());
@@ -196,9 +196,9 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
   (void)kc::to_kc_dtype(b2, "b2");
   const DeviceInfo& info = device_info();
   const size_t smem = se::fused_mlp_smem_bytes(x.size(1), f.S, backward);
-  TORCH_CHECK(smem <= size_t(info.smem_optin), "C + S = ", se_glue::str(x.size(1) + f.S),
-              " is too large for the fused kernel's shared memory (", se_glue::str(int64_t(smem)), " bytes needed, ",
-              se_glue::str(info.smem_optin), " available); use the staged ops");
+  TORCH_CHECK(smem <= size_t(info.smem_optin), "C + S = ", kc::fmt(x.size(1) + f.S),
+              " is too large for the fused kernel's shared memory (", kc::fmt(int64_t(smem)), " bytes needed, ",
+              kc::fmt(info.smem_optin), " available); use the staged ops");
   f.w1 = fp32(w1);
   f.b1 = fp32(b1);
   f.w2 = fp32(w2);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -41,7 +42,10 @@ inline DType to_kc_dtype(const at::Tensor& t, const char* name) {
 // (`c10::str(..., int64_t)`, so also an IntArrayRef) from an extension crashed
 // the process inside ostream's number formatting, while strings streamed fine.
 // TORCH_CHECK messages in this repo therefore pass numbers through kc::fmt.
-inline std::string fmt(int64_t v) { return std::to_string(v); }
+template <typename I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+inline std::string fmt(I v) {
+  return std::to_string(v);
+}
 inline std::string fmt(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%g", v);
