@@ -547,6 +547,42 @@ def test_module_matches_torchvision_style(device, act):
         close(p1.grad, p2.grad, 2e-5, "grad of " + n1)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fast_entry_same_as_op(device):
+    """ops.call_se_block's C++ entry (plain tensors, what the module uses) and torch.ops give
+    the same bits, layouts and gradient shapes; under a torch-function mode the entry steps
+    aside and the mode sees the op."""
+    from torch.overrides import TorchFunctionMode
+
+    m = SqueezeExcitation(24, 6).to(device)
+    w = [m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias]
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        x = testing.fresh(3, 24, 5, 7, device=device).contiguous(memory_format=fmt).requires_grad_()
+        g = testing.fresh(3, 24, 5, 7, device=device).contiguous(memory_format=fmt)
+        out_fast = m(x)
+        gr_fast = torch.autograd.grad(out_fast, [x, *w], g)
+        out_op = T.se_block.default(x, *w, 1, 3)
+        gr_op = torch.autograd.grad(out_op, [x, *w], g)
+        assert torch.equal(out_fast, out_op) and out_fast.stride() == out_op.stride()
+        assert out_fast.storage_offset() == 0 and gr_fast[0].storage_offset() == 0
+        assert gr_fast[0].stride() == x.stride()
+        for a, b, t in zip(gr_fast, gr_op, [x, *w]):
+            assert torch.equal(a, b) and a.shape == t.shape
+
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = testing.fresh(2, 24, 3, 3, device=device)
+    with Record():
+        y = m(x)
+    assert T.se_block.default in seen
+    assert torch.equal(y, T.se_block.default(x, *w, 1, 3))
+
+
 def test_module_rejects_unsupported():
     with pytest.raises(ValueError, match="unsupported SE activation"):
         SqueezeExcitation(8, 2, activation=nn.GELU)

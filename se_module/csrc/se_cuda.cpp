@@ -209,13 +209,12 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
 
 at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                          const at::Tensor& b2, int64_t act, int64_t version) {
-  se_glue::check_x(x_);
   const c10::cuda::CUDAGuard guard(x_.device());
-  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, false);
+  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, false);  // checks x too
   const Prepared p = prepare(x_);
-  at::Tensor out = new_like_x(p, x_);
-  if (p.d.n == 0) return out;
+  if (p.d.n == 0) return new_like_x(p, x_);
   const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
+  at::Tensor out = new_like_x(p, x_);
   at::Tensor ws = workspace(se::fused_forward_workspace(p.d, plan), x_);
   KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), f.w1.const_data_ptr<float>(),
                                      f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(),
@@ -224,37 +223,43 @@ at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::T
   return out;
 }
 
+// A weight gradient computed in fp32 (see wgrad below), in the weight's dtype and shape.
+at::Tensor as_weight(const at::Tensor& d, const at::Tensor& w) {
+  return w.scalar_type() == at::kFloat ? d : d.to(w.scalar_type()).view(w.sizes());
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_backward_cuda(
     const at::Tensor& grad_, const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
     const at::Tensor& b2, int64_t act, int64_t version) {
-  se_glue::check_x(x_);
+  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, true);  // checks x (before grad against it)
   se_glue::check_like_x(grad_, "grad", x_);
   const c10::cuda::CUDAGuard guard(x_.device());
-  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, true);
   const Prepared p = prepare(x_);
   const int64_t C = p.d.c, S = f.S;
   const auto fo = x_.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
-  at::Tensor dx = new_like_x(p, x_);
-  at::Tensor dw1 = kc::new_output({S, C}, fo), db1 = kc::new_output({S}, fo);
-  at::Tensor dw2 = kc::new_output({C, S}, fo), db2 = kc::new_output({C}, fo);
-  if (p.d.n == 0) {
-    dw1.zero_(), db1.zero_(), dw2.zero_(), db2.zero_();
-  } else {
-    const at::Tensor g = in_layout(grad_, p.d);
-    const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
-    at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan), x_);
-    KC_TORCH_CHECK_CUDA(se::se_backward(
-        g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act), f.w1.const_data_ptr<float>(),
-        f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(), f.b2.const_data_ptr<float>(),
-        dx.mutable_data_ptr(), dw1.mutable_data_ptr<float>(), db1.mutable_data_ptr<float>(),
-        dw2.mutable_data_ptr<float>(), db2.mutable_data_ptr<float>(), ws.mutable_data_ptr<float>(), f.opts,
-        at::cuda::getCurrentCUDAStream()));
-  }
-  // weight gradients in the weights' dtype and shape ([S, C] or the conv's [S, C, 1, 1])
-  auto as_w = [](const at::Tensor& d, const at::Tensor& w) {
-    return (w.scalar_type() == at::kFloat ? d : d.to(w.scalar_type())).view(w.sizes());
+  // Weight gradients in fp32, allocated in the weights' own shapes ([S, C] or the conv's
+  // [S, C, 1, 1]: the same contiguous bytes) so that fp32 weights need no view afterwards.
+  auto wgrad = [&](const at::Tensor& w, int64_t numel) {
+    return w.scalar_type() == at::kFloat ? kc::new_output(w.sizes(), fo) : kc::new_output({numel}, fo);
   };
-  return {dx, as_w(dw1, w1), as_w(db1, b1), as_w(dw2, w2), as_w(db2, b2)};
+  if (p.d.n == 0) {
+    at::Tensor dx = new_like_x(p, x_);
+    at::Tensor dw1 = wgrad(w1, S * C), db1 = wgrad(b1, S), dw2 = wgrad(w2, C * S), db2 = wgrad(b2, C);
+    dw1.zero_(), db1.zero_(), dw2.zero_(), db2.zero_();
+    return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};
+  }
+  const at::Tensor g = in_layout(grad_, p.d);
+  const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
+  at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan), x_);
+  at::Tensor dx = new_like_x(p, x_);
+  at::Tensor dw1 = wgrad(w1, S * C), db1 = wgrad(b1, S), dw2 = wgrad(w2, C * S), db2 = wgrad(b2, C);
+  KC_TORCH_CHECK_CUDA(se::se_backward(
+      g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act), f.w1.const_data_ptr<float>(),
+      f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(), f.b2.const_data_ptr<float>(),
+      dx.mutable_data_ptr(), dw1.mutable_data_ptr<float>(), db1.mutable_data_ptr<float>(),
+      dw2.mutable_data_ptr<float>(), db2.mutable_data_ptr<float>(), ws.mutable_data_ptr<float>(), f.opts,
+      at::cuda::getCurrentCUDAStream()));
+  return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};
 }
 
 }  // namespace

@@ -9,8 +9,6 @@ from torch import nn
 
 from . import ops
 
-_se = torch.ops.se_module.se_block.default
-
 
 class TorchvisionSqueezeExcitation(nn.Module):
     """torchvision.ops.SqueezeExcitation's structure and math in plain torch ops:
@@ -57,12 +55,21 @@ class SqueezeExcitation(TorchvisionSqueezeExcitation):
         self.version = version
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        # kept short: at the seed's shapes the block's GPU time is ~10-30 us, so host time counts
-        act = 1 if isinstance(self.activation, nn.SiLU) else ops.activation_code(self.activation)
+        # Kept short: at the seed's shapes the block's GPU time is ~10-30 us, so host time counts.
+        # The parameters are read from the submodules' dicts (what nn.Module.__getattr__ does,
+        # without its Python fallback); anything unusual (parametrizations, a weight that is not a
+        # registered parameter) falls back to plain attribute access.
+        mods = self._modules
+        try:
+            p1, p2 = mods["fc1"]._parameters, mods["fc2"]._parameters
+            w1, b1, w2, b2 = p1["weight"], p1["bias"], p2["weight"], p2["bias"]
+        except KeyError:
+            w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
+        act = mods["activation"]
+        act = 1 if type(act) is nn.SiLU else ops.activation_code(act)
         if input.dim() == 3:
-            return _se(input.unsqueeze(0), self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, act,
-                       self.version).squeeze(0)
-        return _se(input, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, act, self.version)
+            return ops.call_se_block(input.unsqueeze(0), w1, b1, w2, b2, act, self.version).squeeze(0)
+        return ops.call_se_block(input, w1, b1, w2, b2, act, self.version)
 
 
 def _torchvision_types() -> tuple:
