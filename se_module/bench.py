@@ -12,7 +12,9 @@ forward + backward (csrc/se_fused.cu). Then: the kernel versions, bf16
 channels_last, and one EfficientNet-B0 training step with and without convert().
 
 Timing: kernel_common.bench.time_us (CUDA events, L2 flushed before every
-repeat, median). Forward is timed in grad mode (parameters require grad, as in
+repeat, median), in 5 rounds that interleave the variants (staged, fused, eager,
+compile) so that a slow spell of the host hits them all; each reports the
+median of its 5 round medians. Forward is timed in grad mode (parameters require grad, as in
 training) for every column, so torch.compile's one training graph serves both
 tables; it is compiled per shape (static shapes).
 """
@@ -42,6 +44,8 @@ BATCH_SWEEP = [(n, 64, 112, 112, 16) for n in (1, 4, 8, 16, 32)]
 SIZE_SWEEP = [(8, 64, s, s, 16) for s in (56, 112, 224, 448)]
 EFFNET = [(32, 240, 28, 28, 10), (32, 672, 14, 14, 28), (64, 96, 56, 56, 4)]
 VERSION_SHAPES = [(1, 64, 112, 112, 16), (8, 64, 112, 112, 16), (8, 64, 448, 448, 16), (32, 672, 14, 14, 28)]
+
+ROUNDS, ROUND_REP = 5, 10  # interleaved timing rounds per shape (measure_shape), repeats per round
 
 COLS = ["shape", "staged_us", "fused_us", "eager_us", "compile_us", "floor_us", "eager/fused", "compile/fused",
         "eager/staged", "floor%", "fused_gpu_us", "eager_gpu_us"]
@@ -131,14 +135,23 @@ def measure_shape(shape, bw, with_compile=True, dtype=torch.float32, channels_la
         compile_s = time.time() - t0
         fns["compile"] = compiled
     res = {}
+    calls = {}
     for name, f in fns.items():
         p = list(ours.parameters()) if name == "fused" else params
-        fwd, fb = fwd_and_fwdbwd(f, p, x, g)
-        res[("fwd", name)] = bench.time_us(fwd)
-        res[("fb", name)] = bench.time_us(fb)
-        if name in ("fused", "eager"):
-            res[("fwd", name + "_gpu")] = graph_us(fwd)
-            res[("fb", name + "_gpu")] = graph_us(fb)
+        calls[name] = fwd_and_fwdbwd(f, p, x, g)
+    # Host-bound rows (most of fwd+bwd below 16 x 64 x 112 x 112) swing with the host's load over
+    # seconds: the same code measured 87.6 and 94.6 us a minute apart, eager 400 and 447 us. So the
+    # variants are timed in ROUNDS interleaved rounds and each reports the median of its round medians.
+    samples = {}
+    for _ in range(ROUNDS):
+        for name, (fwd, fb) in calls.items():
+            samples.setdefault(("fwd", name), []).append(bench.time_us(fwd, warmup=2, rep=ROUND_REP))
+            samples.setdefault(("fb", name), []).append(bench.time_us(fb, warmup=2, rep=ROUND_REP))
+    res = {k: statistics.median(v) for k, v in samples.items()}
+    for name in ("fused", "eager"):
+        fwd, fb = calls[name]
+        res[("fwd", name + "_gpu")] = graph_us(fwd)
+        res[("fb", name + "_gpu")] = graph_us(fb)
     xbytes = x.numel() * x.element_size()
     rows = {}
     for pas, passes in (("fwd", 3), ("fb", 7)):
@@ -306,7 +319,8 @@ def main(argv=None):
     head = (f"## se_module benchmark: {meta['device']}, {meta['date']}\n\n"
             f"torch {meta['torch']}, CUDA {meta['cuda']}, {meta['sms']} SMs, measured copy bandwidth "
             f"{bw:.0f} GB/s (read + write). Eager = {EAGER_NAME}. Times are medians in microseconds "
-            f"(CUDA events, L2 flushed before each repeat), host overhead included; *_gpu_us: the same "
+            f"(CUDA events, L2 flushed before each repeat; {ROUNDS} rounds interleaving the variants, median "
+            f"of the round medians), host overhead included; *_gpu_us: the same "
             f"work captured in a CUDA graph and replayed (GPU time alone). floor% = floor / fused. torch.compile: "
             f"{len(compile_times)} static-shape compiles, {sum(compile_times):.0f} s. Bench wall time "
             f"{time.time() - t_start:.0f} s.\n")
