@@ -140,7 +140,7 @@ def measure_shape(shape, bw, with_compile=True, dtype=torch.float32, channels_la
         p = list(ours.parameters()) if name == "fused" else params
         calls[name] = fwd_and_fwdbwd(f, p, x, g)
     # Host-bound rows (most of fwd+bwd below 16 x 64 x 112 x 112) swing with the host's load over
-    # seconds: the same code measured 87.6 and 94.6 us a minute apart, eager 400 and 447 us. So the
+    # seconds: eager fwd+bwd measured 404 and 600 us at (8, 64, 56, 56) in two runs a minute apart. So the
     # variants are timed in ROUNDS interleaved rounds and each reports the median of its round medians.
     samples = {}
     for _ in range(ROUNDS):
