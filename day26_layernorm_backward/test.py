@@ -30,6 +30,7 @@ SANITIZE = os.environ.get("KC_SANITIZE") == "1"
 # Row lengths that break naive kernels: 1, odd, not a multiple of 4/8/32,
 # each side of the warp/block and register/fallback limits (512, 16384).
 COLS = [1, 3, 33, 100, 511, 512, 513, 768, 1000, 1024, 4099, 8192, 16384, 16385, 65536]
+CUDA_VERSIONS = [1, 2, 3, 4]
 if SANITIZE:
     COLS = [1, 33, 512, 513, 4099, 16385]
 
@@ -122,7 +123,7 @@ def run_and_check(x, w, b, dy, shape, eps=1e-5, version=3):
 @pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
 @pytest.mark.parametrize("cols", COLS)
 def test_forward_backward_shapes(device, dtype, cols):
-    versions = [1, 2, 3] if device == "cuda" else [3]
+    versions = CUDA_VERSIONS if device == "cuda" else [3]
     for v in versions:  # noqa: B007
         x, w, b, dy = make(rows_for(cols), cols, dtype, device)
         run_and_check(x, w, b, dy, (cols,), version=v)
@@ -135,9 +136,28 @@ def test_cuda_launch_configurations(target, monkeypatch):
     monkeypatch.setenv("DAY26_TARGET_ITERS", target)
     for cols in [513, 1000, 4096, 8192, 12288]:
         for dtype in (torch.float32, torch.bfloat16):
-            for v in (2, 3):
+            for v in (2, 3, 4):
                 x, w, b, dy = make(19, cols, dtype, "cuda")
                 run_and_check(x, w, b, dy, (cols,), version=v)
+
+
+@requires_cuda
+@pytest.mark.parametrize("ept", ["4", "8", "16", "32"])
+@pytest.mark.parametrize("prefetch", ["0", "1"])
+@pytest.mark.parametrize("smem_acc", ["0", "1"])
+def test_cuda_v4_configurations(ept, prefetch, smem_acc, monkeypatch):
+    """v4's knobs (elements per thread, next-row prefetch, dgamma/dbeta sums in
+    shared memory) pick other kernels and slot shapes: one warp per row up to 512
+    threads per row, 1 to 16 slots per block. DAY26_V4_FORCE: v4's kernels even
+    where version 4 would run v2's or v3's."""
+    monkeypatch.setenv("DAY26_V4_FORCE", "1")
+    monkeypatch.setenv("DAY26_V4_EPT", ept)
+    monkeypatch.setenv("DAY26_V4_PREFETCH", prefetch)
+    monkeypatch.setenv("DAY26_V4_SMEM_ACC", smem_acc)
+    for cols in [33, 100, 768, 1000, 4096, 12288, 16384]:
+        for dtype in (torch.float32, torch.bfloat16):
+            x, w, b, dy = make(37, cols, dtype, "cuda")
+            run_and_check(x, w, b, dy, (cols,), version=4)
 
 
 @requires_cuda
@@ -147,7 +167,7 @@ def test_cuda_many_rows_per_block(cols, dtype):
     """Enough rows that each block of the persistent grid walks many of them, so
     v3's shared-memory stages are reused many times over."""
     rows = 64 if SANITIZE else max(3000, 4_000_000 // cols)
-    for v in (2, 3):
+    for v in (2, 3, 4):
         x, w, b, dy = make(rows, cols, dtype, "cuda")
         run_and_check(x, w, b, dy, (cols,), version=v)
 
@@ -155,7 +175,7 @@ def test_cuda_many_rows_per_block(cols, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows", [0, 1, 2, 9, 300])
 def test_row_counts(device, rows):
-    for v in ([1, 2, 3] if device == "cuda" else [3]):
+    for v in (CUDA_VERSIONS if device == "cuda" else [3]):
         x, w, b, dy = make(rows, 256, torch.float32, device)
         y, dx, dw, db = run_and_check(x, w, b, dy, (256,), version=v)
         if rows == 0:  # sums over no rows are zeros, not poison
@@ -227,12 +247,13 @@ def test_eps(device):
 def test_deterministic(device, cols):
     x, w, b, dy = make(3000 if device == "cuda" and not SANITIZE else 64, cols, torch.bfloat16, device,
                        wdtype=torch.float32)
-    y, mean, rstd = layer_norm_forward(x, cols, w, b)
-    first = layer_norm_backward(dy, x, cols, mean, rstd, w)
-    for _ in range(3):
-        again = layer_norm_backward(dy, x, cols, mean, rstd, w)
-        for a, c in zip(first, again):
-            assert torch.equal(a, c), "backward is not bitwise reproducible"
+    for v in ((2, 3, 4) if device == "cuda" else (2,)):
+        y, mean, rstd = layer_norm_forward(x, cols, w, b, version=v)
+        first = layer_norm_backward(dy, x, cols, mean, rstd, w, version=v)
+        for _ in range(3):
+            again = layer_norm_backward(dy, x, cols, mean, rstd, w, version=v)
+            for a, c in zip(first, again):
+                assert torch.equal(a, c), f"v{v} backward is not bitwise reproducible"
 
 
 @requires_cuda
@@ -247,7 +268,7 @@ def test_cuda_indexing_past_2_31_elements():
         pytest.skip("not enough GPU memory for a 2^31-element test")
     w = testing.fresh(cols, device="cuda", dtype=torch.bfloat16, offset=1.0)
     b = testing.fresh(cols, device="cuda", dtype=torch.bfloat16)
-    for v in (1, 3):
+    for v in (1, 3, 4):
         y, mean, rstd = layer_norm_forward(x, cols, w, b, version=v)
         dx, _, _ = layer_norm_backward(dy, x, cols, mean, rstd, w, (True, False, False), version=v)
         for r in (0, rows // 2, rows - 1):  # check rows on both sides of 2^31
@@ -348,7 +369,7 @@ def test_bad_input_raises_clear_errors(device):
     with pytest.raises(RuntimeError, match="one per normalized row"):
         layer_norm_backward(dy, x, 16, mean[:2], rstd, w)
     with pytest.raises(RuntimeError, match="version"):
-        layer_norm(x, 16, version=4)
+        layer_norm(x, 16, version=5)
     # still usable afterwards
     run_and_check(x, w, b, dy, (16,))
 

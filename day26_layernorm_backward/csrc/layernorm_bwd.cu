@@ -296,6 +296,194 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   }
 }
 
+// v4. Row slots (layernorm_common.cuh): blockDim.x = slots * tpr; slot k walks
+// rows blockIdx.x * slots + k + i * gridDim.x * slots. Each thread keeps dy * xhat
+// and dy for its columns in registers across all of its slot's rows; at the end
+// the slots of a block add theirs in slot order through shared memory and slot 0
+// writes the block's partial row. With kPrefetch the next row's x, dy, mean and
+// rstd are loaded before the current row is reduced, so every slot keeps a row's
+// loads in flight while it computes. The weights of a thread's columns are read
+// once (fp32 registers), and dx is two FMAs per element.
+// Dynamic shared memory (kPartials): kSmemAcc: slots * 2 * D floats; else, when
+// slots > 1, (slots - 1) * tpr * 2 * VEC floats (the end-of-kernel slot sum).
+// partial: [gridDim.x][2][D] fp32 when kPartials (every column written).
+template <typename T, typename TW, int VEC, int ITERS, bool kPartials, bool kPrefetch, bool kSmemAcc>
+__global__ void __launch_bounds__(kV4SmallThreads)
+ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+          const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
+          float* __restrict__ partial, int64_t rows, int64_t D, int tpr) {
+  extern __shared__ __align__(16) float slot_acc[];
+  __shared__ float red[kV4MaxSlots][2 * 32 * 2];
+  const int slots = blockDim.x / tpr;
+  const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
+  const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
+  const float inv_d = 1.f / float(D);
+  float accw[ITERS][VEC], accb[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) accw[it][j] = accb[it][j] = 0.f;
+  // the weights of this thread's columns, as fp32, for every row
+  float wf[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int64_t c = (int64_t(it) * tpr + t) * VEC;
+    if (c < D) {
+      load_param<TW, VEC>(w, c, 1.f, wf[it]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) wf[it][j] = 0.f;
+    }
+  }
+  // kSmemAcc: the sums live in shared memory instead, [slots][2][D] (each column of
+  // a slot owned by one thread of that slot: no races), fewer registers
+  float* sacc_w = slot_acc + int64_t(slot) * 2 * D;
+  float* sacc_b = sacc_w + D;
+  if (kPartials && kSmemAcc) {
+    for (int64_t i = threadIdx.x; i < int64_t(slots) * 2 * D; i += blockDim.x) slot_acc[i] = 0.f;
+    __syncthreads();
+  }
+
+  const int64_t stride = int64_t(gridDim.x) * slots;
+  int64_t row = int64_t(blockIdx.x) * slots + slot;
+  int parity = 0;
+  RowRegs<T, VEC, ITERS> cx, cd;
+  float mu = 0.f, rs = 0.f;
+  if (kPrefetch && row < rows) {
+    load_row(cx, x + row * D, D, tpr, t);
+    load_row(cd, dy + row * D, D, tpr, t);
+    mu = mean[row], rs = rstd[row];
+  }
+  for (; row < rows; row += stride) {
+    RowRegs<T, VEC, ITERS> nx, nd;
+    float nmu = 0.f, nrs = 0.f;
+    if (kPrefetch) {
+      const int64_t next = row + stride;
+      if (next < rows) {
+        load_row(nx, x + next * D, D, tpr, t);
+        load_row(nd, dy + next * D, D, tpr, t);
+        nmu = mean[next], nrs = rstd[next];
+      }
+    } else {
+      load_row(cx, x + row * D, D, tpr, t);
+      load_row(cd, dy + row * D, D, tpr, t);
+      mu = mean[row], rs = rstd[row];
+    }
+    // pass 1: the row sums of g = dy * w and g * xhat; dy * xhat and dy per column
+    float sums[2] = {0.f, 0.f};
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        float pw[VEC], pb[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (kc::to_float(cx.v[it].v[j]) - mu) * rs;
+          const float d = kc::to_float(cd.v[it].v[j]);
+          const float g = d * wf[it][j];
+          sums[0] += g;
+          sums[1] = fmaf(g, xhat, sums[1]);
+          pw[j] = d * xhat;
+          pb[j] = d;
+          if (kPartials && !kSmemAcc) {
+            accw[it][j] = fmaf(d, xhat, accw[it][j]);
+            accb[it][j] += d;
+          }
+        }
+        if (kPartials && kSmemAcc) {
+          smem_accumulate<VEC>(sacc_w + c, pw);
+          smem_accumulate<VEC>(sacc_b + c, pb);
+        }
+      }
+    }
+    slot_reduce_sum<2>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
+    // pass 2: dx = rstd * (g - a - xhat * b) = rstd * g - rstd * b * xhat - rstd * a
+    if (dx) {
+      const float rsb = rs * sums[1] * inv_d, nrsa = -rs * sums[0] * inv_d;
+      T* dxr = dx + row * D;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int64_t c = (int64_t(it) * tpr + t) * VEC;
+        if (c < D) {
+          float out[VEC];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float xhat = (kc::to_float(cx.v[it].v[j]) - mu) * rs;
+            const float g = kc::to_float(cd.v[it].v[j]) * wf[it][j];
+            out[j] = fmaf(rs, g, fmaf(-rsb, xhat, nrsa));
+          }
+          store_from_f32<T, VEC>(dxr + c, out);
+        }
+      }
+    }
+    if (kPrefetch) {
+      cx = nx, cd = nd;
+      mu = nmu, rs = nrs;
+    }
+  }
+  if constexpr (kPartials && kSmemAcc) {
+    __syncthreads();
+    // add the slots in a fixed order and write this block's partial row
+    float* out = partial + int64_t(blockIdx.x) * 2 * D;
+    for (int64_t i = threadIdx.x; i < 2 * D; i += blockDim.x) {
+      float a = 0.f;
+      for (int k = 0; k < slots; ++k) a += slot_acc[int64_t(k) * 2 * D + i];
+      out[i] = a;
+    }
+  } else if constexpr (kPartials) {
+    if (slots > 1) {  // slot 0 adds slots 1, 2, ... in order, one column group at a time
+      float* buf = slot_acc;  // [slots - 1][2 * VEC][tpr]: consecutive threads, consecutive words
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        __syncthreads();  // every slot done with its rows / slot 0 done reading the last group
+        if (slot > 0) {
+          float* b = buf + int64_t(slot - 1) * 2 * VEC * tpr + t;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            b[j * tpr] = accw[it][j];
+            b[(VEC + j) * tpr] = accb[it][j];
+          }
+        }
+        __syncthreads();
+        if (slot == 0) {
+          for (int k = 1; k < slots; ++k) {
+            const float* b = buf + int64_t(k - 1) * 2 * VEC * tpr + t;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              accw[it][j] += b[j * tpr];
+              accb[it][j] += b[(VEC + j) * tpr];
+            }
+          }
+        }
+      }
+    }
+    if (slot == 0) {
+      float* out = partial + int64_t(blockIdx.x) * 2 * D;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int64_t c = (int64_t(it) * tpr + t) * VEC;
+        if (c < D) {
+          if constexpr (VEC % 4 == 0) {
+#pragma unroll
+            for (int j = 0; j < VEC; j += 4) {
+              *reinterpret_cast<float4*>(out + c + j) =
+                  make_float4(accw[it][j], accw[it][j + 1], accw[it][j + 2], accw[it][j + 3]);
+              *reinterpret_cast<float4*>(out + D + c + j) =
+                  make_float4(accb[it][j], accb[it][j + 1], accb[it][j + 2], accb[it][j + 3]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              out[c + j] = accw[it][j];
+              out[D + c + j] = accb[it][j];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Sum G partial rows per column in a fixed order. Block: 32 columns x 32 slices.
 template <typename TW>
 __global__ void ln_bwd_finalize(const float* __restrict__ partial, int64_t G, int64_t D, TW* __restrict__ dw,
@@ -439,9 +627,57 @@ cudaError_t dispatch_v3(const LnBackwardArgs& a, const V2Config& cfg, int stages
   return cudaErrorInvalidConfiguration;
 }
 
+// v4: row slots (layernorm_common.cuh); dgamma/dbeta sums in registers, or in
+// shared memory (DAY26_V4_SMEM_ACC=1); next row prefetched (DAY26_V4_PREFETCH=1).
+template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kSmemAcc>
+cudaError_t launch_v4(const LnBackwardArgs& a, const V4Config& cfg, bool partials, cudaStream_t stream,
+                      int64_t* grid_out) {
+  auto kernel = partials ? ln_bwd_v4<T, TW, VEC, ITERS, true, kPrefetch, kSmemAcc>
+                         : ln_bwd_v4<T, TW, VEC, ITERS, false, kPrefetch, false>;
+  const size_t per_slot = partials && kSmemAcc ? 2 * size_t(a.cols) * sizeof(float) : 0;
+  const size_t per_thread = partials && !kSmemAcc ? 2 * VEC * sizeof(float) : 0;
+  const V4Plan p = v4_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, per_slot, per_thread);
+  if (grid_out) {
+    *grid_out = p.grid;
+    return cudaSuccess;
+  }
+  if (p.grid > 0) {
+    kernel<<<unsigned(p.grid), p.threads, p.smem, stream>>>(
+        static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.mean, a.rstd, static_cast<const TW*>(a.weight),
+        static_cast<T*>(a.dx), a.workspace, a.rows, a.cols, cfg.tpr);
+    KC_CUDA_LAUNCH_TRY();
+  }
+  return partials ? launch_finalize<TW>(a, p.grid, stream) : cudaSuccess;
+}
+
+template <typename T, typename TW, int VEC>
+cudaError_t dispatch_v4(const LnBackwardArgs& a, const V4Config& cfg, bool partials, cudaStream_t stream,
+                        int64_t* grid_out) {
+  return KC_BOOL_SWITCH(v4_prefetch(false), kPrefetch, [&] {
+    return KC_BOOL_SWITCH(v4_smem_acc(), kSmemAcc, [&] {
+      switch (cfg.iters) {
+        case 1: return launch_v4<T, TW, VEC, 1, kPrefetch, kSmemAcc>(a, cfg, partials, stream, grid_out);
+        case 2: return launch_v4<T, TW, VEC, 2, kPrefetch, kSmemAcc>(a, cfg, partials, stream, grid_out);
+        case 4: return launch_v4<T, TW, VEC, 4, kPrefetch, kSmemAcc>(a, cfg, partials, stream, grid_out);
+      }
+      return cudaErrorInvalidConfiguration;
+    });
+  });
+}
+
 template <typename T, typename TW>
 cudaError_t backward_typed(const LnBackwardArgs& a, int version, cudaStream_t stream, int64_t* grid_out) {
   const bool partials = a.dweight || a.dbias;
+  // version 4: v4's kernels, except for 16-bit rows longer than 4096, where v2's
+  // measured faster (H200, README's log), unless DAY26_V4_FORCE=1
+  if (version == 4 && (sizeof(T) == 4 || a.cols <= 4096 || v4_forced())) {
+    const int vec = v2_vec<T, TW>(a);
+    constexpr int V = kc::max_vec_elems<T>();
+    const V4Config cfg = v4_config(a.cols, vec);
+    if (cfg.ok)
+      return vec == V ? dispatch_v4<T, TW, V>(a, cfg, partials, stream, grid_out)
+                      : dispatch_v4<T, TW, 1>(a, cfg, partials, stream, grid_out);
+  }
   if (version >= 2) {
     const int vec = v2_vec<T, TW>(a);
     constexpr int V = kc::max_vec_elems<T>();
@@ -500,7 +736,7 @@ int64_t ln_backward_workspace_floats(const LnBackwardArgs& a, int version) {
 }
 
 cudaError_t ln_backward(const LnBackwardArgs& a, int version, cudaStream_t stream) {
-  if (version < 1 || version > 3) return cudaErrorInvalidValue;
+  if (version < 1 || version > 4) return cudaErrorInvalidValue;
   if (a.rows == 0 && !a.dweight && !a.dbias) return cudaSuccess;
   return typed(a.dt, a.wdt, [&](auto t, auto tw) {
     return backward_typed<decltype(t), decltype(tw)>(a, version, stream, nullptr);

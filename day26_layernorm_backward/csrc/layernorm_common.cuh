@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "kc/convert.cuh"
+#include "kc/reduce.cuh"
 #include "kc/vec.cuh"
 
 namespace day26 {
@@ -149,6 +150,168 @@ inline int64_t persistent_grid(int64_t rows, int per_sm) {
   if (want < num_sms()) want = num_sms();
   int64_t g = fit < want ? fit : want;
   return g < rows ? g : rows;
+}
+
+// ---------------------------------------------------------------------- v4
+// v4 ("row slots"): a block holds `slots` independent row teams ("slots") of
+// tpr threads each (tpr a multiple of 32); a slot walks its rows alone, syncing
+// only its own threads (a warp shuffle, then a named barrier when tpr > 32),
+// so the slots of a block never wait for each other. Each thread owns the same
+// iters * vec columns in every row of its slot, which lets the backward keep
+// its dgamma/dbeta sums in registers (or in a shared-memory row per slot), and
+// one partial row per block (not per row team) goes to the finalize kernel.
+// Optionally (kPrefetch) the next row of x (and dy) is loaded into registers
+// while the current one is computed.
+constexpr int kV4SmallThreads = 512;  // threads per block at most (128 registers a thread)
+constexpr int kV4MaxSlots = 16;  // named barriers 1..15 (0 is __syncthreads); warp slots need none
+
+struct V4Config {
+  bool ok = false;  // false: no v4 shape for this row (too long): use v2
+  int vec = 1;      // elements per vector access
+  int iters = 1;    // vector accesses per thread per row (1, 2 or 4)
+  int tpr = 32;     // threads per row (a multiple of 32, <= 512)
+};
+
+// Elements per thread v4 aims at (registers: x, dy and, in the backward, two fp32
+// accumulators per element). A tuning knob: DAY26_V4_EPT=4|8|16|32, default 16.
+inline int v4_target_ept() {
+  const char* e = std::getenv("DAY26_V4_EPT");
+  const int v = e ? std::atoi(e) : 0;
+  return (v == 4 || v == 8 || v == 16 || v == 32) ? v : 16;
+}
+
+// Whether v4 prefetches the next row into registers: DAY26_V4_PREFETCH=0|1;
+// unset: `dflt` (the launcher's measured choice, see the README's log).
+inline bool v4_prefetch(bool dflt) {
+  const char* e = std::getenv("DAY26_V4_PREFETCH");
+  return e && (e[0] == '0' || e[0] == '1') ? e[0] == '1' : dflt;
+}
+// version 4 runs v2's (or v3's) kernels for the shapes where those measured
+// faster on the H200 (README); DAY26_V4_FORCE=1 runs v4's kernels wherever they
+// can run (tests, experiments).
+inline bool v4_forced() {
+  const char* e = std::getenv("DAY26_V4_FORCE");
+  return e && e[0] == '1';
+}
+// Whether the v4 backward keeps its dgamma/dbeta sums in shared memory (one
+// [2][D] fp32 row per slot) instead of registers: DAY26_V4_SMEM_ACC=0|1 (default 0).
+inline bool v4_smem_acc() {
+  const char* e = std::getenv("DAY26_V4_SMEM_ACC");
+  return e && e[0] == '1';
+}
+
+// The largest iters (most elements per thread, up to the target) whose rounding
+// of tpr up to a multiple of 32 leaves at most 1/8 of the lanes idle; failing
+// that, the one that leaves the fewest.
+inline V4Config v4_config(int64_t cols, int vec) {
+  V4Config c;
+  c.vec = vec;
+  const int64_t nv = (cols + vec - 1) / vec;
+  const int ept = v4_target_ept();
+  int64_t best_waste = -1;
+  for (int iters : {4, 2, 1}) {
+    if (iters * vec > ept && iters > 1) continue;
+    const int64_t tpr = ((nv + iters - 1) / iters + 31) / 32 * 32;
+    if (tpr > kV4SmallThreads) continue;
+    const int64_t waste = tpr * iters - nv;
+    if (waste * 8 <= nv) {
+      c.ok = true, c.iters = iters, c.tpr = int(tpr);
+      return c;
+    }
+    if (best_waste < 0 || waste < best_waste) {
+      best_waste = waste;
+      c.ok = true, c.iters = iters, c.tpr = int(tpr);
+    }
+  }
+  if (!c.ok && vec > 1) {  // long rows: more than the target per thread, up to 4 vectors
+    const int64_t tpr = ((nv + 3) / 4 + 31) / 32 * 32;
+    if (tpr <= kV4SmallThreads) c.ok = true, c.iters = 4, c.tpr = int(tpr);
+  }
+  return c;
+}
+
+// Launch shape of a v4 kernel: slots per block and the persistent grid.
+struct V4Plan {
+  int slots = 1;
+  int threads = 32;
+  size_t smem = 0;
+  int64_t grid = 0;
+};
+
+// Picks, among blocks of 1024, 768, 512, 384, 256 or 128 threads or one slot
+// (at most max_threads, the kernel's launch bound), the one that keeps the most
+// threads resident per SM (ties: the larger block, fewer dgamma/dbeta partials).
+// Dynamic shared memory: smem_per_slot for each slot plus smem_per_thread for
+// each thread of the slots after the first. Cached per (kernel, tpr, device,
+// smem_per_slot): occupancy queries cost host time.
+// grid = min(blocks that fit at once, blocks with a row to do).
+template <typename Kernel>
+V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t smem_per_slot,
+               size_t smem_per_thread) {
+  auto smem_of = [&](int s) { return size_t(s) * smem_per_slot + size_t(s - 1) * tpr * smem_per_thread; };
+  struct Entry { const void* k; int tpr; int dev; size_t smem_slot; int slots; int per_sm; };
+  static thread_local Entry cache[32];
+  static thread_local int used = 0;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const void* key = reinterpret_cast<const void*>(kernel);
+  int slots = 0, per_sm = 0;
+  for (int i = 0; i < used; ++i)
+    if (cache[i].k == key && cache[i].tpr == tpr && cache[i].dev == dev && cache[i].smem_slot == smem_per_slot)
+      slots = cache[i].slots, per_sm = cache[i].per_sm;
+  if (slots == 0) {
+    const int max_slots = tpr == 32 ? max_threads / 32 : (kV4MaxSlots - 1 < max_threads / tpr ? kV4MaxSlots - 1 : max_threads / tpr);
+    int best = -1;
+    for (int threads : {1024, 768, 512, 384, 256, 128, tpr}) {
+      if (threads % tpr) continue;
+      const int s = threads / tpr;
+      if (s < 1 || s > max_slots) continue;
+      const size_t smem = smem_of(s);
+      if (allow_dynamic_smem(kernel, smem) != cudaSuccess) continue;
+      int n = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess || n < 1) continue;
+      if (n * threads > best) best = n * threads, slots = s, per_sm = n;
+    }
+    cudaGetLastError();  // clear what a refused configuration left
+    if (slots == 0) slots = 1, per_sm = 1;
+    cache[used < 32 ? used++ : 31] = Entry{key, tpr, dev, smem_per_slot, slots, per_sm};
+  }
+  V4Plan p;
+  p.slots = slots;
+  p.threads = slots * tpr;
+  p.smem = smem_of(slots);
+  allow_dynamic_smem(kernel, p.smem);
+  const int64_t blocks = (rows + slots - 1) / slots;
+  const int64_t cap = int64_t(num_sms()) * per_sm;
+  p.grid = blocks < cap ? blocks : cap;
+  return p;
+}
+
+// A barrier among the `nthreads` threads (a multiple of 32) that use barrier `id` (1..15).
+__device__ __forceinline__ void named_barrier(int id, int nthreads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+// Sums each of v[0..N) over the threads of one slot (nw warps; the slot's warp
+// index wis, lane). All of the slot's threads get the sums. red: this slot's
+// 2 * 32 * N floats, used by parity (flipped here): one barrier per call, since
+// a slot cannot reach call i + 2 before all of it has passed call i + 1's
+// barrier, i.e. finished reading call i's half.
+template <int N>
+__device__ __forceinline__ void slot_reduce_sum(float (&v)[N], float* red, int& parity, int barrier_id, int nw,
+                                                int wis, int lane) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = kc::warp_reduce_sum(v[k]);
+  if (nw == 1) return;
+  float* r = red + parity * 32 * N;
+  if (lane == 0)
+#pragma unroll
+    for (int k = 0; k < N; ++k) r[wis * N + k] = v[k];
+  named_barrier(barrier_id, nw * 32);
+  // every warp adds the nw warp totals itself (lane i holds warp i's): no second barrier
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = kc::warp_reduce_sum(lane < nw ? r[lane * N + k] : 0.f);
+  parity ^= 1;
 }
 
 // Load VEC elements of T starting at p (aligned when VEC > 1) as fp32.

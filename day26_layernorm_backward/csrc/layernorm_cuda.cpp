@@ -30,7 +30,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
                                                                    double eps, int64_t version) {
   TORCH_CHECK(x_.is_cuda(), "layer_norm: input must be a CUDA tensor here");
   const LnShape s = ln_check_inputs(x_, nshape, weight_, bias_, /*allow_f64=*/false);
-  TORCH_CHECK(version >= 1 && version <= 3, "layer_norm: version must be 1, 2 or 3, got ", kc::fmt(version));
+  TORCH_CHECK(version >= 1 && version <= 4, "layer_norm: version must be 1, 2, 3 or 4, got ", kc::fmt(version));
   const at::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous();
   const auto weight = contiguous_or_none(weight_), bias = contiguous_or_none(bias_);
@@ -58,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
     const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, std::array<bool, 3> mask, int64_t version) {
   TORCH_CHECK(x_.is_cuda(), "layer_norm backward: input must be a CUDA tensor here");
   const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight_, /*allow_f64=*/false);
-  TORCH_CHECK(version >= 1 && version <= 3, "layer_norm backward: version must be 1, 2 or 3, got ", kc::fmt(version));
+  TORCH_CHECK(version >= 1 && version <= 4, "layer_norm backward: version must be 1, 2, 3 or 4, got ", kc::fmt(version));
   const at::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous(), dy = dy_.contiguous();
   const at::Tensor mean = mean_.contiguous(), rstd = rstd_.contiguous();

@@ -170,6 +170,97 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   kc::cp_async_wait(0);
 }
 
+// v4. Row slots (layernorm_common.cuh): blockDim.x = slots * tpr; slot k walks
+// rows blockIdx.x * slots + k + i * gridDim.x * slots, syncing only its own
+// threads; with kPrefetch the next row is loaded into registers before the
+// current one is reduced.
+template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch>
+__global__ void __launch_bounds__(kV4SmallThreads)
+ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
+          T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+          int64_t rows, int64_t D, float eps, int tpr) {
+  __shared__ float red[kV4MaxSlots][2 * 32];
+  const int slots = blockDim.x / tpr;
+  const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
+  const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
+  const float inv_d = 1.f / float(D);
+  const int64_t stride = int64_t(gridDim.x) * slots;
+  int64_t row = int64_t(blockIdx.x) * slots + slot;
+  int parity = 0;
+  RowRegs<T, VEC, ITERS> cur;
+  if (kPrefetch && row < rows) load_row(cur, x + row * D, D, tpr, t);
+  for (; row < rows; row += stride) {
+    RowRegs<T, VEC, ITERS> nxt;
+    if (kPrefetch) {
+      if (row + stride < rows) load_row(nxt, x + (row + stride) * D, D, tpr, t);
+    } else {
+      load_row(cur, x + row * D, D, tpr, t);
+    }
+    float s[1] = {0.f};
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it)
+      if ((int64_t(it) * tpr + t) * VEC < D)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s[0] += kc::to_float(cur.v[it].v[j]);
+    slot_reduce_sum<1>(s, red[slot], parity, 1 + slot, nw, wis, lane);
+    const float mu = s[0] * inv_d;
+    float q[1] = {0.f};
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it)
+      if ((int64_t(it) * tpr + t) * VEC < D)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = kc::to_float(cur.v[it].v[j]) - mu;
+          q[0] += d * d;
+        }
+    slot_reduce_sum<1>(q, red[slot], parity, 1 + slot, nw, wis, lane);
+    const float rs = rsqrtf(q[0] * inv_d + eps);
+    T* yr = y + row * D;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        float wv[VEC], bv[VEC], out[VEC];
+        load_param<TW, VEC>(w, c, 1.f, wv);
+        load_param<TW, VEC>(b, c, 0.f, bv);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = (kc::to_float(cur.v[it].v[j]) - mu) * rs * wv[j] + bv[j];
+        store_from_f32<T, VEC>(yr + c, out);
+      }
+    }
+    if (t == 0) {
+      mean_out[row] = mu;
+      rstd_out[row] = rs;
+    }
+    if (kPrefetch) cur = nxt;
+  }
+}
+
+template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch>
+cudaError_t launch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, cudaStream_t stream) {
+  auto kernel = ln_fwd_v4<T, TW, VEC, ITERS, kPrefetch>;
+  const V4Plan p = v4_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, 0, 0);
+  if (p.grid > 0) {
+    kernel<<<unsigned(p.grid), p.threads, 0, stream>>>(static_cast<const T*>(a.x), static_cast<const TW*>(a.weight),
+                                                       static_cast<const TW*>(a.bias), static_cast<T*>(a.y), a.mean,
+                                                       a.rstd, a.rows, a.cols, a.eps, cfg.tpr);
+    KC_CUDA_LAUNCH_TRY();
+  }
+  return cudaSuccess;
+}
+
+template <typename T, typename TW, int VEC>
+cudaError_t dispatch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, cudaStream_t stream) {
+  return KC_BOOL_SWITCH(v4_prefetch(sizeof(T) == 2), kPrefetch, [&] {
+    switch (cfg.iters) {
+      case 1: return launch_fwd_v4<T, TW, VEC, 1, kPrefetch>(a, cfg, stream);
+      case 2: return launch_fwd_v4<T, TW, VEC, 2, kPrefetch>(a, cfg, stream);
+      case 4: return launch_fwd_v4<T, TW, VEC, 4, kPrefetch>(a, cfg, stream);
+    }
+    return cudaErrorInvalidConfiguration;
+  });
+}
+
 template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
 cudaError_t launch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStream_t stream) {
   auto kernel = ln_fwd_v2<T, TW, VEC, ITERS, kWarp>;
@@ -233,6 +324,15 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
     const bool vec_ok = kc::can_vectorize<T, V>(a.x, a.cols) && kc::can_vectorize<T, V>(a.y, a.cols) &&
                         (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V)) &&
                         (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
+    // version 4: v4's kernels (next row prefetched) for 16-bit types; for fp32,
+    // where they measured slower (H200, README's log), v2's, and v3's for rows
+    // over 8192. DAY26_V4_FORCE=1: v4's kernels wherever they can run.
+    const bool use_v4 = version == 4 && (sizeof(T) == 2 || v4_forced());
+    if (use_v4) {
+      const V4Config c4 = v4_config(a.cols, vec_ok ? V : 1);
+      if (c4.ok) return vec_ok ? dispatch_fwd_v4<T, TW, V>(a, c4, stream) : dispatch_fwd_v4<T, TW, 1>(a, c4, stream);
+    }
+    if (version == 4 && !use_v4 && a.cols > 8192) version = 3;
     const V2Config cfg = v2_config(a.cols, vec_ok ? V : 1);
     if (cfg.ok) {
       const int stages = pipe_stages(size_t(a.cols) * sizeof(T));
@@ -256,7 +356,7 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
 
 cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
-  if (version < 1 || version > 3) return cudaErrorInvalidValue;
+  if (version < 1 || version > 4) return cudaErrorInvalidValue;
   const bool w_f32 = a.wdt == kc::DType::F32;
   return KC_DTYPE_SWITCH(a.dt, T, [&] {
     return KC_BOOL_SWITCH(w_f32, kWF32, [&] {

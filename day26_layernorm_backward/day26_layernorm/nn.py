@@ -11,15 +11,15 @@ class LayerNorm(torch.nn.LayerNorm):
 
     Same constructor (normalized_shape, eps, elementwise_affine, bias, device,
     dtype), same parameters (`weight`, `bias`) and state_dict, so it loads a
-    torch.nn.LayerNorm's weights. `version` picks the kernels (1: the seed's, 2: registers, the default; 3: cp.async pipeline).
+    torch.nn.LayerNorm's weights. `version` picks the kernels (1: the seed's, 2: registers, 3: cp.async pipeline, 4: row slots, the default).
     """
 
-    def __init__(self, *args, version: int = 2, **kwargs):
+    def __init__(self, *args, version: int = 4, **kwargs):
         super().__init__(*args, **kwargs)
         self.version = version
 
     @classmethod
-    def from_torch(cls, m: torch.nn.LayerNorm, version: int = 2) -> "LayerNorm":
+    def from_torch(cls, m: torch.nn.LayerNorm, version: int = 4) -> "LayerNorm":
         """A copy of `m` (same shape, eps, parameters) running on day26's kernels."""
         p = m.weight if m.weight is not None else None
         new = cls(m.normalized_shape, eps=m.eps, elementwise_affine=m.elementwise_affine,

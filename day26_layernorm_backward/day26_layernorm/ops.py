@@ -26,14 +26,14 @@ def _stat_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 @torch.library.register_fake("day26::layer_norm_fwd")
-def _fwd_fake(x, normalized_shape, weight, bias, eps, version=2):
+def _fwd_fake(x, normalized_shape, weight, bias, eps, version=4):
     lead = x.shape[: x.dim() - len(normalized_shape)]
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     return y, x.new_empty(lead, dtype=_stat_dtype(x)), x.new_empty(lead, dtype=_stat_dtype(x))
 
 
 @torch.library.register_fake("day26::layer_norm_bwd")
-def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=2):
+def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=4):
     wdt = weight.dtype if weight is not None else x.dtype
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if output_mask[0] else x.new_empty((0,))
     dw = x.new_empty(normalized_shape, dtype=wdt) if output_mask[1] and weight is not None else x.new_empty((0,))
@@ -80,26 +80,27 @@ def _as_shape(normalized_shape) -> list[int]:
     return [int(s) for s in normalized_shape]
 
 
-def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, version: int = 2):
+def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, version: int = 4):
     """(y, mean, rstd): the forward op. mean/rstd are fp32 (fp64 for fp64 input), shaped like x's leading dims."""
     return _ops.layer_norm_fwd(x, _as_shape(normalized_shape), weight, bias, float(eps), int(version))
 
 
 def layer_norm_backward(dy, x, normalized_shape, mean, rstd, weight=None,
-                        output_mask: Sequence[bool] = (True, True, True), version: int = 2):
+                        output_mask: Sequence[bool] = (True, True, True), version: int = 4):
     """(dx, dweight, dbias): the backward op. Entries not requested in output_mask
     (and dweight when weight is None) come back as empty tensors of shape [0]."""
     return _ops.layer_norm_bwd(dy, x, _as_shape(normalized_shape), mean, rstd, weight,
                                [bool(m) for m in output_mask], int(version))
 
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, version: int = 2):
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, version: int = 4):
     """LayerNorm with the semantics of torch.nn.functional.layer_norm, differentiable.
 
     x: (..., *normalized_shape) in float32, float16 or bfloat16 (float64 on CPU);
     weight, bias: normalized_shape, in x's dtype or float32. Statistics and all
     sums are computed in fp32 (fp64 on CPU). CUDA kernel versions: 1 = the
-    seed's algorithm, 2 = row in registers (default, the fastest measured),
-    3 = 2 on a cp.async pipeline. The CPU path ignores it.
+    seed's algorithm, 2 = row in registers, 3 = 2 on a cp.async pipeline,
+    4 = row slots (the default: v4's kernels where they measured fastest, v2's
+    or v3's elsewhere; see the README). The CPU path ignores it.
     """
     return layer_norm_forward(x, normalized_shape, weight, bias, eps, version)[0]

@@ -1,0 +1,92 @@
+"""Where does the time go? (GPU; a development probe, not the benchmark.)
+
+For each benchmark shape and each variant ("V" or "V:ENV=VAL:ENV=VAL", e.g.
+"4:DAY26_V4_PREFETCH=0"): the whole backward, dx only (no dgamma/dbeta), and the
+forward; plus torch.add(x, dy, out=dx) - the backward's 3 passes of bytes with no
+math - and copy_ (the forward's 2 passes).
+    python tools/probe_bwd.py [--variants 2,4] [--dtypes float32,bfloat16] [--no-dx]
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+from kernel_common import bench
+from day26_layernorm import layer_norm_backward, layer_norm_forward
+
+SHAPES = [(4096, 768), (32768, 1024), (16384, 4096), (8192, 8192), (4096, 16384)]
+
+
+def parse_variant(s):
+    parts = s.split(":")
+    env = dict(p.split("=", 1) for p in parts[1:])
+    name = "v" + parts[0] + "".join("_" + k.replace("DAY26_", "").replace("V4_", "").lower() + v
+                                    for k, v in env.items())
+    return name, int(parts[0]), env
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--variants", default="2,4")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--no-dx", action="store_true")
+    args = p.parse_args()
+    variants = [parse_variant(v) for v in args.variants.split(",")]
+    bw = bench.copy_bandwidth_gbs()
+    brows, frows = [], []
+    for dname in args.dtypes.split(","):
+        dtype = getattr(torch, dname)
+        for n, d in SHAPES:
+            x = torch.randn(n, d, device="cuda", dtype=dtype)
+            w = torch.randn(d, device="cuda", dtype=dtype)
+            b = torch.randn(d, device="cuda", dtype=dtype)
+            dy = torch.randn(n, d, device="cuda", dtype=dtype)
+            _, mean, rstd = torch.ops.aten.native_layer_norm(x, [d], w, b, 1e-5)
+            m1, r1 = mean.view(-1), rstd.view(-1)
+            out = torch.empty_like(x)
+            label = f"{n}x{d} {dname}"
+            floor = bench.floor_us(3 * n * d * x.element_size(), bw)
+            ffloor = bench.floor_us(2 * n * d * x.element_size(), bw)
+            br = dict(shape=label, floor=floor)
+            fr = dict(shape=label, floor=ffloor)
+            br["add3"] = bench.time_us(lambda: torch.add(x, dy, out=out))
+            fr["copy2"] = bench.time_us(lambda: out.copy_(x))
+            br["torch"] = bench.time_us(lambda: torch.ops.aten.native_layer_norm_backward(
+                dy, x, [d], mean, rstd, w, b, [True, True, True]))
+            fr["torch"] = bench.time_us(lambda: torch.nn.functional.layer_norm(x, (d,), w, b))
+            for name, v, env in variants:
+                saved = {k: os.environ.get(k) for k in env}
+                os.environ.update(env)
+                try:
+                    br[name] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=v))
+                    if not args.no_dx:
+                        br[name + "_dx"] = bench.time_us(lambda: layer_norm_backward(
+                            dy, x, d, m1, r1, w, output_mask=(True, False, False), version=v))
+                    fr[name] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=v))
+                finally:
+                    for k, val in saved.items():
+                        if val is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = val
+                br["pct_" + name] = 100 * floor / br[name]
+                br["xt_" + name] = br["torch"] / br[name]
+                fr["pct_" + name] = 100 * ffloor / fr[name]
+            brows.append(br)
+            frows.append(fr)
+            del x, w, b, dy, out
+            torch.cuda.empty_cache()
+    names = [v[0] for v in variants]
+    bcols = ["shape", "floor", "add3", "torch"]
+    for nm in names:
+        bcols += [nm] + ([] if args.no_dx else [nm + "_dx"]) + ["pct_" + nm, "xt_" + nm]
+    fcols = ["shape", "floor", "copy2", "torch"] + [c for nm in names for c in (nm, "pct_" + nm)]
+    print(f"copy bandwidth {bw:.0f} GB/s; us, median, L2 flushed")
+    print("\nforward\n" + bench.format_table(frows, fcols))
+    print("\nbackward (pct = floor / time, xt = torch / time)\n" + bench.format_table(brows, bcols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
