@@ -6,6 +6,7 @@
 # The package must be installed (scripts/build_all.sh PACKAGE). KC_SANITIZE=1 is
 # exported so a test.py can shrink its sizes (the tools slow kernels 10-100x).
 # Prints each tool's ERROR SUMMARY; exits non-zero if any tool reports an error.
+# KC_SAN_TOOLS="racecheck" runs a subset of the tools (default: memcheck racecheck).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PKG=${1:?usage: scripts/sanitize.sh PACKAGE [-k expr]}
@@ -16,7 +17,7 @@ mkdir -p "$LOGS"
 command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found" >&2; exit 2; }
 export KC_SANITIZE=1 KC_POISON_OUTPUTS=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
 status=0
-for tool in memcheck racecheck; do
+for tool in ${KC_SAN_TOOLS:-memcheck racecheck}; do
   log="$LOGS/$PKG.sanitize-$tool.log"
   echo "== compute-sanitizer --tool $tool: $PKG (-k '$EXPR'), log $log"
   (cd "$ROOT/$PKG" && compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 99 \
