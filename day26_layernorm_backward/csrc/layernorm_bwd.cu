@@ -205,6 +205,34 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   }
 }
 
+// Write a thread's register sums (columns (it * tpr + t) * VEC + j) into a partial
+// row: out[c] = dweight partial, out[D + c] = dbias partial.
+template <int VEC, int ITERS>
+__device__ __forceinline__ void store_partial_row(float* out, const float (&accw)[ITERS][VEC],
+                                                  const float (&accb)[ITERS][VEC], int64_t D, int tpr, int t) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int64_t c = (int64_t(it) * tpr + t) * VEC;
+    if (c < D) {
+      if constexpr (VEC % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < VEC; j += 4) {
+          *reinterpret_cast<float4*>(out + c + j) =
+              make_float4(accw[it][j], accw[it][j + 1], accw[it][j + 2], accw[it][j + 3]);
+          *reinterpret_cast<float4*>(out + D + c + j) =
+              make_float4(accb[it][j], accb[it][j + 1], accb[it][j + 2], accb[it][j + 3]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          out[c + j] = accw[it][j];
+          out[D + c + j] = accb[it][j];
+        }
+      }
+    }
+  }
+}
+
 // v3. Block path, VEC = 16 bytes of T, blockDim.x = threads per row <= kMaxTpr;
 // dynamic shared memory: stages * 2 * D elements of T ([stages][x | dy][D]);
 // partial: [gridDim.x][2][D] fp32 when kPartials (every column written).
@@ -279,21 +307,7 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
   kc::cp_async_wait(0);
-  if (kPartials) {
-    float* out = partial + int64_t(blockIdx.x) * 2 * D;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
-#pragma unroll
-        for (int j = 0; j < VEC; j += 4) {  // VEC is 4 or 8: 16-byte stores
-          *reinterpret_cast<float4*>(out + c + j) = make_float4(accw[it][j], accw[it][j + 1], accw[it][j + 2], accw[it][j + 3]);
-          *reinterpret_cast<float4*>(out + D + c + j) =
-              make_float4(accb[it][j], accb[it][j + 1], accb[it][j + 2], accb[it][j + 3]);
-        }
-      }
-    }
-  }
+  if (kPartials) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, tpr, t);
 }
 
 // v4. Row slots (layernorm_common.cuh): blockDim.x = slots * tpr; slot k walks
@@ -461,30 +475,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
         }
       }
     }
-    if (slot == 0) {
-      float* out = partial + int64_t(blockIdx.x) * 2 * D;
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        const int64_t c = (int64_t(it) * tpr + t) * VEC;
-        if (c < D) {
-          if constexpr (VEC % 4 == 0) {
-#pragma unroll
-            for (int j = 0; j < VEC; j += 4) {
-              *reinterpret_cast<float4*>(out + c + j) =
-                  make_float4(accw[it][j], accw[it][j + 1], accw[it][j + 2], accw[it][j + 3]);
-              *reinterpret_cast<float4*>(out + D + c + j) =
-                  make_float4(accb[it][j], accb[it][j + 1], accb[it][j + 2], accb[it][j + 3]);
-            }
-          } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              out[c + j] = accw[it][j];
-              out[D + c + j] = accb[it][j];
-            }
-          }
-        }
-      }
-    }
+    if (slot == 0) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, tpr, t);
   }
 }
 

@@ -68,10 +68,12 @@ __global__ void ln_fwd_v1(const T* __restrict__ x, const TW* __restrict__ w, con
 // - VEC > 1 only when x, y, weight, bias are aligned to a VEC-vector and D % VEC == 0;
 // - ITERS * VEC * (threads per row) >= D;
 // - rows are visited grid-stride, so any number of rows works with any grid.
-template <typename T, typename TW, int VEC, int ITERS>
+// One row in registers -> y, mean, rstd. reduce(v): the sum of v over the row's
+// threads, returned to all of them (a warp, a block or a v4 row slot).
+template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
 __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
                                         const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
-                                        float* rstd_out, int64_t D, float eps, int tpr, int t, bool warp, float* red) {
+                                        float* rstd_out, int64_t D, float eps, int tpr, int t, Reduce&& reduce) {
   const float inv_d = 1.f / float(D);
   float s = 0.f;
 #pragma unroll
@@ -79,7 +81,7 @@ __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const
     if ((int64_t(it) * tpr + t) * VEC < D)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) s += kc::to_float(cur.v[it].v[j]);
-  s = warp ? kc::warp_reduce_sum(s) : kc::block_reduce_sum(s, red);
+  s = reduce(s);
   const float mean = s * inv_d;
   float q = 0.f;
 #pragma unroll
@@ -90,7 +92,7 @@ __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const
         const float d = kc::to_float(cur.v[it].v[j]) - mean;
         q += d * d;
       }
-  q = warp ? kc::warp_reduce_sum(q) : kc::block_reduce_sum(q, red);
+  q = reduce(q);
   const float rstd = rsqrtf(q * inv_d + eps);
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
@@ -125,7 +127,11 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
     RowRegs<T, VEC, ITERS> cur;
     load_row(cur, x + row * D, D, tpr, t);
-    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t, kWarp, red);
+    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t,
+                               [&](float v) {
+                                 if constexpr (kWarp) return kc::warp_reduce_sum(v);
+                                 else return kc::block_reduce_sum(v, red);
+                               });
   }
 }
 
@@ -164,7 +170,8 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
       const int64_t c = (int64_t(it) * tpr + t) * VEC;
       if (c < D) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + stage * D + c);
     }
-    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t, false, red);
+    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t,
+                               [&](float v) { return kc::block_reduce_sum(v, red); });
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
   kc::cp_async_wait(0);
@@ -183,7 +190,6 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   const int slots = blockDim.x / tpr;
   const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
   const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
-  const float inv_d = 1.f / float(D);
   const int64_t stride = int64_t(gridDim.x) * slots;
   int64_t row = int64_t(blockIdx.x) * slots + slot;
   int parity = 0;
@@ -196,42 +202,12 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     } else {
       load_row(cur, x + row * D, D, tpr, t);
     }
-    float s[1] = {0.f};
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it)
-      if ((int64_t(it) * tpr + t) * VEC < D)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) s[0] += kc::to_float(cur.v[it].v[j]);
-    slot_reduce_sum<1>(s, red[slot], parity, 1 + slot, nw, wis, lane);
-    const float mu = s[0] * inv_d;
-    float q[1] = {0.f};
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it)
-      if ((int64_t(it) * tpr + t) * VEC < D)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = kc::to_float(cur.v[it].v[j]) - mu;
-          q[0] += d * d;
-        }
-    slot_reduce_sum<1>(q, red[slot], parity, 1 + slot, nw, wis, lane);
-    const float rs = rsqrtf(q[0] * inv_d + eps);
-    T* yr = y + row * D;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
-        float wv[VEC], bv[VEC], out[VEC];
-        load_param<TW, VEC>(w, c, 1.f, wv);
-        load_param<TW, VEC>(b, c, 0.f, bv);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = (kc::to_float(cur.v[it].v[j]) - mu) * rs * wv[j] + bv[j];
-        store_from_f32<T, VEC>(yr + c, out);
-      }
-    }
-    if (t == 0) {
-      mean_out[row] = mu;
-      rstd_out[row] = rs;
-    }
+    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t,
+                               [&](float v) {
+                                 float r[1] = {v};
+                                 slot_reduce_sum<1>(r, red[slot], parity, 1 + slot, nw, wis, lane);
+                                 return r[0];
+                               });
     if (kPrefetch) cur = nxt;
   }
 }
