@@ -1,8 +1,9 @@
 // Schemas of the se_module ops. Implementations: se_cpu.cpp (CPU) and
 // se_cuda.cpp (CUDA); autograd and fake tensors: se_module/ops.py.
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 #include <torch/python.h>
+
+#include "se_dispatch.h"
 
 TORCH_LIBRARY(se_module, m) {
   // the seed's stages
@@ -20,28 +21,15 @@ TORCH_LIBRARY(se_module, m) {
         "int version=3) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
-namespace {
-
-// torch.ops.se_module.se_block through the C++ dispatcher (Autograd key included,
-// so the same autograd, autocast fallthrough and device kernels), without the
-// Python op-call path (schema matching of Python arguments, boxing): several
-// us of host time per call, measured on the H200 machine (README). Used by
-// ops.se_block and SqueezeExcitation.forward only for plain tensors with no
-// __torch_function__ override or mode and outside torch.compile; everything
-// else takes torch.ops.se_module.se_block.
-at::Tensor se_block_fast(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                         const at::Tensor& b2, int64_t act, int64_t version) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("se_module::se_block", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, int64_t, int64_t)>();
-  return op.call(x, w1, b1, w2, b2, act, version);
-}
-
-}  // namespace
+// se_module_C.se_block: torch.ops.se_module.se_block through the C++ dispatcher
+// (se_dispatch.h), without the Python op-call path (schema matching of Python
+// arguments, boxing): several us of host time per call, measured on the H200
+// machine (README). Used by ops.se_block and SqueezeExcitation.forward only for
+// plain tensors with no __torch_function__ override or mode and outside
+// torch.compile; everything else takes torch.ops.se_module.se_block.
 
 // Importing the module runs the registrations above.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "se_module ops (torch.ops.se_module)";
-  m.def("se_block", &se_block_fast, "torch.ops.se_module.se_block called from C++ (host fast path)");
+  m.def("se_block", &se_glue::call_se_block, "torch.ops.se_module.se_block called from C++ (host fast path)");
 }

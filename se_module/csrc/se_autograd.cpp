@@ -13,19 +13,12 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "se_dispatch.h"
+
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-at::Tensor call_forward(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                        const at::Tensor& b2, int64_t act, int64_t version) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("se_module::se_block", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, int64_t, int64_t)>();
-  return op.call(x, w1, b1, w2, b2, act, version);
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward(
     const at::Tensor& g, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
@@ -44,7 +37,7 @@ class SEBlockFunction : public torch::autograd::Function<SEBlockFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
                             const at::Tensor& w2, const at::Tensor& b2, int64_t act, int64_t version) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    at::Tensor out = call_forward(x, w1, b1, w2, b2, act, version);
+    at::Tensor out = se_glue::call_se_block(x, w1, b1, w2, b2, act, version);
     ctx->save_for_backward({x, w1, b1, w2, b2});
     ctx->saved_data["act"] = act;
     ctx->saved_data["version"] = version;

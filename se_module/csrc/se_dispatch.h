@@ -1,0 +1,20 @@
+// se_dispatch.h: torch.ops.se_module.se_block called through the C++ dispatcher,
+// shared by the autograd kernel (se_autograd.cpp, under a guard that skips the
+// Autograd key) and the extension's host fast path (binding.cpp, from the top:
+// the same autograd, autocast fallthrough and device kernels as torch.ops).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace se_glue {
+
+inline at::Tensor call_se_block(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                                const at::Tensor& b2, int64_t act, int64_t version) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("se_module::se_block", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, int64_t, int64_t)>();
+  return op.call(x, w1, b1, w2, b2, act, version);
+}
+
+}  // namespace se_glue
