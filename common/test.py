@@ -132,6 +132,9 @@ def test_rel_err():
     assert testing.rel_err(r, r) == 0
     assert abs(testing.rel_err(r * 1.1, r) - 0.1) < 1e-12
     assert testing.rel_err(torch.ones(2), torch.zeros(2)) == pytest.approx(math.sqrt(2))
+    # scale: the error relative to the larger of ||ref|| and the natural size given
+    assert abs(testing.rel_err(r * 1.1, r, scale=50.0) - 0.01) < 1e-12
+    assert abs(testing.rel_err(r * 1.1, r, scale=1.0) - 0.1) < 1e-12
 
 
 def test_views_keep_values():

@@ -36,10 +36,13 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return _TOL[dtype]
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64 (plain norm of out - ref when ref is 0)."""
+def rel_err(out: torch.Tensor, ref: torch.Tensor, scale: float = 0.0) -> float:
+    """||out - ref|| / max(||ref||, scale) in float64 (plain norm of out - ref when
+    both are 0). `scale`: the natural size of the result when it can be far below
+    the terms it is computed from (a sum that cancels: pass the norm of the sum of
+    the terms' absolute values), since rounding is relative to the terms."""
     o, r = out.detach().double().cpu(), ref.detach().double().cpu()
-    den = r.norm().item()
+    den = max(r.norm().item(), scale)
     num = (o - r).norm().item()
     return num / den if den > 0 else num
 
