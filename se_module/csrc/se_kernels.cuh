@@ -1,6 +1,6 @@
 // se_kernels.cuh: the device code that the stage ops (stages.cu) and the fused
 // block (se_fused.cu) share: the HW reductions, the per-channel elementwise
-// pass, fast index division, and programmatic-dependent-launch helpers.
+// pass and fast index division.
 //
 // Assumptions common to every kernel here:
 // - blocks of kThreads = 256 threads (a multiple of 32, as kc/reduce.cuh needs);
@@ -21,6 +21,7 @@
 
 #include "kc/check.cuh"
 #include "kc/convert.cuh"
+#include "kc/launch.cuh"
 #include "kc/reduce.cuh"
 #include "kc/switch.cuh"
 #include "kc/vec.cuh"
@@ -39,42 +40,10 @@ inline int max_vec(kc::DType dt) { return dt == kc::DType::F32 ? 4 : 8; }
 inline int nchw_team(const Dims& d) { return d.l > kWarpTeamMaxL ? kThreads : 32; }
 
 // ------------------------------------------------------------------ PDL
-// griddepcontrol (sm_90+): a kernel launched with programmatic stream
-// serialization may start before its predecessor has finished; it must wait
-// (grid_dependency_wait) before touching anything the predecessor wrote. For a
-// kernel launched normally the wait returns at once. launch_dependents lets the
-// next kernel's blocks be scheduled once every block of this one has called it.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
-// Launch `kernel` normally, or with programmatic stream serialization (pdl).
-template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   bool pdl, Args&&... args) {
-  if (!pdl) {
-    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
+// griddepcontrol and the PDL launch come from kc/launch.cuh (common/).
+using kc::grid_dependency_wait;
+using kc::launch;
+using kc::launch_dependents;
 
 inline cudaError_t check_grid(int64_t blocks) {
   return (blocks >= 1 && blocks <= 0x7fffffffLL) ? cudaSuccess : cudaErrorInvalidConfiguration;
