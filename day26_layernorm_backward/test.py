@@ -163,12 +163,32 @@ def test_cuda_v4_configurations(ept, prefetch, smem_acc, monkeypatch):
     threads per row, 1 to 16 slots per block. DAY26_V4_FORCE: v4's kernels even
     where version 4 would run v2's or v3's."""
     monkeypatch.setenv("DAY26_V4_FORCE", "1")
+    monkeypatch.setenv("DAY26_V4_RING", "0")  # v4's own kernels (the ring has its test below)
     monkeypatch.setenv("DAY26_V4_EPT", ept)
     monkeypatch.setenv("DAY26_V4_PREFETCH", prefetch)
     monkeypatch.setenv("DAY26_V4_SMEM_ACC", smem_acc)
     for cols in [33, 100, 768, 1000, 4096, 12288, 16384]:
         for dtype in (torch.float32, torch.bfloat16):
             x, w, b, dy = make(37, cols, dtype, "cuda")
+            run_and_check(x, w, b, dy, (cols,), version=4)
+
+
+@requires_cuda
+@pytest.mark.parametrize("ring", ["1", "2"] if SANITIZE else ["0", "1", "2", "5"])
+@pytest.mark.parametrize("ept", ["16"] if SANITIZE else ["8", "16", "32"])
+def test_cuda_v4_ring(ring, ept, monkeypatch):
+    """v4 on the ring of rows filled by bulk copies (DAY26_V4_RING: 0 off, 1 the
+    most stages that keep the occupancy, N stages), for every slot shape and dtype,
+    forward and backward. DAY26_V4_GRID caps the grid at 3 blocks, so every slot
+    walks many rows and its ring wraps around several times (each stage refilled,
+    mbarrier phases flipping)."""
+    monkeypatch.setenv("DAY26_V4_FORCE", "1")
+    monkeypatch.setenv("DAY26_V4_RING", ring)
+    monkeypatch.setenv("DAY26_V4_EPT", ept)
+    monkeypatch.setenv("DAY26_V4_GRID", "3")
+    for cols in ([96, 1000, 4096] if SANITIZE else [8, 96, 768, 1000, 4096, 12288, 16384]):
+        for dtype in testing.FLOAT_DTYPES:
+            x, w, b, dy = make(400 if cols < 4096 else 50, cols, dtype, "cuda")
             run_and_check(x, w, b, dy, (cols,), version=4)
 
 

@@ -28,7 +28,9 @@
 #include "layernorm_common.cuh"
 
 #include "kc/async_copy.cuh"
+#include "kc/bulk_copy.cuh"
 #include "kc/check.cuh"
+#include "kc/launch.cuh"
 #include "kc/reduce.cuh"
 #include "kc/switch.cuh"
 
@@ -147,6 +149,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
           float* __restrict__ partial, int64_t rows, int64_t D) {
   extern __shared__ __align__(16) float acc[];  // [slots][2][D]
   __shared__ float red[64];
+  kc::launch_dependents();  // see launch_finalize
   const int tpr = kWarp ? 32 : blockDim.x;
   const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
   const int64_t slots = kWarp ? (blockDim.x >> 5) : 1;
@@ -233,6 +236,44 @@ __device__ __forceinline__ void store_partial_row(float* out, const float (&accw
   }
 }
 
+// The end of a row-slot kernel (v4, v4 ring) with register sums: slots 1, 2, ...
+// park their sums in `buf` ([slots - 1][ITERS][2 * VEC][tpr] floats: consecutive
+// threads, consecutive words; written once, read once), slot 0 adds them in slot
+// order and writes the block's partial row `out`. Every thread of the block calls
+// it, after its last use of the shared memory that `buf` overlays.
+template <int VEC, int ITERS>
+__device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], float (&accb)[ITERS][VEC],
+                                                    float* buf, float* out, int64_t D, int slots, int slot, int tpr,
+                                                    int t) {
+  if (slots > 1) {
+    __syncthreads();  // every slot is done with its rows (and with what buf overlays)
+    if (slot > 0) {
+      float* b = buf + int64_t(slot - 1) * ITERS * 2 * VEC * tpr + t;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          b[(it * 2 * VEC + j) * tpr] = accw[it][j];
+          b[(it * 2 * VEC + VEC + j) * tpr] = accb[it][j];
+        }
+    }
+    __syncthreads();
+    if (slot == 0) {
+      for (int k = 1; k < slots; ++k) {
+        const float* b = buf + int64_t(k - 1) * ITERS * 2 * VEC * tpr + t;
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            accw[it][j] += b[(it * 2 * VEC + j) * tpr];
+            accb[it][j] += b[(it * 2 * VEC + VEC + j) * tpr];
+          }
+      }
+    }
+  }
+  if (slot == 0) store_partial_row<VEC, ITERS>(out, accw, accb, D, tpr, t);
+}
+
 // v3. Block path, VEC = 16 bytes of T, blockDim.x = threads per row <= kMaxTpr;
 // dynamic shared memory: stages * 2 * D elements of T ([stages][x | dy][D]);
 // partial: [gridDim.x][2][D] fp32 when kPartials (every column written).
@@ -245,6 +286,7 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sbuf = reinterpret_cast<T*>(smem_raw);  // stage s: x at s * 2D, dy at s * 2D + D
   __shared__ float red[64];
+  kc::launch_dependents();  // see launch_finalize
   const int tpr = blockDim.x, t = threadIdx.x;
   const int64_t stride = gridDim.x;
   const float inv_d = 1.f / float(D);
@@ -328,6 +370,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
           float* __restrict__ partial, int64_t rows, int64_t D, int tpr) {
   extern __shared__ __align__(16) float slot_acc[];
   __shared__ float red[kV4MaxSlots][2 * 32 * 2];
+  kc::launch_dependents();  // see launch_finalize
   const int slots = blockDim.x / tpr;
   const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
   const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
@@ -448,64 +491,219 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       out[i] = a;
     }
   } else if constexpr (kPartials) {
-    if (slots > 1) {  // slots 1, 2, ... park their sums; slot 0 adds them in slot order
-      float* buf = slot_acc;  // [slots - 1][ITERS][2 * VEC][tpr]: consecutive threads, consecutive words
-      __syncthreads();        // (the block's rows are done; buf is written once, read once)
-      if (slot > 0) {
-        float* b = buf + int64_t(slot - 1) * ITERS * 2 * VEC * tpr + t;
-#pragma unroll
-        for (int it = 0; it < ITERS; ++it)
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            b[(it * 2 * VEC + j) * tpr] = accw[it][j];
-            b[(it * 2 * VEC + VEC + j) * tpr] = accb[it][j];
-          }
-      }
-      __syncthreads();
-      if (slot == 0) {
-        for (int k = 1; k < slots; ++k) {
-          const float* b = buf + int64_t(k - 1) * ITERS * 2 * VEC * tpr + t;
-#pragma unroll
-          for (int it = 0; it < ITERS; ++it)
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              accw[it][j] += b[(it * 2 * VEC + j) * tpr];
-              accb[it][j] += b[(it * 2 * VEC + VEC + j) * tpr];
-            }
-        }
-      }
-    }
-    if (slot == 0) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, tpr, t);
+    slots_store_partial<VEC, ITERS>(accw, accb, slot_acc, partial + int64_t(blockIdx.x) * 2 * D, D, slots, slot,
+                                    tpr, t);
   }
 }
 
-// Sum G partial rows per column in a fixed order. Block: 32 columns x 32 slices.
+// Sum G partial rows per column in a fixed order (the finalize kernel's body):
+// chunks of 32 columns go to the blocks in turn; in a block, blockDim.x / 32 slices each add every
+// (blockDim.x / 32)-th partial row of its column (four loads in flight), then
+// slice 0 adds the slices' sums in slice order. red: 2 * blockDim.x floats of
+// shared memory. Same G, D and block size: the same order, bitwise the same sums.
+template <typename TW>
+__device__ __forceinline__ void finalize_columns(const float* __restrict__ partial, int64_t G, int64_t D,
+                                                 TW* __restrict__ dw, TW* __restrict__ db, float* red) {
+  const int nsl = blockDim.x >> 5;
+  const int cx = threadIdx.x & 31, sy = threadIdx.x >> 5;
+  for (int64_t chunk = blockIdx.x; chunk * 32 < D; chunk += gridDim.x) {
+    const int64_t c = chunk * 32 + cx;
+    float aw = 0.f, ab = 0.f;
+    if (c < D) {
+      int64_t g = sy;
+      for (; g + 3 * nsl < G; g += 4 * nsl) {
+        float vw[4], vb[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          vw[k] = partial[((g + k * nsl) * 2) * D + c];
+          vb[k] = partial[((g + k * nsl) * 2 + 1) * D + c];
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) aw += vw[k], ab += vb[k];
+      }
+      for (; g < G; g += nsl) {
+        aw += partial[(g * 2) * D + c];
+        ab += partial[(g * 2 + 1) * D + c];
+      }
+    }
+    red[sy * 32 + cx] = aw;
+    red[(nsl + sy) * 32 + cx] = ab;
+    __syncthreads();
+    if (sy == 0 && c < D) {
+      float tw = 0.f, tb = 0.f;
+      for (int k = 0; k < nsl; ++k) {
+        tw += red[k * 32 + cx];
+        tb += red[(nsl + k) * 32 + cx];
+      }
+      if (dw) dw[c] = kc::from_float<TW>(tw);
+      if (db) db[c] = kc::from_float<TW>(tb);
+    }
+    __syncthreads();  // red is reused by the next chunk
+  }
+}
+
+// The finalize kernel: blocks of 1024 threads (32 slices), one chunk each.
 template <typename TW>
 __global__ void ln_bwd_finalize(const float* __restrict__ partial, int64_t G, int64_t D, TW* __restrict__ dw,
                                 TW* __restrict__ db) {
-  __shared__ float s[2][32][33];
-  const int cx = threadIdx.x & 31, sy = threadIdx.x >> 5;
-  const int64_t c = int64_t(blockIdx.x) * 32 + cx;
-  float aw = 0.f, ab = 0.f;
-  if (c < D) {
-    for (int64_t g = sy; g < G; g += 32) {
-      aw += partial[(g * 2) * D + c];
-      ab += partial[(g * 2 + 1) * D + c];
-    }
-  }
-  s[0][sy][cx] = aw;
-  s[1][sy][cx] = ab;
-  __syncthreads();
-  if (sy == 0 && c < D) {
-    float tw = 0.f, tb = 0.f;
-    for (int k = 0; k < 32; ++k) {
-      tw += s[0][k][cx];
-      tb += s[1][k][cx];
-    }
-    if (dw) dw[c] = kc::from_float<TW>(tw);
-    if (db) db[c] = kc::from_float<TW>(tb);
-  }
+  __shared__ float red[2 * 1024];
+  kc::grid_dependency_wait();  // launched with PDL: the partials are complete and visible after this
+  finalize_columns<TW>(partial, G, D, dw, db, red);
 }
+
+// v4 on a ring of rows in shared memory, filled by the copy engine. As ln_bwd_v4
+// (row slots, dy * xhat and dy summed in registers, one partial row per block),
+// but every slot keeps its next rows of x and dy in a shared-memory ring of
+// `stages` rows: one thread of the slot copies a whole row of x and of dy with
+// one bulk copy each (kc/bulk_copy.cuh), completing on the stage's mbarrier, so
+// the bytes in flight cost no registers and almost no instructions (v4 holds the
+// row in registers: bytes in flight per SM were bounded by registers, README).
+// Pass 1 and pass 2 read the row from the ring. A stage is refilled (with the row
+// `stages` rows later) once the slot's reduction barrier of the next row shows
+// every thread past its last read of it. The weights of a thread's columns stay
+// in registers when it owns at most 16 columns (else they are read with each row).
+// Assumptions (launcher): sm_90+; VEC = 16 bytes of T, every pointer and D allow
+// it (so a row is a multiple of 16 bytes); blockDim.x = slots * tpr, tpr a
+// multiple of 32; 2 <= stages <= kRingMaxStages; dynamic shared memory: slots *
+// stages * 2 * span elements of T, span = tpr * ITERS * VEC (slot k's ring at
+// k * stages * 2 * span; stage s: x at s * 2 * span, dy after it), at least the
+// (slots - 1) * tpr * ITERS * 2 * VEC floats of the end-of-kernel slot sum.
+template <typename T, typename TW, int ITERS, bool kPartials>
+__global__ void __launch_bounds__(kV4SmallThreads)
+ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
+            const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
+            float* __restrict__ partial, int64_t rows, int64_t D, int tpr, int stages) {
+  constexpr int VEC = kc::max_vec_elems<T>();
+  constexpr bool kWReg = ITERS * VEC <= 16;
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  __shared__ float red[kV4MaxSlots][2 * 32 * 2];
+  __shared__ uint64_t full[kV4MaxSlots][kRingMaxStages];  // per slot and stage: the row has landed
+  kc::launch_dependents();  // the finalize kernel (PDL) may be scheduled; it waits for our completion
+  const int slots = blockDim.x / tpr;
+  const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
+  const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
+  const float inv_d = 1.f / float(D);
+  const int64_t span = int64_t(tpr) * ITERS * VEC;
+  T* const ring = reinterpret_cast<T*>(ring_smem) + int64_t(slot) * stages * 2 * span;
+  uint64_t* const bars = full[slot];
+  const unsigned row_bytes = unsigned(D * int64_t(sizeof(T)));
+
+  float accw[ITERS][VEC], accb[ITERS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) accw[it][j] = accb[it][j] = 0.f;
+  float wf[kWReg ? ITERS : 1][VEC];
+  if constexpr (kWReg) {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        load_param<TW, VEC>(w, c, 1.f, wf[it]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) wf[it][j] = 0.f;
+      }
+    }
+  }
+  auto weights = [&](int it, int64_t c, float (&wv)[VEC]) {
+    if constexpr (kWReg) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) wv[j] = wf[it][j];
+    } else {
+      load_param<TW, VEC>(w, c, 1.f, wv);
+    }
+  };
+
+  const int64_t stride = int64_t(gridDim.x) * slots;
+  int64_t row = int64_t(blockIdx.x) * slots + slot;
+  auto issue = [&](int64_t r, int s) {  // thread 0 of the slot: row r of x and dy -> stage s
+    T* sx = ring + int64_t(s) * 2 * span;
+    kc::mbar_arrive_expect_tx(&bars[s], 2 * row_bytes);
+    kc::bulk_copy_g2s(sx, x + r * D, row_bytes, &bars[s]);
+    kc::bulk_copy_g2s(sx + span, dy + r * D, row_bytes, &bars[s]);
+  };
+  if (t == 0) {
+    for (int s = 0; s < stages; ++s) kc::mbar_init(&bars[s], 1);
+    kc::mbar_init_fence();
+  }
+  __syncthreads();
+  if (t == 0)
+    for (int s = 0; s < stages; ++s)
+      if (row + s * stride < rows) issue(row + s * stride, s);
+  float mu_next = 0.f, rs_next = 0.f;  // the statistics of the next row, loaded a row ahead
+  if (row < rows) mu_next = mean[row], rs_next = rstd[row];
+  int stage = 0, parity = 0;
+  unsigned phase = 0;  // parity of the ring's current round (every stage completes once per round)
+  for (int64_t i = 0; row < rows; row += stride, ++i) {
+    const float mu = mu_next, rs = rs_next;
+    if (row + stride < rows) mu_next = mean[row + stride], rs_next = rstd[row + stride];
+    kc::mbar_wait(&bars[stage], phase);  // this row has landed
+    const T* sx = ring + int64_t(stage) * 2 * span;
+    const T* sd = sx + span;
+    // pass 1: the row sums of g = dy * w and g * xhat; dy * xhat and dy per column
+    float sums[2] = {0.f, 0.f};
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
+        const kc::Vec<T, VEC> dv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c);
+        float wv[VEC];
+        weights(it, c, wv);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+          const float d = kc::to_float(dv.v[j]);
+          const float g = d * wv[j];
+          sums[0] += g;
+          sums[1] = fmaf(g, xhat, sums[1]);
+          if (kPartials) {
+            accw[it][j] = fmaf(d, xhat, accw[it][j]);
+            accb[it][j] += d;
+          }
+        }
+      }
+    }
+    slot_reduce_sum<2>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
+    // Every thread of the slot is past pass 2 of the previous row (the barrier
+    // above; a one-warp slot: the shuffles, and this __syncwarp): refill its stage.
+    if (nw == 1) __syncwarp();
+    if (t == 0 && i > 0) {
+      const int prev = stage == 0 ? stages - 1 : stage - 1;
+      const int64_t r = row + int64_t(stages - 1) * stride;
+      if (r < rows) issue(r, prev);
+    }
+    // pass 2: dx = rstd * (g - a - xhat * b), the row read again from the ring
+    if (dx) {
+      const float a = sums[0] * inv_d, b = sums[1] * inv_d;
+      T* dxr = dx + row * D;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int64_t c = (int64_t(it) * tpr + t) * VEC;
+        if (c < D) {
+          const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
+          const kc::Vec<T, VEC> dv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c);
+          float wv[VEC], out[VEC];
+          weights(it, c, wv);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+            const float g = kc::to_float(dv.v[j]) * wv[j];
+            out[j] = rs * (g - a - xhat * b);
+          }
+          store_from_f32<T, VEC>(dxr + c, out);
+        }
+      }
+    }
+    if (++stage == stages) stage = 0, phase ^= 1u;
+  }
+  // every row issued was waited for above: no copy is in flight into the buffer below
+  if constexpr (kPartials)
+    slots_store_partial<VEC, ITERS>(accw, accb, reinterpret_cast<float*>(ring_smem),
+                                    partial + int64_t(blockIdx.x) * 2 * D, D, slots, slot, tpr, t);
+}
+
 
 // -------------------------------------------------------------------- launching
 template <typename T, typename TW>
@@ -553,11 +751,14 @@ cudaError_t with_v2_config(const V2Config& cfg, F&& f) {
   });
 }
 
+// Launched with programmatic dependent launch where the GPU has it (sm_90+): its
+// launch overlaps the main kernel's tail (the main kernels call
+// kc::launch_dependents() early; the finalize waits for their completion).
 template <typename TW>
 cudaError_t launch_finalize(const LnBackwardArgs& a, int64_t grid, cudaStream_t stream) {
-  ln_bwd_finalize<TW><<<unsigned((a.cols + 31) / 32), 1024, 0, stream>>>(
-      a.workspace, grid, a.cols, static_cast<TW*>(a.dweight), static_cast<TW*>(a.dbias));
-  return cudaGetLastError();
+  return kc::launch(ln_bwd_finalize<TW>, dim3(unsigned((a.cols + 31) / 32)), dim3(1024), 0, stream,
+                    kc::sm90_or_newer(), static_cast<const float*>(a.workspace), grid, a.cols,
+                    static_cast<TW*>(a.dweight), static_cast<TW*>(a.dbias));
 }
 
 template <typename T, typename TW>
@@ -660,16 +861,67 @@ cudaError_t dispatch_v4(const LnBackwardArgs& a, const V4Config& cfg, bool parti
   });
 }
 
+// v4 on a ring filled by bulk copies (sm_90+, 16-byte vectors). *ran = false when
+// no ring fits the shared memory (the caller runs v4 without one).
+template <typename T, typename TW, int ITERS>
+cudaError_t launch_ring(const LnBackwardArgs& a, const V4Config& cfg, bool partials, int want, cudaStream_t stream,
+                        int64_t* grid_out, bool* ran) {
+  auto kernel = partials ? ln_bwd_ring<T, TW, ITERS, true> : ln_bwd_ring<T, TW, ITERS, false>;
+  const size_t row_bytes = 2 * size_t(cfg.tpr) * ITERS * cfg.vec * sizeof(T);  // x and dy
+  const RingPlan r = ring_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, row_bytes, want);
+  *ran = r.stages > 0;
+  if (!*ran) return cudaSuccess;
+  if (grid_out) {
+    *grid_out = r.p.grid;
+    return cudaSuccess;
+  }
+  if (r.p.grid > 0) {
+    kernel<<<unsigned(r.p.grid), r.p.threads, r.p.smem, stream>>>(
+        static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.mean, a.rstd, static_cast<const TW*>(a.weight),
+        static_cast<T*>(a.dx), a.workspace, a.rows, a.cols, cfg.tpr, r.stages);
+    KC_CUDA_LAUNCH_TRY();
+  }
+  return partials ? launch_finalize<TW>(a, r.p.grid, stream) : cudaSuccess;
+}
+
+template <typename T, typename TW>
+cudaError_t dispatch_ring(const LnBackwardArgs& a, const V4Config& cfg, bool partials, int want, cudaStream_t stream,
+                          int64_t* grid_out, bool* ran) {
+  *ran = false;
+  if (!cfg.ok) return cudaSuccess;
+  switch (cfg.iters) {
+    case 1: return launch_ring<T, TW, 1>(a, cfg, partials, want, stream, grid_out, ran);
+    case 2: return launch_ring<T, TW, 2>(a, cfg, partials, want, stream, grid_out, ran);
+    case 4: return launch_ring<T, TW, 4>(a, cfg, partials, want, stream, grid_out, ran);
+  }
+  return cudaSuccess;
+}
+
+// Whether version 4 runs the ring, and with how many stages (0: not), from the
+// H200 measurements (README, runs 17-19): 16-bit rows of 1024 and more; fp32 rows
+// shorter than 1024 or longer than 4096. DAY26_V4_RING overrides.
+int ring_default(size_t elem_bytes, int64_t D) {
+  if (elem_bytes == 2) return D >= 1024 ? 3 : 0;
+  return D < 1024 || D > 4096 ? 3 : 0;
+}
+
 template <typename T, typename TW>
 cudaError_t backward_typed(const LnBackwardArgs& a, int version, cudaStream_t stream, int64_t* grid_out) {
   const bool partials = a.dweight || a.dbias;
-  // version 4: v4's kernels, except for 16-bit rows longer than 4096, where v2's
-  // measured faster (H200, README's log), unless DAY26_V4_FORCE=1
-  if (version == 4 && (sizeof(T) == 4 || a.cols <= 4096 || v4_forced())) {
+  // version 4: the ring where it measured fastest (ring_default), else v4's
+  // kernels, except for 16-bit rows longer than 4096, where v2's measured faster
+  // (H200, README's log), unless DAY26_V4_FORCE=1
+  if (version == 4) {
     const int vec = v2_vec<T, TW>(a);
     constexpr int V = kc::max_vec_elems<T>();
     const V4Config cfg = v4_config(a.cols, vec);
-    if (cfg.ok)
+    const int ring = vec == V && kc::sm90_or_newer() ? v4_ring(ring_default(sizeof(T), a.cols)) : 0;
+    if (ring) {
+      bool ran = false;
+      const cudaError_t e = dispatch_ring<T, TW>(a, cfg, partials, ring, stream, grid_out, &ran);
+      if (ran || e != cudaSuccess) return e;
+    }
+    if (cfg.ok && (sizeof(T) == 4 || a.cols <= 4096 || v4_forced()))
       return vec == V ? dispatch_v4<T, TW, V>(a, cfg, partials, stream, grid_out)
                       : dispatch_v4<T, TW, 1>(a, cfg, partials, stream, grid_out);
   }

@@ -132,13 +132,40 @@ inline V2Config v3_config(int64_t cols, int vec) {
   return c;
 }
 
-// Allow `dynamic` bytes of dynamic shared memory for `kernel`. The default cap
-// (48 KB) counts static shared memory too, so raise it with a margin whenever
-// the dynamic part comes near it.
+// Allow `dynamic` bytes of dynamic shared memory for `kernel`: raise the
+// kernel's limit (cudaFuncAttributeMaxDynamicSharedMemorySize) to it unless a
+// larger one was set already (remembered per kernel and device, so a launch does
+// not pay for the call). Without it, a launch whose static plus dynamic shared
+// memory exceeds 48 KB fails (the v4 kernels have 8 KB of static scratch: a
+// 41-44 KB ring once failed with "invalid argument", which a margin missed).
 template <typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
-  if (dynamic + 4096 <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic));
+  if (dynamic == 0) return cudaSuccess;
+  struct Entry { const void* k; int dev; size_t bytes; };
+  static thread_local Entry cache[64];
+  static thread_local int used = 0;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const void* key = reinterpret_cast<const void*>(kernel);
+  int i = 0;
+  while (i < used && !(cache[i].k == key && cache[i].dev == dev)) ++i;
+  if (i < used && cache[i].bytes >= dynamic) return cudaSuccess;
+  // past the device's limit (static + dynamic <= the opt-in maximum per block):
+  // refused here, not by a failing API call (compute-sanitizer counts those)
+  cudaFuncAttributes fa{};
+  int optin = 0;
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return cudaErrorInvalidValue;
+  if (fa.sharedSizeBytes + dynamic > size_t(optin)) return cudaErrorInvalidValue;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic));
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // returned, not left behind for the next launch check to report
+    return e;
+  }
+  if (i == used) i = used < 64 ? used++ : 63;
+  cache[i] = Entry{key, dev, dynamic};
+  return cudaSuccess;
 }
 
 // Blocks of a persistent grid: what fits at once, but no more than rows / 8
@@ -236,6 +263,8 @@ struct V4Plan {
   int threads = 32;
   size_t smem = 0;
   int64_t grid = 0;
+  int per_sm = 1;     // blocks resident per SM
+  bool fits = false;  // false: no block shape fits (the plan falls back to one slot)
 };
 
 // Picks, among blocks of 1024, 768, 512, 384, 256 or 128 threads or one slot
@@ -249,16 +278,17 @@ template <typename Kernel>
 V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t smem_per_slot,
                size_t smem_per_thread) {
   auto smem_of = [&](int s) { return size_t(s) * smem_per_slot + size_t(s - 1) * tpr * smem_per_thread; };
-  struct Entry { const void* k; int tpr; int dev; size_t smem_slot; int slots; int per_sm; };
-  static thread_local Entry cache[32];
+  struct Entry { const void* k; int tpr; int dev; size_t smem_slot; int slots; int per_sm; bool fits; };
+  static thread_local Entry cache[64];
   static thread_local int used = 0;
   int dev = 0;
   cudaGetDevice(&dev);
   const void* key = reinterpret_cast<const void*>(kernel);
   int slots = 0, per_sm = 0;
+  bool fits = true;
   for (int i = 0; i < used; ++i)
     if (cache[i].k == key && cache[i].tpr == tpr && cache[i].dev == dev && cache[i].smem_slot == smem_per_slot)
-      slots = cache[i].slots, per_sm = cache[i].per_sm;
+      slots = cache[i].slots, per_sm = cache[i].per_sm, fits = cache[i].fits;
   if (slots == 0) {
     const int max_slots = tpr == 32 ? max_threads / 32 : (kV4MaxSlots - 1 < max_threads / tpr ? kV4MaxSlots - 1 : max_threads / tpr);
     int best = -1;
@@ -273,18 +303,60 @@ V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t sme
       if (n * threads > best) best = n * threads, slots = s, per_sm = n;
     }
     cudaGetLastError();  // clear what a refused configuration left
-    if (slots == 0) slots = 1, per_sm = 1;
-    cache[used < 32 ? used++ : 31] = Entry{key, tpr, dev, smem_per_slot, slots, per_sm};
+    if (slots == 0) slots = 1, per_sm = 1, fits = false;
+    cache[used < 64 ? used++ : 63] = Entry{key, tpr, dev, smem_per_slot, slots, per_sm, fits};
   }
   V4Plan p;
+  p.fits = fits;
+  p.per_sm = per_sm;
   p.slots = slots;
   p.threads = slots * tpr;
   p.smem = smem_of(slots);
-  allow_dynamic_smem(kernel, p.smem);
+  if (fits) allow_dynamic_smem(kernel, p.smem);
   const int64_t blocks = (rows + slots - 1) / slots;
-  const int64_t cap = int64_t(num_sms()) * per_sm;
+  int64_t cap = int64_t(num_sms()) * per_sm;
+  const char* e = std::getenv("DAY26_V4_GRID");  // tests: at most this many blocks, so each slot walks many rows
+  if (e && std::atoi(e) > 0 && std::atoi(e) < cap) cap = std::atoi(e);
   p.grid = blocks < cap ? blocks : cap;
   return p;
+}
+
+// v4 on a ring ("ring"): each slot keeps its next rows in flight into a
+// shared-memory ring of `stages` rows (row_bytes each: the tensors a row needs,
+// padded to tpr * iters * vec elements), filled by the copy engine (sm_90+), so
+// the loads run ahead of the slot's reductions without costing registers. The knob DAY26_V4_RING: 0 off,
+// 1 on with the stage count below, 2..kRingMaxStages on with that many stages;
+// unset: `dflt` (the launcher's measured choice).
+constexpr int kRingMaxStages = 6;
+inline int v4_ring(int dflt) {
+  const char* e = std::getenv("DAY26_V4_RING");
+  const int v = e ? std::atoi(e) : -1;
+  return v >= 0 && v <= kRingMaxStages ? v : dflt;
+}
+
+struct RingPlan {
+  V4Plan p;
+  int stages = 0;  // 0: no ring fits (run v4 without one)
+};
+
+// want: 1 = the most stages (up to kRingMaxStages) that keep as many threads
+// resident per SM as the 2-stage ring does; 2.. = exactly that many (if it fits).
+template <typename Kernel>
+RingPlan ring_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t row_bytes, int want) {
+  RingPlan r;
+  const V4Plan base = v4_plan(kernel, tpr, max_threads, rows, 2 * row_bytes, 0);
+  if (!base.fits) return r;
+  const int resident = base.per_sm * base.threads;
+  for (int s = want >= 2 ? want : kRingMaxStages; s >= 2; --s) {
+    const V4Plan p = s == 2 ? base : v4_plan(kernel, tpr, max_threads, rows, size_t(s) * row_bytes, 0);
+    if (p.fits && (want >= 2 || p.per_sm * p.threads >= resident)) {
+      r.p = p;
+      r.stages = s;
+      return r;
+    }
+    if (want >= 2) break;
+  }
+  return r;
 }
 
 // A barrier among the `nthreads` threads (a multiple of 32) that use barrier `id` (1..15).

@@ -23,6 +23,8 @@
 #include "layernorm_common.cuh"
 
 #include "kc/async_copy.cuh"
+#include "kc/bulk_copy.cuh"
+#include "kc/launch.cuh"
 #include "kc/check.cuh"
 #include "kc/reduce.cuh"
 #include "kc/switch.cuh"
@@ -212,6 +214,100 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   }
 }
 
+// v4 on a ring of rows in shared memory, filled by the copy engine: row slots as
+// ln_fwd_v4, each slot keeping its next `stages` rows in its own ring; one
+// thread of the slot copies a whole row with one bulk copy (kc/bulk_copy.cuh)
+// that completes on the stage's mbarrier. A row is copied from the ring into
+// registers before its first reduction, so the stage is refilled (with the row
+// `stages` rows later) right after that reduction's barrier.
+// Assumptions (launcher): sm_90+; VEC = 16 bytes of T, every pointer and D allow
+// it; blockDim.x = slots * tpr; 2 <= stages <= kRingMaxStages; dynamic shared
+// memory: slots * stages * span elements of T, span = tpr * ITERS * VEC.
+template <typename T, typename TW, int ITERS>
+__global__ void __launch_bounds__(kV4SmallThreads)
+ln_fwd_ring(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
+            T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+            int64_t rows, int64_t D, float eps, int tpr, int stages) {
+  constexpr int VEC = kc::max_vec_elems<T>();
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  __shared__ float red[kV4MaxSlots][2 * 32];
+  __shared__ uint64_t full[kV4MaxSlots][kRingMaxStages];
+  const int slots = blockDim.x / tpr;
+  const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
+  const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
+  const int64_t span = int64_t(tpr) * ITERS * VEC;
+  T* const ring = reinterpret_cast<T*>(ring_smem) + int64_t(slot) * stages * span;
+  uint64_t* const bars = full[slot];
+  const unsigned row_bytes = unsigned(D * int64_t(sizeof(T)));
+  const int64_t stride = int64_t(gridDim.x) * slots;
+  int64_t row = int64_t(blockIdx.x) * slots + slot;
+  auto issue = [&](int64_t r, int s) {  // thread 0 of the slot: row r -> stage s
+    kc::mbar_arrive_expect_tx(&bars[s], row_bytes);
+    kc::bulk_copy_g2s(ring + s * span, x + r * D, row_bytes, &bars[s]);
+  };
+  if (t == 0) {
+    for (int s = 0; s < stages; ++s) kc::mbar_init(&bars[s], 1);
+    kc::mbar_init_fence();
+  }
+  __syncthreads();
+  if (t == 0)
+    for (int s = 0; s < stages; ++s)
+      if (row + s * stride < rows) issue(row + s * stride, s);
+  int stage = 0, parity = 0;
+  unsigned phase = 0;  // parity of the ring's current round
+  for (; row < rows; row += stride) {
+    kc::mbar_wait(&bars[stage], phase);  // this row has landed
+    RowRegs<T, VEC, ITERS> cur;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(ring + stage * span + c);
+    }
+    bool refilled = false;
+    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t,
+                               [&](float v) {
+                                 float r[1] = {v};
+                                 slot_reduce_sum<1>(r, red[slot], parity, 1 + slot, nw, wis, lane);
+                                 if (!refilled) {  // every thread of the slot holds this row in registers now
+                                   refilled = true;
+                                   if (nw == 1) __syncwarp();
+                                   const int64_t next = row + int64_t(stages) * stride;
+                                   if (t == 0 && next < rows) issue(next, stage);
+                                 }
+                                 return r[0];
+                               });
+    if (++stage == stages) stage = 0, phase ^= 1u;
+  }
+  // every row issued was waited for above: no copy is in flight at exit
+}
+
+// *ran = false when no ring fits the shared memory (the caller runs v4 without one).
+template <typename T, typename TW, int ITERS>
+cudaError_t launch_fwd_ring(const LnForwardArgs& a, const V4Config& cfg, int want, cudaStream_t stream, bool* ran) {
+  auto kernel = ln_fwd_ring<T, TW, ITERS>;
+  const RingPlan r =
+      ring_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, size_t(cfg.tpr) * ITERS * cfg.vec * sizeof(T), want);
+  *ran = r.stages > 0;
+  if (*ran && r.p.grid > 0) {
+    kernel<<<unsigned(r.p.grid), r.p.threads, r.p.smem, stream>>>(
+        static_cast<const T*>(a.x), static_cast<const TW*>(a.weight), static_cast<const TW*>(a.bias),
+        static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.cols, a.eps, cfg.tpr, r.stages);
+    KC_CUDA_LAUNCH_TRY();
+  }
+  return cudaSuccess;
+}
+
+template <typename T, typename TW>
+cudaError_t dispatch_fwd_ring(const LnForwardArgs& a, const V4Config& cfg, int want, cudaStream_t stream, bool* ran) {
+  switch (cfg.iters) {
+    case 1: return launch_fwd_ring<T, TW, 1>(a, cfg, want, stream, ran);
+    case 2: return launch_fwd_ring<T, TW, 2>(a, cfg, want, stream, ran);
+    case 4: return launch_fwd_ring<T, TW, 4>(a, cfg, want, stream, ran);
+  }
+  *ran = false;
+  return cudaSuccess;
+}
+
 template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch>
 cudaError_t launch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, cudaStream_t stream) {
   auto kernel = ln_fwd_v4<T, TW, VEC, ITERS, kPrefetch>;
@@ -306,6 +402,12 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
     const bool use_v4 = version == 4 && (sizeof(T) == 2 || v4_forced());
     if (use_v4) {
       const V4Config c4 = v4_config(a.cols, vec_ok ? V : 1);
+      const int ring = kc::sm90_or_newer() ? v4_ring(0) : 0;  // off by default: measured slower (README)
+      if (c4.ok && vec_ok && ring) {
+        bool ran = false;
+        const cudaError_t e = dispatch_fwd_ring<T, TW>(a, c4, ring, stream, &ran);
+        if (ran || e != cudaSuccess) return e;
+      }
       if (c4.ok) return vec_ok ? dispatch_fwd_v4<T, TW, V>(a, c4, stream) : dispatch_fwd_v4<T, TW, 1>(a, c4, stream);
     }
     if (version == 4 && !use_v4 && a.cols > 8192) version = 3;
