@@ -1,0 +1,161 @@
+// kc/cluster.cuh: thread-block clusters (sm_90+): the CTAs of a cluster run at
+// the same time on one GPC and can read and write each other's shared memory
+// (distributed shared memory), and complete transactions on each other's mbarriers.
+//
+// Device:
+//   cluster_rank()            this CTA's rank in its cluster (0 .. size - 1)
+//   cluster_size_x()          CTAs per cluster along x
+//   cluster_id(), cluster_count()
+//                             the cluster's index along x, and how many there are
+//   cluster_sync()            every thread of every CTA of the cluster arrives
+//                             (release) and waits (acquire): all of them must
+//                             call it, the same number of times
+//   map_rank(p, rank)         the shared::cluster address of `p` (a variable in
+//                             this CTA's shared memory) in CTA `rank`'s copy
+//   st_async_cluster(addr, a, b, bar)
+//                             store two floats at a shared::cluster address (a
+//                             peer's, or this CTA's own) and complete 8 bytes of
+//                             the current phase of the mbarrier at shared::cluster
+//                             address `bar` (in the same CTA as addr). Asynchronous,
+//                             no ordering with the sender's other memory accesses;
+//                             the receiver arms the phase (mbar_arrive_expect_tx
+//                             with the bytes expected, before or after the stores
+//                             land) and reads after mbar_wait.
+// Contract: a peer's mbarrier may receive stores only after it was initialised
+// (mbar_init + mbar_init_fence) and a cluster_sync() separates the two; a CTA
+// must not exit while a peer may still access its shared memory (end kernels
+// that use distributed shared memory with a cluster_sync()).
+//
+// Host:
+//   launch_cluster(kernel, grid, block, smem, stream, cluster_x, args...)
+//                             cudaLaunchKernelEx with a (cluster_x, 1, 1) cluster;
+//                             grid.x must be a multiple of cluster_x
+//   max_active_clusters(kernel, block, smem, cluster_x)
+//                             how many such clusters fit on the device at once
+//                             (0 when none or on error; the error is cleared)
+// Below sm_90 the device helpers trap: launchers must select cluster kernels
+// only on compute capability 9.0+.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "kc/bulk_copy.cuh"
+
+namespace kc {
+
+__device__ __forceinline__ unsigned cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ unsigned cluster_size_x() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_nctaid.x;\n" : "=r"(r));
+  return r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ unsigned cluster_id() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+  return r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ unsigned cluster_count() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+  return r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ unsigned map_rank(const void* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_u32(p)), "r"(rank));
+  return r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ void st_async_cluster(unsigned addr, float a, float b, unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n" ::"r"(addr),
+               "f"(a), "f"(b), "r"(bar)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                           unsigned cluster_x, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs>
+int max_active_clusters(void (*kernel)(KArgs...), int block, size_t smem, unsigned cluster_x) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cluster_x);
+  cfg.blockDim = dim3(unsigned(block));
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace kc
