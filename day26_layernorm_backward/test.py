@@ -193,6 +193,37 @@ def test_cuda_v4_ring(ring, ept, monkeypatch):
 
 
 @requires_cuda
+@pytest.mark.parametrize("cluster", ["1", "2", "4"])
+def test_cuda_v4_ring_cluster(cluster, monkeypatch):
+    """The ring backward with each row split across a cluster of CTAs
+    (DAY26_V4_CLUSTER; the row sums exchanged through distributed shared
+    memory), for shares of a row from 16 columns to 8192, every dtype, fp32 or
+    same-dtype weights, whole and dx-only; with the grid capped at 8 blocks so
+    every slot walks many rows (both exchange buffers reused many times), and
+    bitwise reproducible. Sizes a cluster cannot split into whole 16-byte
+    vectors use a smaller one (1000 fp32: 2)."""
+    monkeypatch.setenv("DAY26_V4_CLUSTER", cluster)
+    monkeypatch.setenv("DAY26_V4_RING", "3")
+    monkeypatch.setenv("DAY26_V4_GRID", "8")
+    for cols in ([64, 1000, 4096] if SANITIZE else [64, 768, 1000, 4096, 12288, 16384]):
+        for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
+            for wdtype in (("same",) if SANITIZE else ("same", torch.float32)):
+                x, w, b, dy = make(300 if cols < 4096 else 40, cols, dtype, "cuda", wdtype=wdtype)
+                _, dx, dw, db = run_and_check(x, w, b, dy, (cols,), version=4)
+                _, mean, rstd = layer_norm_forward(x, cols, w, b, version=4)
+                dx_only, dw0, db0 = layer_norm_backward(dy, x, cols, mean, rstd, w, (True, False, False), version=4)
+                assert dw0.numel() == 0 and db0.numel() == 0
+                # another kernel instantiation: the same math, but the compiler may contract
+                # other products into FMAs, so equal up to a few roundings, not bitwise
+                ulp = torch.finfo(dtype).eps
+                torch.testing.assert_close(dx_only.float(), dx.float(), rtol=2 * ulp,
+                                           atol=8 * ulp * dx.abs().max().item())
+                again = layer_norm_backward(dy, x, cols, mean, rstd, w, version=4)
+                for a, c in zip((dx, dw, db), again):
+                    assert torch.equal(a, c), "cluster ring backward is not bitwise reproducible"
+
+
+@requires_cuda
 @pytest.mark.parametrize("cols", [768, 1024, 4096, 8192, 16384])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_many_rows_per_block(cols, dtype):

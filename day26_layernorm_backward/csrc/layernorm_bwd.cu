@@ -30,6 +30,7 @@
 #include "kc/async_copy.cuh"
 #include "kc/bulk_copy.cuh"
 #include "kc/check.cuh"
+#include "kc/cluster.cuh"
 #include "kc/launch.cuh"
 #include "kc/reduce.cuh"
 #include "kc/switch.cuh"
@@ -208,11 +209,12 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   }
 }
 
-// Write a thread's register sums (columns (it * tpr + t) * VEC + j) into a partial
-// row: out[c] = dweight partial, out[D + c] = dbias partial.
+// Write a thread's register sums (columns (it * tpr + t) * VEC + j < D) into a
+// partial row: out[c] = dweight partial, out[ld + c] = dbias partial.
 template <int VEC, int ITERS>
 __device__ __forceinline__ void store_partial_row(float* out, const float (&accw)[ITERS][VEC],
-                                                  const float (&accb)[ITERS][VEC], int64_t D, int tpr, int t) {
+                                                  const float (&accb)[ITERS][VEC], int64_t D, int64_t ld, int tpr,
+                                                  int t) {
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int64_t c = (int64_t(it) * tpr + t) * VEC;
@@ -222,14 +224,14 @@ __device__ __forceinline__ void store_partial_row(float* out, const float (&accw
         for (int j = 0; j < VEC; j += 4) {
           *reinterpret_cast<float4*>(out + c + j) =
               make_float4(accw[it][j], accw[it][j + 1], accw[it][j + 2], accw[it][j + 3]);
-          *reinterpret_cast<float4*>(out + D + c + j) =
+          *reinterpret_cast<float4*>(out + ld + c + j) =
               make_float4(accb[it][j], accb[it][j + 1], accb[it][j + 2], accb[it][j + 3]);
         }
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           out[c + j] = accw[it][j];
-          out[D + c + j] = accb[it][j];
+          out[ld + c + j] = accb[it][j];
         }
       }
     }
@@ -239,12 +241,13 @@ __device__ __forceinline__ void store_partial_row(float* out, const float (&accw
 // The end of a row-slot kernel (v4, v4 ring) with register sums: slots 1, 2, ...
 // park their sums in `buf` ([slots - 1][ITERS][2 * VEC][tpr] floats: consecutive
 // threads, consecutive words; written once, read once), slot 0 adds them in slot
-// order and writes the block's partial row `out`. Every thread of the block calls
-// it, after its last use of the shared memory that `buf` overlays.
+// order and writes the block's partial row `out` (columns < D, dbias at out + ld).
+// Every thread of the block calls it, after its last use of the shared memory
+// that `buf` overlays.
 template <int VEC, int ITERS>
 __device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], float (&accb)[ITERS][VEC],
-                                                    float* buf, float* out, int64_t D, int slots, int slot, int tpr,
-                                                    int t) {
+                                                    float* buf, float* out, int64_t D, int64_t ld, int slots,
+                                                    int slot, int tpr, int t) {
   if (slots > 1) {
     __syncthreads();  // every slot is done with its rows (and with what buf overlays)
     if (slot > 0) {
@@ -271,7 +274,7 @@ __device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], f
       }
     }
   }
-  if (slot == 0) store_partial_row<VEC, ITERS>(out, accw, accb, D, tpr, t);
+  if (slot == 0) store_partial_row<VEC, ITERS>(out, accw, accb, D, ld, tpr, t);
 }
 
 // v3. Block path, VEC = 16 bytes of T, blockDim.x = threads per row <= kMaxTpr;
@@ -349,7 +352,44 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
   kc::cp_async_wait(0);
-  if (kPartials) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, tpr, t);
+  if (kPartials) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, D, tpr, t);
+}
+
+// One vector of a row in v4 and the ring (weights wv in fp32). Pass 1: the row
+// sums of g = dy * w and g * xhat into sums, and (kCols) dy * xhat and dy added
+// to the column sums cw, cb. Pass 2: dx = rstd * (g - a - xhat * b). (Not
+// distributed into two FMAs: rstd * g - rstd * b * xhat - rstd * a rounds
+// rstd * b and rstd * a first, and dx is a small difference of large terms for
+// short rows: measured 4.5e-6 relative error at D = 3 in fp32, over the tests' 3e-6.)
+template <typename T, int VEC, bool kCols>
+__device__ __forceinline__ void bwd_vec_pass1(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv,
+                                              const float (&wv)[VEC], float mu, float rs, float (&sums)[2],
+                                              float (&cw)[VEC], float (&cb)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+    const float d = kc::to_float(dv.v[j]);
+    const float g = d * wv[j];
+    sums[0] += g;
+    sums[1] = fmaf(g, xhat, sums[1]);
+    if (kCols) {
+      cw[j] = fmaf(d, xhat, cw[j]);
+      cb[j] += d;
+    }
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void bwd_vec_dx(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv,
+                                           const float (&wv)[VEC], float mu, float rs, float a, float b, T* p) {
+  float out[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+    const float g = kc::to_float(dv.v[j]) * wv[j];
+    out[j] = rs * (g - a - xhat * b);
+  }
+  store_from_f32<T, VEC>(p, out);
 }
 
 // v4. Row slots (layernorm_common.cuh): blockDim.x = slots * tpr; slot k walks
@@ -432,48 +472,25 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     for (int it = 0; it < ITERS; ++it) {
       const int64_t c = (int64_t(it) * tpr + t) * VEC;
       if (c < D) {
-        float pw[VEC], pb[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (kc::to_float(cx.v[it].v[j]) - mu) * rs;
-          const float d = kc::to_float(cd.v[it].v[j]);
-          const float g = d * wf[it][j];
-          sums[0] += g;
-          sums[1] = fmaf(g, xhat, sums[1]);
-          pw[j] = d * xhat;
-          pb[j] = d;
-          if (kPartials && !kSmemAcc) {
-            accw[it][j] = fmaf(d, xhat, accw[it][j]);
-            accb[it][j] += d;
-          }
-        }
-        if (kPartials && kSmemAcc) {
+        if constexpr (kPartials && kSmemAcc) {
+          float pw[VEC] = {}, pb[VEC] = {};  // dy * xhat and dy of this row alone
+          bwd_vec_pass1<T, VEC, true>(cx.v[it], cd.v[it], wf[it], mu, rs, sums, pw, pb);
           smem_accumulate<VEC>(sacc_w + c, pw);
           smem_accumulate<VEC>(sacc_b + c, pb);
+        } else {
+          bwd_vec_pass1<T, VEC, kPartials>(cx.v[it], cd.v[it], wf[it], mu, rs, sums, accw[it], accb[it]);
         }
       }
     }
     slot_reduce_sum<2>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
-    // pass 2: dx = rstd * (g - a - xhat * b). (Not distributed into two FMAs:
-    // rstd * g - rstd * b * xhat - rstd * a rounds rstd * b and rstd * a first, and
-    // dx is a small difference of large terms for short rows: measured 4.5e-6
-    // relative error at D = 3 in fp32, over the tests' 3e-6.)
+    // pass 2: dx
     if (dx) {
       const float a = sums[0] * inv_d, b = sums[1] * inv_d;
       T* dxr = dx + row * D;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
-        if (c < D) {
-          float out[VEC];
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float xhat = (kc::to_float(cx.v[it].v[j]) - mu) * rs;
-            const float g = kc::to_float(cd.v[it].v[j]) * wf[it][j];
-            out[j] = rs * (g - a - xhat * b);
-          }
-          store_from_f32<T, VEC>(dxr + c, out);
-        }
+        if (c < D) bwd_vec_dx<T, VEC>(cx.v[it], cd.v[it], wf[it], mu, rs, a, b, dxr + c);
       }
     }
     if (kPrefetch) {
@@ -491,7 +508,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       out[i] = a;
     }
   } else if constexpr (kPartials) {
-    slots_store_partial<VEC, ITERS>(accw, accb, slot_acc, partial + int64_t(blockIdx.x) * 2 * D, D, slots, slot,
+    slots_store_partial<VEC, ITERS>(accw, accb, slot_acc, partial + int64_t(blockIdx.x) * 2 * D, D, D, slots, slot,
                                     tpr, t);
   }
 }
@@ -562,31 +579,62 @@ __global__ void ln_bwd_finalize(const float* __restrict__ partial, int64_t G, in
 // `stages` rows later) once the slot's reduction barrier of the next row shows
 // every thread past its last read of it. The weights of a thread's columns stay
 // in registers when it owns at most 16 columns (else they are read with each row).
-// Assumptions (launcher): sm_90+; VEC = 16 bytes of T, every pointer and D allow
-// it (so a row is a multiple of 16 bytes); blockDim.x = slots * tpr, tpr a
-// multiple of 32; 2 <= stages <= kRingMaxStages; dynamic shared memory: slots *
-// stages * 2 * span elements of T, span = tpr * ITERS * VEC (slot k's ring at
-// k * stages * 2 * span; stage s: x at s * 2 * span, dy after it), at least the
-// (slots - 1) * tpr * ITERS * 2 * VEC floats of the end-of-kernel slot sum.
-template <typename T, typename TW, int ITERS, bool kPartials>
+//
+// kCluster: a row is split across the CTAs of a cluster (kc/cluster.cuh): CTA
+// rank r of a cluster owns columns [r * Dc, (r + 1) * Dc) of every row, and slot
+// k of every CTA of the cluster walks the same rows, so the registers that hold
+// a row's dgamma/dbeta sums are spread over several SMs (a 16384-column row no
+// longer needs one SM's registers). After its slot's reduction, each CTA sends
+// its share of the two row sums to every CTA of the cluster (itself included):
+// an asynchronous store into distributed shared memory (st.async) that completes
+// 8 bytes on the receiver's exchange mbarrier, which one thread of the receiving
+// slot arms each round with the bytes expected. Each CTA waits for all shares
+// and adds them in rank order, so every CTA gets the same sums. No release fence:
+// a send does not wait for the sender's earlier dx stores (a plain store plus an
+// mbarrier arrive with cluster-scope release did, and cost 6%: run 25 vs 26).
+// Exchange buffers alternate by row: a CTA can reach row i + 2, and write buffer
+// i % 2 again (or complete its mbarrier's next phase), only after every CTA sent
+// row i + 1, which each sends after its slot's barrier of row i + 1, i.e. after
+// all of its threads read row i's buffer and waited for its phase.
+// The partial row of a cluster is written by its CTAs, each its own columns.
+//
+// Assumptions (launcher): sm_90+; VEC = 16 bytes of T, every pointer and Dc allow
+// it (so a row share is a multiple of 16 bytes); D = cluster size * Dc; blockDim.x
+// = slots * tpr, tpr a multiple of 32; 2 <= stages <= kRingMaxStages; dynamic
+// shared memory: slots * stages * 2 * span elements of T, span = tpr * ITERS *
+// VEC >= Dc (slot k's ring at k * stages * 2 * span; stage s: x at s * 2 * span,
+// dy after it), at least the (slots - 1) * tpr * ITERS * 2 * VEC floats of the
+// end-of-kernel slot sum. partial: [clusters (or blocks)][2][D] when kPartials.
+template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster>
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
             const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
-            float* __restrict__ partial, int64_t rows, int64_t D, int tpr, int stages) {
+            float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages) {
   constexpr int VEC = kc::max_vec_elems<T>();
-  constexpr bool kWReg = ITERS * VEC <= 16;
+  constexpr bool kWReg = ITERS * VEC <= 16;  // the weights in registers too
+  constexpr int kX = 2;                      // exchange buffers per slot (kCluster)
   extern __shared__ __align__(128) unsigned char ring_smem[];
   __shared__ float red[kV4MaxSlots][2 * 32 * 2];
   __shared__ uint64_t full[kV4MaxSlots][kRingMaxStages];  // per slot and stage: the row has landed
+  // kCluster: per slot, kX rotating buffers of every rank's row sums, and their mbarriers
+  __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][kX][kRingMaxCluster];
+  __shared__ uint64_t xbar[kCluster ? kV4MaxSlots : 1][kX];
   kc::launch_dependents();  // the finalize kernel (PDL) may be scheduled; it waits for our completion
   const int slots = blockDim.x / tpr;
   const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
   const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
   const float inv_d = 1.f / float(D);
+  const unsigned csize = kCluster ? kc::cluster_size_x() : 1u, crank = kCluster ? kc::cluster_rank() : 0u;
+  const int64_t group = kCluster ? int64_t(kc::cluster_id()) : int64_t(blockIdx.x);  // row team of CTAs
+  const int64_t groups = kCluster ? int64_t(kc::cluster_count()) : int64_t(gridDim.x);
+  const int64_t col0 = int64_t(crank) * Dc;  // this CTA's columns: [col0, col0 + Dc)
   const int64_t span = int64_t(tpr) * ITERS * VEC;
   T* const ring = reinterpret_cast<T*>(ring_smem) + int64_t(slot) * stages * 2 * span;
   uint64_t* const bars = full[slot];
-  const unsigned row_bytes = unsigned(D * int64_t(sizeof(T)));
+  const unsigned row_bytes = unsigned(Dc * int64_t(sizeof(T)));
+  const unsigned xbytes = csize * unsigned(sizeof(float2));  // what one exchange round delivers
+  x += col0;
+  dy += col0;
 
   float accw[ITERS][VEC], accb[ITERS][VEC];
 #pragma unroll
@@ -598,8 +646,8 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
-        load_param<TW, VEC>(w, c, 1.f, wf[it]);
+      if (c < Dc) {
+        load_param<TW, VEC>(w, col0 + c, 1.f, wf[it]);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) wf[it][j] = 0.f;
@@ -611,12 +659,69 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
 #pragma unroll
       for (int j = 0; j < VEC; ++j) wv[j] = wf[it][j];
     } else {
-      load_param<TW, VEC>(w, c, 1.f, wv);
+      load_param<TW, VEC>(w, col0 + c, 1.f, wv);
     }
   };
+  auto stage_x = [&](int s) -> const T* { return ring + int64_t(s) * 2 * span; };
+  // pass 1 of the row in stage s: this thread's share of the row sums of g = dy * w
+  // and g * xhat; dy * xhat and dy added to its column sums
+  auto pass1 = [&](int s, float mu, float rs, float (&sums)[2]) {
+    const T* sx = stage_x(s);
+    const T* sd = sx + span;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < Dc) {
+        // one 16-byte load each into registers (handing the helper a reference into
+        // shared memory let the compiler read 16-bit elements one by one: run 25)
+        const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
+        const kc::Vec<T, VEC> dv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c);
+        float wv[VEC];
+        weights(it, c, wv);
+        bwd_vec_pass1<T, VEC, kPartials>(xv, dv, wv, mu, rs, sums, accw[it], accb[it]);
+      }
+    }
+  };
+  // pass 2: dx of row r (in stage s) from the whole row's sums, the row read again from the ring
+  auto pass2 = [&](int s, int64_t r, float mu, float rs, const float (&sums)[2]) {
+    if (!dx) return;
+    const T* sx = stage_x(s);
+    const T* sd = sx + span;
+    const float a = sums[0] * inv_d, b = sums[1] * inv_d;
+    T* dxr = dx + r * D + col0;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < Dc) {
+        const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
+        const kc::Vec<T, VEC> dv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c);
+        float wv[VEC];
+        weights(it, c, wv);
+        bwd_vec_dx<T, VEC>(xv, dv, wv, mu, rs, a, b, dxr + c);
+      }
+    }
+  };
+  // kCluster: lane q of the slot's first warp sends this CTA's share of row j's sums to rank q
+  auto send = [&](int64_t j, const float (&sums)[2]) {
+    const int xb = int(j % kX);
+    if (t < int(csize))
+      kc::st_async_cluster(kc::map_rank(&xsum[slot][xb][crank], unsigned(t)), sums[0], sums[1],
+                           kc::map_rank(&xbar[slot][xb], unsigned(t)));
+  };
+  // kCluster: the whole row's sums of row j, every rank's share added in rank order;
+  // then the buffer is re-armed for its next round (row j + kX): no peer can deliver
+  // that before every thread of this slot is past this wait (comment above the kernel)
+  auto receive = [&](int64_t j, float (&sums)[2]) {
+    const int xb = int(j % kX);
+    kc::mbar_wait(&xbar[slot][xb], unsigned(j / kX) & 1u);
+    float s0 = 0.f, s1 = 0.f;
+    for (unsigned q = 0; q < csize; ++q) s0 += xsum[slot][xb][q].x, s1 += xsum[slot][xb][q].y;
+    sums[0] = s0, sums[1] = s1;
+    if (t == 0) kc::mbar_arrive_expect_tx(&xbar[slot][xb], xbytes);
+  };
 
-  const int64_t stride = int64_t(gridDim.x) * slots;
-  int64_t row = int64_t(blockIdx.x) * slots + slot;
+  const int64_t stride = groups * slots;
+  int64_t row = group * slots + slot;
   auto issue = [&](int64_t r, int s) {  // thread 0 of the slot: row r of x and dy -> stage s
     T* sx = ring + int64_t(s) * 2 * span;
     kc::mbar_arrive_expect_tx(&bars[s], 2 * row_bytes);
@@ -625,83 +730,51 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   };
   if (t == 0) {
     for (int s = 0; s < stages; ++s) kc::mbar_init(&bars[s], 1);
+    if constexpr (kCluster)
+      for (int k = 0; k < kX; ++k) kc::mbar_init(&xbar[slot][k], 1);
     kc::mbar_init_fence();
+    if constexpr (kCluster)  // armed for each buffer's first round
+      for (int k = 0; k < kX; ++k) kc::mbar_arrive_expect_tx(&xbar[slot][k], xbytes);
   }
-  __syncthreads();
+  if constexpr (kCluster) {
+    kc::cluster_sync();  // every CTA's barriers are initialised before any peer stores to them
+  } else {
+    __syncthreads();
+  }
   if (t == 0)
     for (int s = 0; s < stages; ++s)
       if (row + s * stride < rows) issue(row + s * stride, s);
   float mu_next = 0.f, rs_next = 0.f;  // the statistics of the next row, loaded a row ahead
   if (row < rows) mu_next = mean[row], rs_next = rstd[row];
+
   int stage = 0, parity = 0;
   unsigned phase = 0;  // parity of the ring's current round (every stage completes once per round)
   for (int64_t i = 0; row < rows; row += stride, ++i) {
     const float mu = mu_next, rs = rs_next;
     if (row + stride < rows) mu_next = mean[row + stride], rs_next = rstd[row + stride];
     kc::mbar_wait(&bars[stage], phase);  // this row has landed
-    const T* sx = ring + int64_t(stage) * 2 * span;
-    const T* sd = sx + span;
-    // pass 1: the row sums of g = dy * w and g * xhat; dy * xhat and dy per column
     float sums[2] = {0.f, 0.f};
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
-        const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
-        const kc::Vec<T, VEC> dv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c);
-        float wv[VEC];
-        weights(it, c, wv);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
-          const float d = kc::to_float(dv.v[j]);
-          const float g = d * wv[j];
-          sums[0] += g;
-          sums[1] = fmaf(g, xhat, sums[1]);
-          if (kPartials) {
-            accw[it][j] = fmaf(d, xhat, accw[it][j]);
-            accb[it][j] += d;
-          }
-        }
-      }
-    }
+    pass1(stage, mu, rs, sums);
     slot_reduce_sum<2>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
     // Every thread of the slot is past pass 2 of the previous row (the barrier
-    // above; a one-warp slot: the shuffles, and this __syncwarp): refill its stage.
+    // above; a one-warp slot: the shuffles, and this __syncwarp): refill its
+    // stage (and, kCluster, the previous row's exchange buffer may be reused).
     if (nw == 1) __syncwarp();
+    if constexpr (kCluster) send(i, sums);
     if (t == 0 && i > 0) {
       const int prev = stage == 0 ? stages - 1 : stage - 1;
       const int64_t r = row + int64_t(stages - 1) * stride;
       if (r < rows) issue(r, prev);
     }
-    // pass 2: dx = rstd * (g - a - xhat * b), the row read again from the ring
-    if (dx) {
-      const float a = sums[0] * inv_d, b = sums[1] * inv_d;
-      T* dxr = dx + row * D;
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        const int64_t c = (int64_t(it) * tpr + t) * VEC;
-        if (c < D) {
-          const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
-          const kc::Vec<T, VEC> dv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c);
-          float wv[VEC], out[VEC];
-          weights(it, c, wv);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
-            const float g = kc::to_float(dv.v[j]) * wv[j];
-            out[j] = rs * (g - a - xhat * b);
-          }
-          store_from_f32<T, VEC>(dxr + c, out);
-        }
-      }
-    }
+    if constexpr (kCluster) receive(i, sums);
+    pass2(stage, row, mu, rs, sums);
     if (++stage == stages) stage = 0, phase ^= 1u;
   }
   // every row issued was waited for above: no copy is in flight into the buffer below
   if constexpr (kPartials)
     slots_store_partial<VEC, ITERS>(accw, accb, reinterpret_cast<float*>(ring_smem),
-                                    partial + int64_t(blockIdx.x) * 2 * D, D, slots, slot, tpr, t);
+                                    partial + group * 2 * D + col0, Dc, D, slots, slot, tpr, t);
+  if constexpr (kCluster) kc::cluster_sync();  // no CTA leaves while a peer may still access its shared memory
 }
 
 
@@ -861,45 +934,61 @@ cudaError_t dispatch_v4(const LnBackwardArgs& a, const V4Config& cfg, bool parti
   });
 }
 
-// v4 on a ring filled by bulk copies (sm_90+, 16-byte vectors). *ran = false when
-// no ring fits the shared memory (the caller runs v4 without one).
+// v4 on a ring filled by bulk copies (sm_90+, 16-byte vectors); with csize > 1
+// each row split across a cluster of csize CTAs (cfg: the configuration of a
+// share of D / csize columns). *ran = false when no ring fits the shared memory
+// or no cluster fits the GPU (the caller runs v4 without a ring).
 template <typename T, typename TW, int ITERS>
-cudaError_t launch_ring(const LnBackwardArgs& a, const V4Config& cfg, bool partials, int want, cudaStream_t stream,
-                        int64_t* grid_out, bool* ran) {
-  auto kernel = partials ? ln_bwd_ring<T, TW, ITERS, true> : ln_bwd_ring<T, TW, ITERS, false>;
+cudaError_t launch_ring(const LnBackwardArgs& a, const V4Config& cfg, int csize, bool partials, int want,
+                        cudaStream_t stream, int64_t* grid_out, bool* ran) {
+  const bool cl = csize > 1;
+  auto kernel = partials ? (cl ? ln_bwd_ring<T, TW, ITERS, true, true> : ln_bwd_ring<T, TW, ITERS, true, false>)
+                         : (cl ? ln_bwd_ring<T, TW, ITERS, false, true> : ln_bwd_ring<T, TW, ITERS, false, false>);
+  const int64_t Dc = a.cols / csize;
   const size_t row_bytes = 2 * size_t(cfg.tpr) * ITERS * cfg.vec * sizeof(T);  // x and dy
-  const RingPlan r = ring_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, row_bytes, want);
-  *ran = r.stages > 0;
+  const RingPlan r = ring_plan(kernel, cfg.tpr, a.rows, row_bytes, want);
+  const int64_t groups = r.stages == 0 ? 0 : cl ? cluster_groups(kernel, r.p, csize, a.rows) : r.p.grid;
+  *ran = r.stages > 0 && (groups > 0 || a.rows == 0);
   if (!*ran) return cudaSuccess;
-  if (grid_out) {
-    *grid_out = r.p.grid;
+  if (grid_out) {  // the partial rows: one per block, or per cluster
+    *grid_out = groups;
     return cudaSuccess;
   }
-  if (r.p.grid > 0) {
-    kernel<<<unsigned(r.p.grid), r.p.threads, r.p.smem, stream>>>(
-        static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.mean, a.rstd, static_cast<const TW*>(a.weight),
-        static_cast<T*>(a.dx), a.workspace, a.rows, a.cols, cfg.tpr, r.stages);
-    KC_CUDA_LAUNCH_TRY();
+  if (groups > 0) {
+    const dim3 grid(unsigned(groups * csize)), block(unsigned(r.p.threads));
+    const T* dy = static_cast<const T*>(a.dy);
+    const T* x = static_cast<const T*>(a.x);
+    const TW* w = static_cast<const TW*>(a.weight);
+    T* dx = static_cast<T*>(a.dx);
+    if (cl) {
+      KC_CUDA_TRY(kc::launch_cluster(kernel, grid, block, r.p.smem, stream, unsigned(csize), dy, x, a.mean, a.rstd,
+                                     w, dx, a.workspace, a.rows, a.cols, Dc, cfg.tpr, r.stages));
+    } else {
+      kernel<<<grid, block, r.p.smem, stream>>>(dy, x, a.mean, a.rstd, w, dx, a.workspace, a.rows, a.cols, Dc,
+                                                cfg.tpr, r.stages);
+      KC_CUDA_LAUNCH_TRY();
+    }
   }
-  return partials ? launch_finalize<TW>(a, r.p.grid, stream) : cudaSuccess;
+  return partials ? launch_finalize<TW>(a, groups, stream) : cudaSuccess;
 }
 
 template <typename T, typename TW>
-cudaError_t dispatch_ring(const LnBackwardArgs& a, const V4Config& cfg, bool partials, int want, cudaStream_t stream,
-                          int64_t* grid_out, bool* ran) {
+cudaError_t dispatch_ring(const LnBackwardArgs& a, const V4Config& cfg, int csize, bool partials, int want,
+                          cudaStream_t stream, int64_t* grid_out, bool* ran) {
   *ran = false;
   if (!cfg.ok) return cudaSuccess;
   switch (cfg.iters) {
-    case 1: return launch_ring<T, TW, 1>(a, cfg, partials, want, stream, grid_out, ran);
-    case 2: return launch_ring<T, TW, 2>(a, cfg, partials, want, stream, grid_out, ran);
-    case 4: return launch_ring<T, TW, 4>(a, cfg, partials, want, stream, grid_out, ran);
+    case 1: return launch_ring<T, TW, 1>(a, cfg, csize, partials, want, stream, grid_out, ran);
+    case 2: return launch_ring<T, TW, 2>(a, cfg, csize, partials, want, stream, grid_out, ran);
+    case 4: return launch_ring<T, TW, 4>(a, cfg, csize, partials, want, stream, grid_out, ran);
   }
   return cudaSuccess;
 }
 
-// Whether version 4 runs the ring, and with how many stages (0: not), from the
-// H200 measurements (README, runs 17-19): 16-bit rows of 1024 and more; fp32 rows
-// shorter than 1024 or longer than 4096. DAY26_V4_RING overrides.
+// Whether version 4 runs the ring, and with how many stages (0: not), for rows
+// (or, with a cluster, row shares) of D columns, from the H200 measurements
+// (README, runs 17-19): 16-bit rows of 1024 and more; fp32 rows shorter than
+// 1024 or longer than 4096. DAY26_V4_RING overrides.
 int ring_default(size_t elem_bytes, int64_t D) {
   if (elem_bytes == 2) return D >= 1024 ? 3 : 0;
   return D < 1024 || D > 4096 ? 3 : 0;
@@ -914,13 +1003,16 @@ cudaError_t backward_typed(const LnBackwardArgs& a, int version, cudaStream_t st
   if (version == 4) {
     const int vec = v2_vec<T, TW>(a);
     constexpr int V = kc::max_vec_elems<T>();
-    const V4Config cfg = v4_config(a.cols, vec);
-    const int ring = vec == V && kc::sm90_or_newer() ? v4_ring(ring_default(sizeof(T), a.cols)) : 0;
+    const bool ring_ok = vec == V && kc::sm90_or_newer();
+    const int csize = ring_ok ? ring_cluster(a.cols, V) : 1;  // CTAs per row
+    const int ring = ring_ok ? v4_ring(ring_default(sizeof(T), a.cols / csize)) : 0;
     if (ring) {
       bool ran = false;
-      const cudaError_t e = dispatch_ring<T, TW>(a, cfg, partials, ring, stream, grid_out, &ran);
+      const cudaError_t e =
+          dispatch_ring<T, TW>(a, v4_config(a.cols / csize, vec), csize, partials, ring, stream, grid_out, &ran);
       if (ran || e != cudaSuccess) return e;
     }
+    const V4Config cfg = v4_config(a.cols, vec);
     if (cfg.ok && (sizeof(T) == 4 || a.cols <= 4096 || v4_forced()))
       return vec == V ? dispatch_v4<T, TW, V>(a, cfg, partials, stream, grid_out)
                       : dispatch_v4<T, TW, 1>(a, cfg, partials, stream, grid_out);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cuda_runtime.h>
 
+#include "kc/cluster.cuh"
 #include "kc/convert.cuh"
 #include "kc/reduce.cuh"
 #include "kc/vec.cuh"
@@ -257,6 +258,14 @@ inline V4Config v4_config(int64_t cols, int vec) {
   return c;
 }
 
+// DAY26_V4_GRID=N (tests): at most N blocks in v4's persistent grids, so each
+// slot walks many rows (0: no cap).
+inline int64_t v4_grid_cap() {
+  const char* e = std::getenv("DAY26_V4_GRID");
+  const int v = e ? std::atoi(e) : 0;
+  return v > 0 ? v : 0;
+}
+
 // Launch shape of a v4 kernel: slots per block and the persistent grid.
 struct V4Plan {
   int slots = 1;
@@ -315,8 +324,8 @@ V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t sme
   if (fits) allow_dynamic_smem(kernel, p.smem);
   const int64_t blocks = (rows + slots - 1) / slots;
   int64_t cap = int64_t(num_sms()) * per_sm;
-  const char* e = std::getenv("DAY26_V4_GRID");  // tests: at most this many blocks, so each slot walks many rows
-  if (e && std::atoi(e) > 0 && std::atoi(e) < cap) cap = std::atoi(e);
+  const int64_t test_cap = v4_grid_cap();
+  if (test_cap > 0 && test_cap < cap) cap = test_cap;
   p.grid = blocks < cap ? blocks : cap;
   return p;
 }
@@ -342,13 +351,13 @@ struct RingPlan {
 // want: 1 = the most stages (up to kRingMaxStages) that keep as many threads
 // resident per SM as the 2-stage ring does; 2.. = exactly that many (if it fits).
 template <typename Kernel>
-RingPlan ring_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t row_bytes, int want) {
+RingPlan ring_plan(Kernel kernel, int tpr, int64_t rows, size_t row_bytes, int want) {
   RingPlan r;
-  const V4Plan base = v4_plan(kernel, tpr, max_threads, rows, 2 * row_bytes, 0);
+  const V4Plan base = v4_plan(kernel, tpr, kV4SmallThreads, rows, 2 * row_bytes, 0);
   if (!base.fits) return r;
   const int resident = base.per_sm * base.threads;
   for (int s = want >= 2 ? want : kRingMaxStages; s >= 2; --s) {
-    const V4Plan p = s == 2 ? base : v4_plan(kernel, tpr, max_threads, rows, size_t(s) * row_bytes, 0);
+    const V4Plan p = s == 2 ? base : v4_plan(kernel, tpr, kV4SmallThreads, rows, size_t(s) * row_bytes, 0);
     if (p.fits && (want >= 2 || p.per_sm * p.threads >= resident)) {
       r.p = p;
       r.stages = s;
@@ -357,6 +366,58 @@ RingPlan ring_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t
     if (want >= 2) break;
   }
   return r;
+}
+
+// The ring backward with rows split across a cluster of CTAs (sm_90+): CTA rank
+// r of a cluster owns columns [r * D / size, (r + 1) * D / size) of the rows its
+// cluster walks, and the CTAs exchange the two row sums through distributed
+// shared memory (layernorm_bwd.cu). Split so that a CTA owns at most 8192
+// columns (H200, README: splitting 8192 into 2 x 4096 measured slower, 16384
+// into 4 no faster than into 2), in clusters of at most kRingMaxCluster; only
+// sizes whose share is a whole number of 16-byte vectors.
+// DAY26_V4_CLUSTER=1|2|4 overrides (1: no split).
+constexpr int kRingMaxCluster = 4;
+constexpr int64_t kRingCtaCols = 8192;
+inline int ring_cluster(int64_t D, int vec) {
+  const char* e = std::getenv("DAY26_V4_CLUSTER");
+  const int v = e ? std::atoi(e) : 0;
+  int c = 1;
+  if (v == 1 || v == 2 || v == 4) {
+    c = v;
+  } else {
+    while (c < kRingMaxCluster && D > kRingCtaCols * c) c *= 2;
+  }
+  while (c > 1 && D % (int64_t(c) * vec) != 0) c /= 2;
+  return c;
+}
+
+// Clusters of `csize` blocks of plan p's shape for a persistent grid: as many as
+// run at once (the occupancy API; cached), but no more than have rows to do
+// (and no more than DAY26_V4_GRID blocks' worth). 0: no such cluster fits.
+template <typename Kernel>
+int64_t cluster_groups(Kernel kernel, const V4Plan& p, int csize, int64_t rows) {
+  struct Entry { const void* k; int dev; int threads; size_t smem; int csize; int n; };
+  static thread_local Entry cache[32];
+  static thread_local int used = 0;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const void* key = reinterpret_cast<const void*>(kernel);
+  int n = -1;
+  for (int i = 0; i < used; ++i)
+    if (cache[i].k == key && cache[i].dev == dev && cache[i].threads == p.threads && cache[i].smem == p.smem &&
+        cache[i].csize == csize)
+      n = cache[i].n;
+  if (n < 0) {
+    n = p.fits ? kc::max_active_clusters(kernel, p.threads, p.smem, unsigned(csize)) : 0;
+    cache[used < 32 ? used++ : 31] = Entry{key, dev, p.threads, p.smem, csize, n};
+  }
+  int64_t g = (rows + p.slots - 1) / p.slots;
+  if (g > n) g = n;
+  if (v4_grid_cap() > 0) {  // tests: at most that many blocks, but at least one cluster
+    const int64_t cap = v4_grid_cap() / csize > 0 ? v4_grid_cap() / csize : 1;
+    if (g > cap) g = cap;
+  }
+  return g;
 }
 
 // A barrier among the `nthreads` threads (a multiple of 32) that use barrier `id` (1..15).

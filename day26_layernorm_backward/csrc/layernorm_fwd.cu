@@ -286,7 +286,7 @@ template <typename T, typename TW, int ITERS>
 cudaError_t launch_fwd_ring(const LnForwardArgs& a, const V4Config& cfg, int want, cudaStream_t stream, bool* ran) {
   auto kernel = ln_fwd_ring<T, TW, ITERS>;
   const RingPlan r =
-      ring_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, size_t(cfg.tpr) * ITERS * cfg.vec * sizeof(T), want);
+      ring_plan(kernel, cfg.tpr, a.rows, size_t(cfg.tpr) * ITERS * cfg.vec * sizeof(T), want);
   *ran = r.stages > 0;
   if (*ran && r.p.grid > 0) {
     kernel<<<unsigned(r.p.grid), r.p.threads, r.p.smem, stream>>>(
