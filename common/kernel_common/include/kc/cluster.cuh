@@ -43,6 +43,7 @@
 #include <cuda_runtime.h>
 
 #include "kc/bulk_copy.cuh"
+#include "kc/launch.cuh"
 
 namespace kc {
 
@@ -122,19 +123,12 @@ __device__ __forceinline__ void st_async_cluster(unsigned addr, float a, float b
 template <typename... KArgs, typename... Args>
 cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                            unsigned cluster_x, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = cluster_x;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  return launch_ex(kernel, grid, block, smem, stream, attr, 1, std::forward<Args>(args)...);
 }
 
 template <typename... KArgs>

@@ -20,6 +20,9 @@
 //                           the serialization attribute when true. The caller
 //                           decides pdl (sm90_or_newer(): the attribute is
 //                           meant for sm_90+).
+//   launch_ex(kernel, grid, block, smem, stream, attrs, nattrs, args...)
+//                           cudaLaunchKernelEx with the given launch attributes
+//                           (used by launch and by kc/cluster.cuh's launch_cluster)
 //   sm90_or_newer()         host: whether the current device has compute
 //                           capability 9.0 or newer (cached per device).
 #pragma once
@@ -42,6 +45,20 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 
+// cudaLaunchKernelEx with `nattrs` launch attributes (the helpers below and kc/cluster.cuh's).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      cudaLaunchAttribute* attrs, unsigned nattrs, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attrs;
+  cfg.numAttrs = nattrs;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 template <typename... KArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                    Args&&... args) {
@@ -49,17 +66,10 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
     return cudaGetLastError();
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  return launch_ex(kernel, grid, block, smem, stream, attr, 1, std::forward<Args>(args)...);
 }
 
 inline bool sm90_or_newer() {
