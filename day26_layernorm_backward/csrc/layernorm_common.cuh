@@ -106,6 +106,32 @@ __device__ __forceinline__ void load_row(RowRegs<T, VEC, ITERS>& r, const T* __r
   }
 }
 
+// Which of a thread's ITERS vectors lie inside the row, computed once per
+// kernel: the forward tests it for every vector of every row (five times per
+// row), and the 64-bit column compare it replaces cost about 4 instructions each
+// time (the compiler recomputed it per row).
+template <int VEC, int ITERS>
+struct RowCols {
+  unsigned mask = 0;  // bit it: vector it of this thread is inside the row
+  int first = 0;      // column of vector 0 (t * VEC); vector it at first + it * step
+  int step = 0;       // tpr * VEC
+  __device__ __forceinline__ RowCols(int64_t D, int tpr, int t) : first(t * VEC), step(tpr * VEC) {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it)
+      if (int64_t(first) + int64_t(it) * step < D) mask |= 1u << it;
+  }
+  __device__ __forceinline__ bool has(int it) const { return (mask >> it) & 1u; }
+  __device__ __forceinline__ int col(int it) const { return first + it * step; }
+};
+
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void load_row(RowRegs<T, VEC, ITERS>& r, const T* __restrict__ p,
+                                         const RowCols<VEC, ITERS>& rc) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it)
+    if (rc.has(it)) r.v[it] = kc::load_vec<VEC>(p + rc.col(it));
+}
+
 // v3: a cp.async pipeline of `stages` rows per block in shared memory (the
 // tensors a row needs: x for the forward, x and dy for the backward).
 // Occupancy first: a stage budget that lets four blocks share an SM (each
@@ -450,9 +476,7 @@ __device__ __forceinline__ void slot_reduce_sum(float (&v)[N], float* red, int& 
 // Load VEC elements of T starting at p (aligned when VEC > 1) as fp32.
 template <typename T, int VEC>
 __device__ __forceinline__ void load_f32(const T* p, float (&out)[VEC]) {
-  const kc::Vec<T, VEC> v = kc::load_vec<VEC>(p);
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) out[j] = kc::to_float(v.v[j]);
+  kc::vec_to_float(kc::load_vec<VEC>(p), out);
 }
 
 // VEC weights (or `fill` when p is null: weight 1, bias 0) as fp32.
@@ -468,10 +492,7 @@ __device__ __forceinline__ void load_param(const TW* p, int64_t c, float fill, f
 
 template <typename T, int VEC>
 __device__ __forceinline__ void store_from_f32(T* p, const float (&in)[VEC]) {
-  kc::Vec<T, VEC> v;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) v.v[j] = kc::from_float<T>(in[j]);
-  kc::store_vec<VEC>(p, v);
+  kc::store_vec<VEC>(p, kc::vec_from_float<T>(in));
 }
 
 }  // namespace day26

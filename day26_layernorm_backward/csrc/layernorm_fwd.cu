@@ -64,47 +64,59 @@ __global__ void ln_fwd_v1(const T* __restrict__ x, const TW* __restrict__ w, con
   }
 }
 
-// v2. Assumptions (checked by the launcher):
-// - kWarp: blockDim.x = 32 * kWarpRowsPerBlock, one warp per row;
-//   else: blockDim.x = threads per row (a multiple of 32, <= kMaxTpr), one block per row;
-// - VEC > 1 only when x, y, weight, bias are aligned to a VEC-vector and D % VEC == 0;
-// - ITERS * VEC * (threads per row) >= D;
-// - rows are visited grid-stride, so any number of rows works with any grid.
-// One row in registers -> y, mean, rstd. reduce(v): the sum of v over the row's
-// threads, returned to all of them (a warp, a block or a v4 row slot).
+// The thread's share of a row in fp32 (entries past the row end: never read).
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void row_to_float(const RowRegs<T, VEC, ITERS>& r, float (&v)[ITERS][VEC],
+                                             const RowCols<VEC, ITERS>& rc) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it)
+    if (rc.has(it)) kc::vec_to_float(r.v[it], v[it]);
+}
+
+// One row in registers (fp32) -> y, mean, rstd. reduce(v): the sum of v over
+// the row's threads, returned to all of them (a warp, a block or a v4 row slot).
+// The second pass replaces x by x - mean in place, which the output reuses: per
+// element one add (sum), an add and an FMA (variance), a multiply and an FMA
+// (output), plus the conversions of x (once), weight and bias. (The 16-bit
+// forward was issue-bound, ncu run 25: it converted x in every pass and
+// unpacked each 16-bit element into a register of its own; README's log.)
+// Weight and bias are read at every row (L1 hits after the first rows); an fp32
+// copy of both in shared memory, staged once per block, measured slower (run
+// 35, H200: the ring lost blocks per SM to it at D >= 8192, v4 up to 16 µs at
+// D = 16384).
 template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
-__device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
-                                        const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
-                                        float* rstd_out, int64_t D, float eps, int tpr, int t, Reduce&& reduce) {
-  const float inv_d = 1.f / float(D);
+__device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __restrict__ w,
+                                            const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
+                                            float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d,
+                                            float eps, int t, Reduce&& reduce) {
   float s = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
-    if ((int64_t(it) * tpr + t) * VEC < D)
+    if (rc.has(it))
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s += kc::to_float(cur.v[it].v[j]);
+      for (int j = 0; j < VEC; ++j) s += v[it][j];
   s = reduce(s);
   const float mean = s * inv_d;
   float q = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
-    if ((int64_t(it) * tpr + t) * VEC < D)
+    if (rc.has(it))
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = kc::to_float(cur.v[it].v[j]) - mean;
-        q += d * d;
+        v[it][j] -= mean;
+        q += v[it][j] * v[it][j];
       }
   q = reduce(q);
   const float rstd = rsqrtf(q * inv_d + eps);
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
-    const int64_t c = (int64_t(it) * tpr + t) * VEC;
-    if (c < D) {
+    if (rc.has(it)) {
+      const int c = rc.col(it);
       float wv[VEC], bv[VEC], out[VEC];
       load_param<TW, VEC>(w, c, 1.f, wv);
       load_param<TW, VEC>(b, c, 0.f, bv);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = (kc::to_float(cur.v[it].v[j]) - mean) * rstd * wv[j] + bv[j];
+      for (int j = 0; j < VEC; ++j) out[j] = v[it][j] * rstd * wv[j] + bv[j];
       store_from_f32<T, VEC>(yr + c, out);
     }
   }
@@ -114,6 +126,22 @@ __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const
   }
 }
 
+template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
+__device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
+                                        const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
+                                        float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d, float eps,
+                                        int t, Reduce&& reduce) {
+  float v[ITERS][VEC];
+  row_to_float(cur, v, rc);
+  fwd_row_f32(v, w, b, yr, mean_out, rstd_out, rc, inv_d, eps, t, reduce);
+}
+
+// v2. Assumptions (checked by the launcher):
+// - kWarp: blockDim.x = 32 * kWarpRowsPerBlock, one warp per row;
+//   else: blockDim.x = threads per row (a multiple of 32, <= kMaxTpr), one block per row;
+// - VEC > 1 only when x, y, weight, bias are aligned to a VEC-vector and D % VEC == 0;
+// - ITERS * VEC * (threads per row) >= D;
+// - rows are visited grid-stride, so any number of rows works with any grid.
 template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
@@ -124,16 +152,18 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
   const int64_t rows_per_block = kWarp ? (blockDim.x >> 5) : 1;
   const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
+  const RowCols<VEC, ITERS> rc(D, tpr, t);
+  const float inv_d = 1.f / float(D);
   // Warps of one block leave this loop at different times in the warp path;
   // the block path keeps the whole block together (its reductions sync).
   for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
     RowRegs<T, VEC, ITERS> cur;
-    load_row(cur, x + row * D, D, tpr, t);
-    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t,
-                               [&](float v) {
-                                 if constexpr (kWarp) return kc::warp_reduce_sum(v);
-                                 else return kc::block_reduce_sum(v, red);
-                               });
+    load_row(cur, x + row * D, rc);
+    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t,
+            [&](float v) {
+              if constexpr (kWarp) return kc::warp_reduce_sum(v);
+              else return kc::block_reduce_sum(v, red);
+            });
   }
 }
 
@@ -161,6 +191,8 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     kc::cp_async_commit();  // one group per row, empty past the end, so counts stay uniform
   };
   const int64_t first = blockIdx.x;
+  const RowCols<VEC, ITERS> rc(D, tpr, t);
+  const float inv_d = 1.f / float(D);
   for (int s = 0; s < stages - 1; ++s) issue(first + s * stride, s);
   int stage = 0;
   for (int64_t row = first; row < rows; row += stride) {
@@ -168,12 +200,10 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     kc::cp_async_wait(stages - 1);                                            // this row's group has landed
     RowRegs<T, VEC, ITERS> cur;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + stage * D + c);
-    }
-    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t,
-                               [&](float v) { return kc::block_reduce_sum(v, red); });
+    for (int it = 0; it < ITERS; ++it)
+      if (rc.has(it)) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + stage * D + rc.col(it));
+    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t,
+            [&](float v) { return kc::block_reduce_sum(v, red); });
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
   kc::cp_async_wait(0);
@@ -194,23 +224,38 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
   const int64_t stride = int64_t(gridDim.x) * slots;
   int64_t row = int64_t(blockIdx.x) * slots + slot;
+  const RowCols<VEC, ITERS> rc(D, tpr, t);
+  const float inv_d = 1.f / float(D);
   int parity = 0;
-  RowRegs<T, VEC, ITERS> cur;
-  if (kPrefetch && row < rows) load_row(cur, x + row * D, D, tpr, t);
-  for (; row < rows; row += stride) {
+  auto reduce = [&](float v) {
+    float r[1] = {v};
+    slot_reduce_sum<1>(r, red[slot], parity, 1 + slot, nw, wis, lane);
+    return r[0];
+  };
+  if constexpr (kPrefetch) {
+    // The next row is converted to fp32 at the end of the current one, before
+    // the load after it is issued. (Copying the prefetched registers instead,
+    // `cur = nxt`, let ptxas move the wait for that load past the next load,
+    // on the same scoreboard: every row then waited for its successor's load;
+    // run 36, ncu and the SASS's wait masks.)
+    float v[ITERS][VEC];
     RowRegs<T, VEC, ITERS> nxt;
-    if (kPrefetch) {
-      if (row + stride < rows) load_row(nxt, x + (row + stride) * D, D, tpr, t);
-    } else {
-      load_row(cur, x + row * D, D, tpr, t);
+    if (row < rows) {
+      load_row(nxt, x + row * D, rc);
+      row_to_float(nxt, v, rc);
     }
-    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t,
-                               [&](float v) {
-                                 float r[1] = {v};
-                                 slot_reduce_sum<1>(r, red[slot], parity, 1 + slot, nw, wis, lane);
-                                 return r[0];
-                               });
-    if (kPrefetch) cur = nxt;
+    for (; row < rows; row += stride) {
+      const bool more = row + stride < rows;
+      if (more) load_row(nxt, x + (row + stride) * D, rc);
+      fwd_row_f32(v, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t, reduce);
+      if (more) row_to_float(nxt, v, rc);
+    }
+  } else {
+    for (; row < rows; row += stride) {
+      RowRegs<T, VEC, ITERS> cur;
+      load_row(cur, x + row * D, rc);
+      fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t, reduce);
+    }
   }
 }
 
@@ -253,29 +298,28 @@ ln_fwd_ring(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restr
   if (t == 0)
     for (int s = 0; s < stages; ++s)
       if (row + s * stride < rows) issue(row + s * stride, s);
+  const RowCols<VEC, ITERS> rc(D, tpr, t);
+  const float inv_d = 1.f / float(D);
   int stage = 0, parity = 0;
   unsigned phase = 0;  // parity of the ring's current round
   for (; row < rows; row += stride) {
     kc::mbar_wait(&bars[stage], phase);  // this row has landed
     RowRegs<T, VEC, ITERS> cur;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(ring + stage * span + c);
-    }
+    for (int it = 0; it < ITERS; ++it)
+      if (rc.has(it)) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(ring + stage * span + rc.col(it));
     bool refilled = false;
-    fwd_row<T, TW, VEC, ITERS>(cur, w, b, y + row * D, mean_out + row, rstd_out + row, D, eps, tpr, t,
-                               [&](float v) {
-                                 float r[1] = {v};
-                                 slot_reduce_sum<1>(r, red[slot], parity, 1 + slot, nw, wis, lane);
-                                 if (!refilled) {  // every thread of the slot holds this row in registers now
-                                   refilled = true;
-                                   if (nw == 1) __syncwarp();
-                                   const int64_t next = row + int64_t(stages) * stride;
-                                   if (t == 0 && next < rows) issue(next, stage);
-                                 }
-                                 return r[0];
-                               });
+    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t, [&](float v) {
+      float r[1] = {v};
+      slot_reduce_sum<1>(r, red[slot], parity, 1 + slot, nw, wis, lane);
+      if (!refilled) {  // every thread of the slot holds this row in registers now
+        refilled = true;
+        if (nw == 1) __syncwarp();
+        const int64_t next = row + int64_t(stages) * stride;
+        if (t == 0 && next < rows) issue(next, stage);
+      }
+      return r[0];
+    });
     if (++stage == stages) stage = 0, phase ^= 1u;
   }
   // every row issued was waited for above: no copy is in flight at exit
@@ -397,8 +441,10 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
                         (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V)) &&
                         (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
     // version 4: v4's kernels (next row prefetched) for 16-bit types; for fp32,
-    // where they measured slower (H200, README's log), v2's, and v3's for rows
-    // over 8192. DAY26_V4_FORCE=1: v4's kernels wherever they can run.
+    // v2's, and v3's for rows over 8192 (v4 with the next row prefetched was
+    // 1-3% faster than v2 at 1024 and 8192 columns in probe runs 37-38 but 3-8%
+    // slower in bench run 39, H200: no consistent gain). DAY26_V4_FORCE=1: v4's
+    // kernels wherever they can run (DAY26_V4_PREFETCH=1 with them for fp32).
     const bool use_v4 = version == 4 && (sizeof(T) == 2 || v4_forced());
     if (use_v4) {
       const V4Config c4 = v4_config(a.cols, vec_ok ? V : 1);

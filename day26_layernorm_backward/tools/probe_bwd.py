@@ -4,7 +4,7 @@ For each benchmark shape and each variant ("V" or "V:ENV=VAL:ENV=VAL", e.g.
 "4:DAY26_V4_PREFETCH=0"): the whole backward, dx only (no dgamma/dbeta), and the
 forward; plus torch.add(x, dy, out=dx) - the backward's 3 passes of bytes with no
 math - and copy_ (the forward's 2 passes).
-    python tools/probe_bwd.py [--variants 2,4] [--dtypes float32,bfloat16] [--no-dx]
+    python tools/probe_bwd.py [--variants 2,4] [--dtypes float32,bfloat16] [--no-dx] [--fwd-only]
 """
 import argparse
 import os
@@ -31,6 +31,7 @@ def main():
     p.add_argument("--variants", default="2,4")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--no-dx", action="store_true")
+    p.add_argument("--fwd-only", action="store_true", help="time the forward only")
     args = p.parse_args()
     variants = [parse_variant(v) for v in args.variants.split(",")]
     bw = bench.copy_bandwidth_gbs()
@@ -50,17 +51,18 @@ def main():
             ffloor = bench.floor_us(2 * n * d * x.element_size(), bw)
             br = dict(shape=label, floor=floor)
             fr = dict(shape=label, floor=ffloor)
-            br["add3"] = bench.time_us(lambda: torch.add(x, dy, out=out))
+            br["add3"] = float("nan") if args.fwd_only else bench.time_us(lambda: torch.add(x, dy, out=out))
             fr["copy2"] = bench.time_us(lambda: out.copy_(x))
-            br["torch"] = bench.time_us(lambda: torch.ops.aten.native_layer_norm_backward(
-                dy, x, [d], mean, rstd, w, b, [True, True, True]))
+            br["torch"] = float("nan") if args.fwd_only else bench.time_us(
+                lambda: torch.ops.aten.native_layer_norm_backward(dy, x, [d], mean, rstd, w, b, [True, True, True]))
             fr["torch"] = bench.time_us(lambda: torch.nn.functional.layer_norm(x, (d,), w, b))
             for name, v, env in variants:
                 saved = {k: os.environ.get(k) for k in env}
                 os.environ.update(env)
                 try:
-                    br[name] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=v))
-                    if not args.no_dx:
+                    br[name] = float("nan") if args.fwd_only else bench.time_us(
+                        lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=v))
+                    if not args.no_dx and not args.fwd_only:
                         br[name + "_dx"] = bench.time_us(lambda: layer_norm_backward(
                             dy, x, d, m1, r1, w, output_mask=(True, False, False), version=v))
                     fr[name] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=v))
@@ -84,7 +86,8 @@ def main():
     fcols = ["shape", "floor", "copy2", "torch"] + [c for nm in names for c in (nm, "pct_" + nm)]
     print(f"copy bandwidth {bw:.0f} GB/s; us, median, L2 flushed")
     print("\nforward\n" + bench.format_table(frows, fcols))
-    print("\nbackward (pct = floor / time, xt = torch / time)\n" + bench.format_table(brows, bcols))
+    if not args.fwd_only:
+        print("\nbackward (pct = floor / time, xt = torch / time)\n" + bench.format_table(brows, bcols))
     return 0
 
 

@@ -12,7 +12,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <cassert>
+
+#include "kc/convert.cuh"
 
 namespace kc {
 
@@ -50,6 +54,70 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   assert(is_aligned(p, sizeof(Vec<T, N>)));
 #endif
   *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+// A whole vector to fp32 and back, two 16-bit elements per 32-bit word:
+// bf16 -> fp32 is a shift (low half) or a mask (high half) of the word, one
+// instruction per element, where converting element by element first unpacks
+// every element into a register of its own (one more instruction each; H200,
+// day26's README). fp16 goes through __half22float2, fp32 is a copy.
+template <int N>
+__device__ __forceinline__ void vec_to_float(const Vec<float, N>& v, float (&out)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) out[j] = v.v[j];
+}
+template <int N>
+__device__ __forceinline__ void vec_to_float(const Vec<__nv_bfloat16, N>& v, float (&out)[N]) {
+  if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      uint32_t w;
+      memcpy(&w, &v.v[2 * k], sizeof(w));
+      out[2 * k] = __uint_as_float(w << 16);
+      out[2 * k + 1] = __uint_as_float(w & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = to_float(v.v[j]);
+  }
+}
+template <int N>
+__device__ __forceinline__ void vec_to_float(const Vec<__half, N>& v, float (&out)[N]) {
+  if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      __half2 h;
+      memcpy(&h, &v.v[2 * k], sizeof(h));
+      const float2 f = __half22float2(h);
+      out[2 * k] = f.x;
+      out[2 * k + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = to_float(v.v[j]);
+  }
+}
+
+// fp32 -> a vector of T, round to nearest even (16-bit types packed two at a time).
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> vec_from_float(const float (&in)[N]) {
+  Vec<T, N> v;
+  if constexpr (N % 2 == 0 && (std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value)) {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        const __nv_bfloat162 p = __floats2bfloat162_rn(in[2 * k], in[2 * k + 1]);
+        memcpy(&v.v[2 * k], &p, sizeof(p));
+      } else {
+        const __half2 p = __floats2half2_rn(in[2 * k], in[2 * k + 1]);
+        memcpy(&v.v[2 * k], &p, sizeof(p));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) v.v[j] = from_float<T>(in[j]);
+  }
+  return v;
 }
 
 }  // namespace kc
