@@ -61,14 +61,9 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
 // instruction per element, where converting element by element first unpacks
 // every element into a register of its own (one more instruction each; H200,
 // day26's README). fp16 goes through __half22float2, fp32 is a copy.
-template <int N>
-__device__ __forceinline__ void vec_to_float(const Vec<float, N>& v, float (&out)[N]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) out[j] = v.v[j];
-}
-template <int N>
-__device__ __forceinline__ void vec_to_float(const Vec<__nv_bfloat16, N>& v, float (&out)[N]) {
-  if constexpr (N % 2 == 0) {
+template <typename T, int N>
+__device__ __forceinline__ void vec_to_float(const Vec<T, N>& v, float (&out)[N]) {
+  if constexpr (N % 2 == 0 && std::is_same<T, __nv_bfloat16>::value) {
 #pragma unroll
     for (int k = 0; k < N / 2; ++k) {
       uint32_t w;
@@ -76,14 +71,7 @@ __device__ __forceinline__ void vec_to_float(const Vec<__nv_bfloat16, N>& v, flo
       out[2 * k] = __uint_as_float(w << 16);
       out[2 * k + 1] = __uint_as_float(w & 0xffff0000u);
     }
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) out[j] = to_float(v.v[j]);
-  }
-}
-template <int N>
-__device__ __forceinline__ void vec_to_float(const Vec<__half, N>& v, float (&out)[N]) {
-  if constexpr (N % 2 == 0) {
+  } else if constexpr (N % 2 == 0 && std::is_same<T, __half>::value) {
 #pragma unroll
     for (int k = 0; k < N / 2; ++k) {
       __half2 h;
@@ -92,7 +80,7 @@ __device__ __forceinline__ void vec_to_float(const Vec<__half, N>& v, float (&ou
       out[2 * k] = f.x;
       out[2 * k + 1] = f.y;
     }
-  } else {
+  } else {  // fp32 (a copy), or an odd N
 #pragma unroll
     for (int j = 0; j < N; ++j) out[j] = to_float(v.v[j]);
   }
