@@ -90,6 +90,40 @@ def test_warp_reduce(width):
 
 
 @requires_cuda
+@pytest.mark.parametrize("skip", [0, 1, 31])
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_warp_combine_mean_m2(skip, offset):
+    """Mean and m2 = sum((x - mean)^2) of a row from 32 lanes' (mean, m2) pairs:
+    uneven and empty lanes (len not a multiple of the lanes in use, lanes < skip
+    hold nothing), and a mean 1e4 times the spread, where the naive
+    sum(x^2) - n * mean^2 in fp32 is off by more than the whole m2."""
+    ops = ext()
+    for L in [1, 2, 5, 31, 33, 100, 1000, 4099]:
+        x = (torch.randn(7, L, device="cuda") + offset).float()
+        x[1] = offset                                  # constant row: m2 is 0
+        out = ops.warp_mean_m2(x, skip).cpu()          # [rows, 32, 2]
+        assert torch.equal(out, out[:, :1, :].expand_as(out)), "lanes disagree"
+        xd = x.double().cpu()
+        want_mean = xd.mean(1)
+        want_m2 = ((xd - want_mean[:, None]) ** 2).sum(1)
+        got = out[:, 0, :].double()
+        n = -(-L // (32 - skip))                       # values per lane, at most
+        u = 2.0**-24
+        amax = xd.abs().amax(1)
+        rng = xd.amax(1) - xd.amin(1)
+        # a lane's mean: its first value (exact) plus a sum of n deviations (each
+        # <= rng) divided by n: error e <= u * amax + (n + 1) * u * rng
+        e = u * amax + (n + 1) * u * rng
+        assert ((got[:, 0] - want_mean).abs() <= e + 6 * u * amax).all(), f"mean (L={L})"
+        # m2: the lanes' squared deviations about their shifts (each <= rng^2) round
+        # relative to their sum (n + 7 adds deep); a lane mean off by e adds 2 n e d,
+        # d <= rng, summed over lanes: <= 2 L e rng (+ L e^2)
+        bound = (n + 8) * u * (want_m2 + L * rng * rng) + 2 * L * e * rng + L * e * e
+        assert ((got[:, 1] - want_m2).abs() <= bound).all(), f"m2 (L={L}): {got[:, 1]} vs {want_m2}"
+        assert got[1, 1] == 0, "a constant row has m2 = 0 exactly (every deviation is 0)"
+
+
+@requires_cuda
 def test_bad_input_is_an_error_and_process_stays_usable():
     ops = ext()
     with pytest.raises(RuntimeError, match="multiple of 32"):

@@ -5,6 +5,7 @@
 TORCH_LIBRARY(kc_test, m) {
   m.def("block_reduce(Tensor x, int threads) -> Tensor");
   m.def("warp_reduce(Tensor x, int width) -> Tensor");
+  m.def("warp_mean_m2(Tensor x, int skip) -> Tensor");
 }
 
 // Importing the module runs the registrations above.

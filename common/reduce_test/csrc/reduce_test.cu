@@ -1,4 +1,4 @@
-// Test kernels for kc/reduce.cuh. Each thread records the reduction result it
+// Test kernels for kc/reduce.cuh (and its moments combine). Each thread records the reduction result it
 // sees, so the test checks both the value and "valid in every thread". The
 // block kernel calls three reductions back to back on ONE shared buffer, which
 // checks the kSyncAfter = true contract (buffer reusable on return).
@@ -48,7 +48,41 @@ __global__ void warp_reduce_test_kernel(const float* __restrict__ x, int64_t gro
   }
 }
 
+// One warp per row: lanes < skip hold no values, the others take the row's
+// elements round robin; each lane's group goes in as (mean, m2), both computed
+// about the lane's first value (a shift), and every lane records the combined
+// (mean, m2) it gets back.
+__global__ void warp_mean_m2_test_kernel(const float* __restrict__ x, int64_t rows, int len, int skip,
+                                         float* __restrict__ out) {
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;  // whole warps leave together
+  const float* xr = x + row * len;
+  const int users = 32 - skip;
+  float n = 0.f, a = 0.f, u = 0.f, k = 0.f;
+  if (lane >= skip && lane - skip < len) {
+    k = xr[lane - skip];
+    for (int i = lane - skip; i < len; i += users) {
+      const float d = xr[i] - k;
+      n += 1.f, a += d, u = fmaf(d, d, u);
+    }
+  }
+  const float mo = n > 0.f ? a / n : 0.f;
+  const kc::MeanM2 r = kc::warp_combine_mean_m2(k + mo, fmaxf(fmaf(-a, mo, u), 0.f), n, 1.f / float(len));
+  out[(row * 32 + lane) * 2 + 0] = r.mean;
+  out[(row * 32 + lane) * 2 + 1] = r.m2;
+}
+
 }  // namespace
+
+cudaError_t launch_warp_mean_m2_test(const float* x, int64_t rows, int len, int skip, float* out,
+                                    cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (skip < 0 || skip > 31 || len < 1) return cudaErrorInvalidValue;
+  const int warps = 4;
+  warp_mean_m2_test_kernel<<<unsigned((rows + warps - 1) / warps), warps * 32, 0, stream>>>(x, rows, len, skip, out);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_block_reduce_test(const void* x, kc::DType dt, int64_t rows, int64_t len,
                                      int threads, float* out, cudaStream_t stream) {

@@ -14,3 +14,10 @@ cudaError_t launch_block_reduce_test(const void* x, kc::DType dt, int64_t rows, 
 // group of `width` lanes reduces one row. out: [groups, width, 2] (sum, max) per lane.
 cudaError_t launch_warp_reduce_test(const float* x, int64_t groups, int width, float* out,
                                     cudaStream_t stream);
+
+// x: [rows, len] fp32 contiguous. One warp per row: lanes < skip (0..31) hold
+// no values, the rest take the row's elements round robin, and the warp
+// combines their (mean, m2) with kc::warp_combine_mean_m2. out: [rows, 32, 2]
+// (mean, m2) as each lane received it.
+cudaError_t launch_warp_mean_m2_test(const float* x, int64_t rows, int len, int skip, float* out,
+                                    cudaStream_t stream);

@@ -23,6 +23,26 @@
 //     kSyncAfter = false the caller must __syncthreads() before anything writes
 //     smem again.
 //
+// Moments (mean and squared deviations) -------------------------------------
+//   warp_combine_mean_m2(mean, m2, n, inv_total) -> MeanM2{mean, m2}
+//   Each lane holds a group of n values (n may be 0) as their mean and
+//   m2 = sum of (value - mean)^2 (n = 0: m2 = 0, mean any finite value).
+//   Returns, in every lane, the mean and the m2 of all the lanes' values
+//   together; inv_total = 1 / (the sum of n over the warp), which the caller
+//   knows. Applied level by level (a thread's values, a warp's, a block's), it
+//   gives a row's variance with ONE exchange per level instead of two (a sum,
+//   then squared deviations from the mean), without the cancellation of
+//   sum(x^2) - n * mean^2 when |mean| >> std: a group's m2 is already relative
+//   to its own mean, and the groups are combined relative to a shift K, the
+//   mean of the first lane with n > 0 (d = mean - K, small):
+//     mean_total = K + sum(n d) / n_total
+//     m2_total   = sum(m2 + n d^2) - (sum(n d))^2 / n_total
+//   Accuracy: exact for exact inputs; an error e in a group's mean enters m2 as
+//   about 2 n e d (first order, since that group's m2 was taken about the wrong
+//   mean), so compute group means accurately (e.g. about a shift, as day26 does).
+//   Contract: all 32 lanes call it (no divergence); the result is valid in
+//   every lane; m2 >= 0 (clamped).
+//
 // NaN and inf ---------------------------------------------------------------
 //   sum: IEEE addition (a NaN or inf - inf anywhere gives NaN; inf otherwise
 //   gives inf). max: propagates NaN like torch.max (fmaxf would drop it); the
@@ -120,6 +140,26 @@ __device__ __forceinline__ float block_reduce_max(float v, float* smem) {
   float a[1] = {v};
   detail::block_reduce<detail::MaxOp, 1, kSyncAfter>(a, smem);
   return a[0];
+}
+
+struct MeanM2 {
+  float mean;
+  float m2;
+};
+
+__device__ __forceinline__ MeanM2 warp_combine_mean_m2(float mean, float m2, float n, float inv_total) {
+  const unsigned has = __ballot_sync(kFullMask, n > 0.f);
+  const float shift = __shfl_sync(kFullMask, mean, has ? __ffs(has) - 1 : 0);
+  const float d = mean - shift;
+  float a = n * d;          // sum over this lane's values of (x - shift)
+  float u = fmaf(a, d, m2);  // sum over this lane's values of (x - shift)^2
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    a += __shfl_xor_sync(kFullMask, a, off);
+    u += __shfl_xor_sync(kFullMask, u, off);
+  }
+  const float mo = a * inv_total;
+  return MeanM2{shift + mo, fmaxf(fmaf(-a, mo, u), 0.f)};
 }
 
 }  // namespace kc
