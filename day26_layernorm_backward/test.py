@@ -197,7 +197,7 @@ def test_cuda_v4_ring(ring, ept, monkeypatch):
 def test_cuda_v4_ring_cluster(cluster, monkeypatch):
     """The ring backward with each row split across a cluster of CTAs
     (DAY26_V4_CLUSTER; the row sums exchanged through distributed shared
-    memory), for shares of a row from 16 columns to 8192, every dtype, fp32 or
+    memory; the forward split too, next test), for shares of a row from 16 columns to 8192, every dtype, fp32 or
     same-dtype weights, whole and dx-only; with the grid capped at 8 blocks so
     every slot walks many rows (both exchange buffers reused many times), and
     bitwise reproducible. Sizes a cluster cannot split into whole 16-byte
@@ -221,6 +221,65 @@ def test_cuda_v4_ring_cluster(cluster, monkeypatch):
                 again = layer_norm_backward(dy, x, cols, mean, rstd, w, version=4)
                 for a, c in zip((dx, dw, db), again):
                     assert torch.equal(a, c), "cluster ring backward is not bitwise reproducible"
+
+
+@requires_cuda
+@pytest.mark.parametrize("cluster", ["2", "4"])
+@pytest.mark.parametrize("prefetch", ["0", "1"])
+def test_cuda_v4_forward_cluster(cluster, prefetch, monkeypatch):
+    """The forward with each row split across a cluster of CTAs (version 4's
+    default for rows longer than 8192; DAY26_V4_CLUSTER forces it for shorter
+    ones): each CTA's share reduced to (mean, m2), the pairs exchanged through
+    distributed shared memory and combined in rank order. Shares from 16 columns
+    to 16384, every dtype, fp32 or same-dtype weights, with and without the next
+    row prefetched; the grid capped at 8 blocks so every slot walks many rows
+    (both exchange buffers reused many times); bitwise reproducible."""
+    monkeypatch.setenv("DAY26_V4_CLUSTER", cluster)
+    monkeypatch.setenv("DAY26_V4_PREFETCH", prefetch)
+    monkeypatch.setenv("DAY26_V4_GRID", "8")
+    for cols in ([64, 4096] if SANITIZE else [64, 1000, 4096, 12288, 16384, 32768]):
+        for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
+            for wdtype in ("same", torch.float32):
+                x, w, b, dy = make(300 if cols < 4096 else 40, cols, dtype, "cuda", wdtype=wdtype)
+                y, mean, rstd = layer_norm_forward(x, cols, w, b, version=4)
+                check(y, ref_forward(x, (cols,), w, b, 1e-5), torch_same_dtype_grads(x, (cols,), w, b, 1e-5, dy)[0], "y")
+                xd = x.double()
+                testing.assert_close(mean, xd.mean(-1), atol=1e-5, rtol=1e-5, name="mean")
+                testing.assert_close(rstd, (xd.var(-1, unbiased=False) + 1e-5).rsqrt(), atol=1e-5, rtol=1e-4,
+                                     name="rstd")
+                again = layer_norm_forward(x, cols, w, b, version=4)
+                for a, c in zip((y, mean, rstd), again):
+                    assert torch.equal(a, c), "cluster forward is not bitwise reproducible"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_large_mean(device, dtype):
+    """Rows whose mean is 500 times their spread: the variance must not come
+    from sum(x^2) - D * mean^2 (in fp32 that cancels to noise; rstd is checked
+    to 1e-4). Every version, including the one-exchange statistics of v2-v4
+    (per-thread moments about a shift, combined with kc::warp_combine_mean_m2)
+    and the cluster split. y = x * rstd - mean * rstd (times w, plus b) cancels
+    terms ~500 times larger than y, and mean is an fp32 value: in fp32, y is
+    good to a few ulps of those terms, not of y (PyTorch's own fp32 kernels
+    alike), so that is the bound."""
+    versions = CUDA_VERSIONS if device == "cuda" else [3]
+    for cols in [7, 100, 1024, 4096, 12288, 16384]:
+        for v in versions:
+            x, w, b, dy = make(64, cols, dtype, device)
+            x = (x.float() + 1000.0).to(dtype)
+            y, mean, rstd = layer_norm_forward(x, cols, w, b, 1e-5, v)
+            xd = x.double()
+            mean_d = xd.mean(-1)
+            rstd_d = (xd.var(-1, unbiased=False) + 1e-5).rsqrt()
+            testing.assert_close(mean, mean_d, atol=0, rtol=1e-6, name="mean")
+            testing.assert_close(rstd, rstd_d, atol=0, rtol=1e-4, name="rstd")
+            y_ref = ref_forward(x, (cols,), w, b, 1e-5)
+            if dtype == torch.float32:
+                terms = xd.abs().amax() * rstd_d.amax() * w.double().abs().amax() + b.double().abs().amax()
+                testing.assert_close(y, y_ref, atol=8 * 2.0**-24 * terms.item(), rtol=0, name="y")
+            else:
+                check(y, y_ref, torch_same_dtype_grads(x, (cols,), w, b, 1e-5, dy)[0], "y")
 
 
 @requires_cuda

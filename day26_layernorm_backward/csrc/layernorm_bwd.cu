@@ -612,13 +612,12 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
             float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages) {
   constexpr int VEC = kc::max_vec_elems<T>();
   constexpr bool kWReg = ITERS * VEC <= 16;  // the weights in registers too
-  constexpr int kX = 2;                      // exchange buffers per slot (kCluster)
   extern __shared__ __align__(128) unsigned char ring_smem[];
   __shared__ float red[kV4MaxSlots][2 * 32 * 2];
   __shared__ uint64_t full[kV4MaxSlots][kRingMaxStages];  // per slot and stage: the row has landed
   // kCluster: per slot, kX rotating buffers of every rank's row sums, and their mbarriers
-  __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][kX][kRingMaxCluster];
-  __shared__ uint64_t xbar[kCluster ? kV4MaxSlots : 1][kX];
+  __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX][kRingMaxCluster];
+  __shared__ uint64_t xbar[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX];
   kc::launch_dependents();  // the finalize kernel (PDL) may be scheduled; it waits for our completion
   const int slots = blockDim.x / tpr;
   const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
@@ -632,7 +631,6 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   T* const ring = reinterpret_cast<T*>(ring_smem) + int64_t(slot) * stages * 2 * span;
   uint64_t* const bars = full[slot];
   const unsigned row_bytes = unsigned(Dc * int64_t(sizeof(T)));
-  const unsigned xbytes = csize * unsigned(sizeof(float2));  // what one exchange round delivers
   x += col0;
   dy += col0;
 
@@ -701,23 +699,18 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
       }
     }
   };
-  // kCluster: lane q of the slot's first warp sends this CTA's share of row j's sums to rank q
-  auto send = [&](int64_t j, const float (&sums)[2]) {
-    const int xb = int(j % kX);
-    if (t < int(csize))
-      kc::st_async_cluster(kc::map_rank(&xsum[slot][xb][crank], unsigned(t)), sums[0], sums[1],
-                           kc::map_rank(&xbar[slot][xb], unsigned(t)));
-  };
-  // kCluster: the whole row's sums of row j, every rank's share added in rank order;
-  // then the buffer is re-armed for its next round (row j + kX): no peer can deliver
-  // that before every thread of this slot is past this wait (comment above the kernel)
+  // kCluster: this CTA's share of each row's two sums goes to every rank (lane q of
+  // the slot's first warp sends to rank q); the whole row's sums are every rank's
+  // share added in rank order, then the buffer is re-armed for its next round (row
+  // j + 2): no peer can deliver that before every thread of this slot is past this
+  // wait (comment above the kernel)
+  const ClusterPairs ex{&xsum[kCluster ? slot : 0][0][0], &xbar[kCluster ? slot : 0][0], csize, crank};
   auto receive = [&](int64_t j, float (&sums)[2]) {
-    const int xb = int(j % kX);
-    kc::mbar_wait(&xbar[slot][xb], unsigned(j / kX) & 1u);
+    const float2* p = ex.wait(j);
     float s0 = 0.f, s1 = 0.f;
-    for (unsigned q = 0; q < csize; ++q) s0 += xsum[slot][xb][q].x, s1 += xsum[slot][xb][q].y;
+    for (unsigned q = 0; q < csize; ++q) s0 += p[q].x, s1 += p[q].y;
     sums[0] = s0, sums[1] = s1;
-    if (t == 0) kc::mbar_arrive_expect_tx(&xbar[slot][xb], xbytes);
+    ex.rearm(j, t);
   };
 
   const int64_t stride = groups * slots;
@@ -730,11 +723,9 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   };
   if (t == 0) {
     for (int s = 0; s < stages; ++s) kc::mbar_init(&bars[s], 1);
-    if constexpr (kCluster)
-      for (int k = 0; k < kX; ++k) kc::mbar_init(&xbar[slot][k], 1);
+    if constexpr (kCluster) ex.init();
     kc::mbar_init_fence();
-    if constexpr (kCluster)  // armed for each buffer's first round
-      for (int k = 0; k < kX; ++k) kc::mbar_arrive_expect_tx(&xbar[slot][k], xbytes);
+    if constexpr (kCluster) ex.arm_all();  // armed for each buffer's first round
   }
   if constexpr (kCluster) {
     kc::cluster_sync();  // every CTA's barriers are initialised before any peer stores to them
@@ -760,7 +751,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     // above; a one-warp slot: the shuffles, and this __syncwarp): refill its
     // stage (and, kCluster, the previous row's exchange buffer may be reused).
     if (nw == 1) __syncwarp();
-    if constexpr (kCluster) send(i, sums);
+    if constexpr (kCluster) ex.send(i, t, sums[0], sums[1]);
     if (t == 0 && i > 0) {
       const int prev = stage == 0 ? stages - 1 : stage - 1;
       const int64_t r = row + int64_t(stages - 1) * stride;

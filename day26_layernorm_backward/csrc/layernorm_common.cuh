@@ -394,16 +394,22 @@ RingPlan ring_plan(Kernel kernel, int tpr, int64_t rows, size_t row_bytes, int w
   return r;
 }
 
-// The ring backward with rows split across a cluster of CTAs (sm_90+): CTA rank
-// r of a cluster owns columns [r * D / size, (r + 1) * D / size) of the rows its
-// cluster walks, and the CTAs exchange the two row sums through distributed
-// shared memory (layernorm_bwd.cu). Split so that a CTA owns at most 8192
+// Rows split across a cluster of CTAs (sm_90+; the ring backward, and the v4
+// forward for fp32): CTA rank r of a cluster owns columns [r * D / size,
+// (r + 1) * D / size) of the rows its cluster walks, and the CTAs exchange
+// what a row needs (the backward's two row sums, the forward's mean and m2)
+// through distributed shared memory. Split so that a CTA owns at most 8192
 // columns (H200, README: splitting 8192 into 2 x 4096 measured slower, 16384
 // into 4 no faster than into 2), in clusters of at most kRingMaxCluster; only
 // sizes whose share is a whole number of 16-byte vectors.
-// DAY26_V4_CLUSTER=1|2|4 overrides (1: no split).
+// DAY26_V4_CLUSTER=1|2|4 overrides (1: no split; set, it splits 16-bit forward
+// rows too).
 constexpr int kRingMaxCluster = 4;
 constexpr int64_t kRingCtaCols = 8192;
+inline bool ring_cluster_forced() {
+  const char* e = std::getenv("DAY26_V4_CLUSTER");
+  return e && (e[0] == '1' || e[0] == '2' || e[0] == '4') && e[1] == 0;
+}
 inline int ring_cluster(int64_t D, int vec) {
   const char* e = std::getenv("DAY26_V4_CLUSTER");
   const int v = e ? std::atoi(e) : 0;
@@ -416,6 +422,49 @@ inline int ring_cluster(int64_t D, int vec) {
   while (c > 1 && D % (int64_t(c) * vec) != 0) c /= 2;
   return c;
 }
+
+// A slot's exchange of one pair of floats per row among the CTAs of a cluster
+// (the ring backward's two row sums, the cluster forward's mean and m2): every
+// CTA sends its pair to every CTA (itself included) with an asynchronous store
+// into distributed shared memory (st.async) that completes 8 bytes on the
+// receiver's mbarrier, which thread 0 of the receiving slot arms each round
+// with the bytes expected. kX buffers rotate by row: round j uses buffer j % kX
+// and its mbarrier's phase j / kX. Reusing a buffer two rows later is safe when
+// a CTA sends row j + 1 only after every thread of its slot finished reading
+// row j's pairs (both kernels send after the slot's barrier of row j + 1).
+// Device code, sm_90+; buf: [kX][kRingMaxCluster] float2, bar: [kX] uint64_t,
+// both in this CTA's shared memory.
+struct ClusterPairs {
+  static constexpr int kX = 2;
+  float2* buf;
+  uint64_t* bar;
+  unsigned csize, crank;
+  // thread 0 of the slot, before the cluster_sync that precedes any send
+  __device__ __forceinline__ void init() const {
+    for (int k = 0; k < kX; ++k) kc::mbar_init(&bar[k], 1);
+  }
+  __device__ __forceinline__ void arm_all() const {  // thread 0, after mbar_init_fence
+    for (int k = 0; k < kX; ++k) kc::mbar_arrive_expect_tx(&bar[k], bytes());
+  }
+  __device__ __forceinline__ unsigned bytes() const { return csize * unsigned(sizeof(float2)); }
+  // threads t < csize of the slot: this CTA's pair of row j to rank t
+  __device__ __forceinline__ void send(int64_t j, int t, float a, float b) const {
+    const int xb = int(j % kX);
+    if (t < int(csize))
+      kc::st_async_cluster(kc::map_rank(&buf[xb * kRingMaxCluster + crank], unsigned(t)), a, b,
+                           kc::map_rank(&bar[xb], unsigned(t)));
+  }
+  // every thread of the slot: wait for row j's pairs; rank q's at [q]
+  __device__ __forceinline__ const float2* wait(int64_t j) const {
+    const int xb = int(j % kX);
+    kc::mbar_wait(&bar[xb], unsigned(j / kX) & 1u);
+    return buf + xb * kRingMaxCluster;
+  }
+  // thread 0, after its wait(j): arm the buffer's next round (row j + kX)
+  __device__ __forceinline__ void rearm(int64_t j, int t) const {
+    if (t == 0) kc::mbar_arrive_expect_tx(&bar[int(j % kX)], bytes());
+  }
+};
 
 // Clusters of `csize` blocks of plan p's shape for a persistent grid: as many as
 // run at once (the occupancy API; cached), but no more than have rows to do

@@ -19,6 +19,8 @@
 //       spent on them. Block path with 16-byte vectors only; else as v2.
 // Traffic: v2 reads x once and writes y once (the floor: 2 passes); v1 reads x
 // three times (mostly from L2 when the rows of the blocks in flight fit there).
+#include <type_traits>
+
 #include "layernorm.h"
 #include "layernorm_common.cuh"
 
@@ -84,11 +86,20 @@ __device__ __forceinline__ void row_to_float(const RowRegs<T, VEC, ITERS>& r, fl
 // copy of both in shared memory, staged once per block, measured slower (run
 // 35, H200: the ring lost blocks per SM to it at D >= 8192, v4 up to 16 µs at
 // D = 16384).
-template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
+//
+// Split rows (Exchange != NoExchange, the cluster kernel): v, rc and inv_d
+// cover this CTA's share of the row, whose mean and m2 (squared deviations
+// from that mean) come out of the two reductions as above; ex(mean, m2) returns
+// the whole row's (kc::MeanM2: the shares' pairs exchanged among the cluster
+// and combined), and the output adds (share mean - row mean) * rstd.
+struct NoExchange {};
+
+template <typename T, typename TW, int VEC, int ITERS, typename Reduce, typename Exchange = NoExchange>
 __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __restrict__ w,
                                             const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
                                             float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d,
-                                            float eps, int t, Reduce&& reduce) {
+                                            float dn, float eps, int t, Reduce&& reduce, Exchange&& ex = {}) {
+  constexpr bool kSplit = !std::is_same<std::decay_t<Exchange>, NoExchange>::value;
   float s = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
@@ -96,7 +107,13 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
 #pragma unroll
       for (int j = 0; j < VEC; ++j) s += v[it][j];
   s = reduce(s);
-  const float mean = s * inv_d;
+  // s * (1/D), corrected once by its residual (one FMA computes s - mean * D
+  // exactly): within an ulp of s / D and usually equal to it, at two FMAs per
+  // row instead of a division. Without it a bf16 row of seven 1000.0s had mean
+  // 1000.00006, variance 3.7e-9 and rstd off by 2e-4 (test_forward_large_mean,
+  // H200 run 43).
+  float mean = s * inv_d;
+  mean = fmaf(fmaf(-mean, dn, s), inv_d, mean);
   float q = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
@@ -107,7 +124,15 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
         q += v[it][j] * v[it][j];
       }
   q = reduce(q);
-  const float rstd = rsqrtf(q * inv_d + eps);
+  float row_mean = mean, rstd, off = 0.f;
+  if constexpr (kSplit) {
+    const kc::MeanM2 r = ex(mean, q);
+    row_mean = r.mean;
+    rstd = rsqrtf(r.m2 * ex.inv_d + eps);
+    off = (mean - r.mean) * rstd;
+  } else {
+    rstd = rsqrtf(q * inv_d + eps);
+  }
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     if (rc.has(it)) {
@@ -116,12 +141,19 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
       load_param<TW, VEC>(w, c, 1.f, wv);
       load_param<TW, VEC>(b, c, 0.f, bv);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = v[it][j] * rstd * wv[j] + bv[j];
+      for (int j = 0; j < VEC; ++j) {
+        if constexpr (kSplit)
+          out[j] = fmaf(fmaf(v[it][j], rstd, off), wv[j], bv[j]);
+        else
+          out[j] = v[it][j] * rstd * wv[j] + bv[j];
+      }
       store_from_f32<T, VEC>(yr + c, out);
     }
   }
-  if (t == 0) {
-    *mean_out = mean;
+  bool writer = t == 0;
+  if constexpr (kSplit) writer = writer && ex.writer();
+  if (writer) {
+    *mean_out = row_mean;
     *rstd_out = rstd;
   }
 }
@@ -129,11 +161,11 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
 template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
 __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
                                         const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
-                                        float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d, float eps,
+                                        float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d, float dn, float eps,
                                         int t, Reduce&& reduce) {
   float v[ITERS][VEC];
   row_to_float(cur, v, rc);
-  fwd_row_f32(v, w, b, yr, mean_out, rstd_out, rc, inv_d, eps, t, reduce);
+  fwd_row_f32(v, w, b, yr, mean_out, rstd_out, rc, inv_d, dn, eps, t, reduce);
 }
 
 // v2. Assumptions (checked by the launcher):
@@ -159,7 +191,7 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
     RowRegs<T, VEC, ITERS> cur;
     load_row(cur, x + row * D, rc);
-    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t,
+    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t,
             [&](float v) {
               if constexpr (kWarp) return kc::warp_reduce_sum(v);
               else return kc::block_reduce_sum(v, red);
@@ -202,7 +234,7 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 #pragma unroll
     for (int it = 0; it < ITERS; ++it)
       if (rc.has(it)) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + stage * D + rc.col(it));
-    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t,
+    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t,
             [&](float v) { return kc::block_reduce_sum(v, red); });
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
@@ -213,24 +245,87 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 // rows blockIdx.x * slots + k + i * gridDim.x * slots, syncing only its own
 // threads; with kPrefetch the next row is loaded into registers before the
 // current one is reduced.
-template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch>
+// kCluster (sm_90+): each row split across the CTAs of a cluster, as the ring
+// backward does: CTA rank r owns columns [r * Dc, (r + 1) * Dc) of every row its
+// cluster walks (slot k of every CTA walks the same rows). Each CTA reduces its
+// share to a mean and an m2 (squared deviations from that mean: the two
+// reductions above), sends the pair to every CTA of the cluster (ClusterPairs:
+// st.async into distributed shared memory, completing on the receiver's
+// mbarrier) and combines the csize pairs in rank order with
+// kc::warp_combine_mean_m2: one exchange per row, and every CTA gets bitwise
+// the same mean and rstd. Rank 0 writes them. The pair buffers alternate by row:
+// a CTA sends row i + 1 after its slot's barriers of row i + 1, which every
+// thread of the slot reaches only after reading row i's pairs. Without
+// kCluster, Dc = D.
+// Assumptions (launcher): blockDim.x = slots * tpr, tpr a multiple of 32,
+// ITERS * VEC * tpr >= Dc; kCluster: VEC = 16 bytes of T, D = cluster size *
+// Dc, every pointer and Dc allow VEC.
+template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kCluster>
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-          int64_t rows, int64_t D, float eps, int tpr) {
+          int64_t rows, int64_t D, int64_t Dc, float eps, int tpr) {
   __shared__ float red[kV4MaxSlots][2 * 32];
+  __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX][kRingMaxCluster];
+  __shared__ uint64_t xbar[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX];
   const int slots = blockDim.x / tpr;
   const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
   const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
-  const int64_t stride = int64_t(gridDim.x) * slots;
-  int64_t row = int64_t(blockIdx.x) * slots + slot;
-  const RowCols<VEC, ITERS> rc(D, tpr, t);
-  const float inv_d = 1.f / float(D);
+  const unsigned csize = kCluster ? kc::cluster_size_x() : 1u, crank = kCluster ? kc::cluster_rank() : 0u;
+  const int64_t group = kCluster ? int64_t(kc::cluster_id()) : int64_t(blockIdx.x);  // row team of CTAs
+  const int64_t groups = kCluster ? int64_t(kc::cluster_count()) : int64_t(gridDim.x);
+  if constexpr (kCluster) {  // this CTA's columns: [crank * Dc, (crank + 1) * Dc)
+    const int64_t col0 = int64_t(crank) * Dc;
+    x += col0;
+    y += col0;
+    if (w) w += col0;
+    if (b) b += col0;
+  }
+  const int64_t stride = groups * slots;
+  int64_t row = group * slots + slot;
+  const RowCols<VEC, ITERS> rc(Dc, tpr, t);
+  const float inv_dc = 1.f / float(Dc);
   int parity = 0;
   auto reduce = [&](float v) {
     float r[1] = {v};
     slot_reduce_sum<1>(r, red[slot], parity, 1 + slot, nw, wis, lane);
     return r[0];
+  };
+  // kCluster: the whole row's mean and m2 from every rank's share (Dc columns each)
+  const ClusterPairs pairs{&xsum[kCluster ? slot : 0][0][0], &xbar[kCluster ? slot : 0][0], csize, crank};
+  struct Exchange {
+    const ClusterPairs& pairs;
+    int64_t& round;
+    int t, lane, nw;
+    float dc, inv_d;
+    __device__ bool writer() const { return pairs.crank == 0; }
+    __device__ kc::MeanM2 operator()(float mean, float m2) const {
+      if (nw == 1) __syncwarp();  // (several warps: the slot's barriers already ordered the reads)
+      pairs.send(round, t, mean, m2);
+      const float2* p = pairs.wait(round);
+      const bool mine = lane < int(pairs.csize);
+      const float2 q = mine ? p[lane] : make_float2(0.f, 0.f);
+      const kc::MeanM2 r = kc::warp_combine_mean_m2(q.x, q.y, mine ? dc : 0.f, inv_d);
+      pairs.rearm(round, t);
+      ++round;
+      return r;
+    }
+  };
+  int64_t round = 0;  // rows done by this slot: the exchange's round
+  const Exchange ex{pairs, round, t, lane, nw, float(Dc), 1.f / float(D)};
+  if constexpr (kCluster) {
+    if (t == 0) {
+      pairs.init();
+      kc::mbar_init_fence();
+      pairs.arm_all();
+    }
+    kc::cluster_sync();  // every CTA's barriers are initialised before any peer sends
+  }
+  auto one_row = [&](float (&v)[ITERS][VEC], int64_t r) {
+    if constexpr (kCluster)
+      fwd_row_f32(v, w, b, y + r * D, mean_out + r, rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce, ex);
+    else
+      fwd_row_f32(v, w, b, y + r * D, mean_out + r, rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce);
   };
   if constexpr (kPrefetch) {
     // The next row is converted to fp32 at the end of the current one, before
@@ -247,16 +342,19 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     for (; row < rows; row += stride) {
       const bool more = row + stride < rows;
       if (more) load_row(nxt, x + (row + stride) * D, rc);
-      fwd_row_f32(v, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t, reduce);
+      one_row(v, row);
       if (more) row_to_float(nxt, v, rc);
     }
   } else {
     for (; row < rows; row += stride) {
       RowRegs<T, VEC, ITERS> cur;
       load_row(cur, x + row * D, rc);
-      fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t, reduce);
+      float v[ITERS][VEC];
+      row_to_float(cur, v, rc);
+      one_row(v, row);
     }
   }
+  if constexpr (kCluster) kc::cluster_sync();  // no CTA leaves while a peer may still access its shared memory
 }
 
 // v4 on a ring of rows in shared memory, filled by the copy engine: row slots as
@@ -309,7 +407,7 @@ ln_fwd_ring(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restr
     for (int it = 0; it < ITERS; ++it)
       if (rc.has(it)) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(ring + stage * span + rc.col(it));
     bool refilled = false;
-    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, eps, t, [&](float v) {
+    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t, [&](float v) {
       float r[1] = {v};
       slot_reduce_sum<1>(r, red[slot], parity, 1 + slot, nw, wis, lane);
       if (!refilled) {  // every thread of the slot holds this row in registers now
@@ -352,26 +450,53 @@ cudaError_t dispatch_fwd_ring(const LnForwardArgs& a, const V4Config& cfg, int w
   return cudaSuccess;
 }
 
-template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch>
-cudaError_t launch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, cudaStream_t stream) {
-  auto kernel = ln_fwd_v4<T, TW, VEC, ITERS, kPrefetch>;
+// csize > 1: each row split across a cluster of csize CTAs (cfg: the
+// configuration of a share of D / csize columns; sm_90+, 16-byte vectors);
+// *ran = false when no such cluster fits the GPU (the caller runs another kernel).
+template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kCluster>
+cudaError_t launch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, int csize, cudaStream_t stream, bool* ran) {
+  auto kernel = ln_fwd_v4<T, TW, VEC, ITERS, kPrefetch, kCluster>;
   const V4Plan p = v4_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, 0, 0);
-  if (p.grid > 0) {
-    kernel<<<unsigned(p.grid), p.threads, 0, stream>>>(static_cast<const T*>(a.x), static_cast<const TW*>(a.weight),
-                                                       static_cast<const TW*>(a.bias), static_cast<T*>(a.y), a.mean,
-                                                       a.rstd, a.rows, a.cols, a.eps, cfg.tpr);
-    KC_CUDA_LAUNCH_TRY();
+  const T* x = static_cast<const T*>(a.x);
+  const TW* w = static_cast<const TW*>(a.weight);
+  const TW* b = static_cast<const TW*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+  if constexpr (kCluster) {
+    const int64_t groups = cluster_groups(kernel, p, csize, a.rows);
+    *ran = groups > 0;
+    if (groups > 0)
+      KC_CUDA_TRY(kc::launch_cluster(kernel, dim3(unsigned(groups * csize)), dim3(unsigned(p.threads)), 0, stream,
+                                     unsigned(csize), x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols / csize,
+                                     a.eps, cfg.tpr));
+  } else {
+    *ran = true;
+    if (p.grid > 0) {
+      kernel<<<unsigned(p.grid), p.threads, 0, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols, a.eps,
+                                                         cfg.tpr);
+      KC_CUDA_LAUNCH_TRY();
+    }
   }
   return cudaSuccess;
 }
 
 template <typename T, typename TW, int VEC>
-cudaError_t dispatch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, cudaStream_t stream) {
-  return KC_BOOL_SWITCH(v4_prefetch(sizeof(T) == 2), kPrefetch, [&] {
+cudaError_t dispatch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, int csize, bool prefetch,
+                            cudaStream_t stream, bool* ran) {
+  constexpr bool kFullVec = VEC == kc::max_vec_elems<T>();
+  *ran = false;
+  return KC_BOOL_SWITCH(prefetch, kPrefetch, [&] {
+    auto go = [&](auto iters) -> cudaError_t {
+      constexpr int I = decltype(iters)::value;
+      if (csize > 1) {
+        if constexpr (kFullVec) return launch_fwd_v4<T, TW, VEC, I, kPrefetch, true>(a, cfg, csize, stream, ran);
+        return cudaErrorInvalidConfiguration;
+      }
+      return launch_fwd_v4<T, TW, VEC, I, kPrefetch, false>(a, cfg, 1, stream, ran);
+    };
     switch (cfg.iters) {
-      case 1: return launch_fwd_v4<T, TW, VEC, 1, kPrefetch>(a, cfg, stream);
-      case 2: return launch_fwd_v4<T, TW, VEC, 2, kPrefetch>(a, cfg, stream);
-      case 4: return launch_fwd_v4<T, TW, VEC, 4, kPrefetch>(a, cfg, stream);
+      case 1: return go(std::integral_constant<int, 1>{});
+      case 2: return go(std::integral_constant<int, 2>{});
+      case 4: return go(std::integral_constant<int, 4>{});
     }
     return cudaErrorInvalidConfiguration;
   });
@@ -440,11 +565,26 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
     const bool vec_ok = kc::can_vectorize<T, V>(a.x, a.cols) && kc::can_vectorize<T, V>(a.y, a.cols) &&
                         (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V)) &&
                         (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
-    // version 4: v4's kernels (next row prefetched) for 16-bit types; for fp32,
-    // v2's, and v3's for rows over 8192 (v4 with the next row prefetched was
-    // 1-3% faster than v2 at 1024 and 8192 columns in probe runs 37-38 but 3-8%
-    // slower in bench run 39, H200: no consistent gain). DAY26_V4_FORCE=1: v4's
-    // kernels wherever they can run (DAY26_V4_PREFETCH=1 with them for fp32).
+    // version 4: fp32 rows longer than 8192 split across a cluster of CTAs
+    // (sm_90+, 16-byte vectors), the next row prefetched: 85% of the floor at
+    // 4096 x 16384 against v3's 80% (probe run 42, H200); 16-bit rows split
+    // that way measured much slower (one 512-thread slot per SM waits for every
+    // row's exchange: 110 against 77 µs), so not split. DAY26_V4_CLUSTER=1|2|4
+    // overrides (any dtype, any D it divides). Otherwise v4's kernels (next row
+    // prefetched) for 16-bit types; for fp32, v2's, and v3's for rows over 8192
+    // (v4 with the next row prefetched was 1-3% faster than v2 at 1024 and 8192
+    // columns in probe runs 37-38 but 3-8% slower in bench run 39: no consistent
+    // gain). DAY26_V4_FORCE=1: v4's kernels wherever they can run
+    // (DAY26_V4_PREFETCH=1 with them for fp32).
+    if (version == 4 && vec_ok && kc::sm90_or_newer() && (sizeof(T) == 4 || ring_cluster_forced())) {
+      const int csize = ring_cluster(a.cols, V);
+      const V4Config cc = v4_config(a.cols / csize, V);
+      if (csize > 1 && cc.ok) {
+        bool ran = false;
+        const cudaError_t e = dispatch_fwd_v4<T, TW, V>(a, cc, csize, v4_prefetch(true), stream, &ran);
+        if (ran || e != cudaSuccess) return e;
+      }
+    }
     const bool use_v4 = version == 4 && (sizeof(T) == 2 || v4_forced());
     if (use_v4) {
       const V4Config c4 = v4_config(a.cols, vec_ok ? V : 1);
@@ -454,7 +594,12 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
         const cudaError_t e = dispatch_fwd_ring<T, TW>(a, c4, ring, stream, &ran);
         if (ran || e != cudaSuccess) return e;
       }
-      if (c4.ok) return vec_ok ? dispatch_fwd_v4<T, TW, V>(a, c4, stream) : dispatch_fwd_v4<T, TW, 1>(a, c4, stream);
+      if (c4.ok) {
+        bool ran = false;
+        const bool pf = v4_prefetch(sizeof(T) == 2);
+        return vec_ok ? dispatch_fwd_v4<T, TW, V>(a, c4, 1, pf, stream, &ran)
+                      : dispatch_fwd_v4<T, TW, 1>(a, c4, 1, pf, stream, &ran);
+      }
     }
     if (version == 4 && !use_v4 && a.cols > 8192) version = 3;
     const V2Config cfg = v2_config(a.cols, vec_ok ? V : 1);
