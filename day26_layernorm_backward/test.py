@@ -252,6 +252,30 @@ def test_cuda_v4_forward_cluster(cluster, prefetch, monkeypatch):
                     assert torch.equal(a, c), "cluster forward is not bitwise reproducible"
 
 
+@requires_cuda
+def test_cuda_v4_forward_l2_prefetch(monkeypatch):
+    """Where v4's forward leaves one row slot per SM (4 vectors a thread: 16-bit
+    rows over 8192 columns, fp32 shares of a cluster-split row) it also asks the
+    copy engine to prefetch the row after next into L2 (DAY26_V4_L2PF, default
+    on). A hint must change nothing: against the reference, and bitwise against
+    the same kernels without it; the grid capped at 5 blocks so that every slot
+    walks many rows and the prefetch runs past the last one it may touch."""
+    monkeypatch.setenv("DAY26_V4_GRID", "5")
+    for cols in ([12288] if SANITIZE else [8200, 12288, 16384, 32768]):
+        for dtype in testing.FLOAT_DTYPES:
+            x, w, b, dy = make(61, cols, dtype, "cuda")
+            out = {}
+            for l2pf in ("1", "0"):
+                monkeypatch.setenv("DAY26_V4_L2PF", l2pf)
+                out[l2pf] = layer_norm_forward(x, cols, w, b, version=4)
+            y, mean, rstd = out["1"]
+            check(y, ref_forward(x, (cols,), w, b, 1e-5), torch_same_dtype_grads(x, (cols,), w, b, 1e-5, dy)[0], "y")
+            xd = x.double()
+            testing.assert_close(mean, xd.mean(-1), atol=1e-5, rtol=1e-5, name="mean")
+            for a, c in zip(out["1"], out["0"]):
+                assert torch.equal(a, c), "the L2 prefetch changed the forward's output"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_forward_large_mean(device, dtype):

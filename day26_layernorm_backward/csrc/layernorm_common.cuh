@@ -240,6 +240,14 @@ inline bool v4_prefetch(bool dflt) {
   const char* e = std::getenv("DAY26_V4_PREFETCH");
   return e && (e[0] == '0' || e[0] == '1') ? e[0] == '1' : dflt;
 }
+// Whether v4's forward, where a thread holds 4 vectors of a row (one row slot
+// per SM: 16-bit rows over 8192 columns, fp32 shares of 8192 in the cluster
+// split), also asks the copy engine to prefetch into L2 the row after the one
+// it prefetches into registers: DAY26_V4_L2PF=0|1 (default 1; README's log).
+inline bool v4_l2_prefetch() {
+  const char* e = std::getenv("DAY26_V4_L2PF");
+  return !(e && e[0] == '0');
+}
 // version 4 runs v2's (or v3's) kernels for the shapes where those measured
 // faster on the H200 (README); DAY26_V4_FORCE=1 runs v4's kernels wherever they
 // can run (tests, experiments).

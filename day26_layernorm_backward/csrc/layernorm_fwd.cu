@@ -260,7 +260,7 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 // Assumptions (launcher): blockDim.x = slots * tpr, tpr a multiple of 32,
 // ITERS * VEC * tpr >= Dc; kCluster: VEC = 16 bytes of T, D = cluster size *
 // Dc, every pointer and Dc allow VEC.
-template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kCluster>
+template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kCluster, bool kL2pf = false>
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
@@ -341,6 +341,10 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     }
     for (; row < rows; row += stride) {
       const bool more = row + stride < rows;
+      if constexpr (kL2pf) {  // the row after next into L2 (a hint: nothing waits for it)
+        const int64_t r2 = row + 2 * stride;
+        if (t == 0 && r2 < rows) kc::bulk_prefetch_l2(x + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+      }
       if (more) load_row(nxt, x + (row + stride) * D, rc);
       one_row(v, row);
       if (more) row_to_float(nxt, v, rc);
@@ -453,9 +457,9 @@ cudaError_t dispatch_fwd_ring(const LnForwardArgs& a, const V4Config& cfg, int w
 // csize > 1: each row split across a cluster of csize CTAs (cfg: the
 // configuration of a share of D / csize columns; sm_90+, 16-byte vectors);
 // *ran = false when no such cluster fits the GPU (the caller runs another kernel).
-template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kCluster>
+template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kCluster, bool kL2pf = false>
 cudaError_t launch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, int csize, cudaStream_t stream, bool* ran) {
-  auto kernel = ln_fwd_v4<T, TW, VEC, ITERS, kPrefetch, kCluster>;
+  auto kernel = ln_fwd_v4<T, TW, VEC, ITERS, kPrefetch, kCluster, kL2pf>;
   const V4Plan p = v4_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, 0, 0);
   const T* x = static_cast<const T*>(a.x);
   const TW* w = static_cast<const TW*>(a.weight);
@@ -487,10 +491,18 @@ cudaError_t dispatch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, int csi
   return KC_BOOL_SWITCH(prefetch, kPrefetch, [&] {
     auto go = [&](auto iters) -> cudaError_t {
       constexpr int I = decltype(iters)::value;
+      // one row slot per SM (4 vectors a thread, the next row in registers):
+      // also the row after it into L2 (sm_90+: the bulk-copy engine)
+      constexpr bool kL2able = kFullVec && kPrefetch && I == 4;
+      const bool l2pf = kL2able && kc::sm90_or_newer() && v4_l2_prefetch();
       if (csize > 1) {
+        if constexpr (kL2able)
+          if (l2pf) return launch_fwd_v4<T, TW, VEC, I, kPrefetch, true, true>(a, cfg, csize, stream, ran);
         if constexpr (kFullVec) return launch_fwd_v4<T, TW, VEC, I, kPrefetch, true>(a, cfg, csize, stream, ran);
         return cudaErrorInvalidConfiguration;
       }
+      if constexpr (kL2able && sizeof(T) == 2)  // (fp32 rows of 4 vectors a thread fit two slots per SM)
+        if (l2pf) return launch_fwd_v4<T, TW, VEC, I, kPrefetch, false, true>(a, cfg, 1, stream, ran);
       return launch_fwd_v4<T, TW, VEC, I, kPrefetch, false>(a, cfg, 1, stream, ran);
     };
     switch (cfg.iters) {
@@ -575,7 +587,10 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
     // (v4 with the next row prefetched was 1-3% faster than v2 at 1024 and 8192
     // columns in probe runs 37-38 but 3-8% slower in bench run 39: no consistent
     // gain). DAY26_V4_FORCE=1: v4's kernels wherever they can run
-    // (DAY26_V4_PREFETCH=1 with them for fp32).
+    // (DAY26_V4_PREFETCH=1 with them for fp32). Where a thread holds 4 vectors
+    // (one slot per SM), v4 also prefetches the row after next into L2
+    // (dispatch_fwd_v4; 4096 x 16384: bf16 77.0 -> 73.5 µs, fp32 148.2 -> 139.8,
+    // probe run 49).
     if (version == 4 && vec_ok && kc::sm90_or_newer() && (sizeof(T) == 4 || ring_cluster_forced())) {
       const int csize = ring_cluster(a.cols, V);
       const V4Config cc = v4_config(a.cols / csize, V);

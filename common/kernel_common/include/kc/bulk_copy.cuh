@@ -67,6 +67,14 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsign
 #endif
 }
 
+// bulk_prefetch_l2(src, bytes): ask the copy engine to bring `bytes` (a multiple
+// of 16, src 16-byte aligned) into L2, completing on nothing: a hint, so no
+// thread waits for it and nothing may rely on it. A no-op below sm_90.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
