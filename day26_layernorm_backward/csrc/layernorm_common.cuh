@@ -414,15 +414,16 @@ RingPlan ring_plan(Kernel kernel, int tpr, int64_t rows, size_t row_bytes, int w
 // rows too).
 constexpr int kRingMaxCluster = 4;
 constexpr int64_t kRingCtaCols = 8192;
-inline bool ring_cluster_forced() {
+// DAY26_V4_CLUSTER's value when it is exactly 1, 2 or 4; else 0 (not set).
+inline int ring_cluster_env() {
   const char* e = std::getenv("DAY26_V4_CLUSTER");
-  return e && (e[0] == '1' || e[0] == '2' || e[0] == '4') && e[1] == 0;
+  return e && (e[0] == '1' || e[0] == '2' || e[0] == '4') && e[1] == 0 ? e[0] - '0' : 0;
 }
+inline bool ring_cluster_forced() { return ring_cluster_env() != 0; }
 inline int ring_cluster(int64_t D, int vec) {
-  const char* e = std::getenv("DAY26_V4_CLUSTER");
-  const int v = e ? std::atoi(e) : 0;
+  const int v = ring_cluster_env();
   int c = 1;
-  if (v == 1 || v == 2 || v == 4) {
+  if (v != 0) {
     c = v;
   } else {
     while (c < kRingMaxCluster && D > kRingCtaCols * c) c *= 2;

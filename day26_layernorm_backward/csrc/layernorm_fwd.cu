@@ -257,6 +257,9 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 // a CTA sends row i + 1 after its slot's barriers of row i + 1, which every
 // thread of the slot reaches only after reading row i's pairs. Without
 // kCluster, Dc = D.
+// kL2pf (with kPrefetch; sm_90+, 16-byte vectors): thread 0 of the slot also
+// asks the copy engine to prefetch the row after next (this CTA's Dc columns)
+// into L2, so the register prefetch of the next row finds it there.
 // Assumptions (launcher): blockDim.x = slots * tpr, tpr a multiple of 32,
 // ITERS * VEC * tpr >= Dc; kCluster: VEC = 16 bytes of T, D = cluster size *
 // Dc, every pointer and Dc allow VEC.
@@ -494,7 +497,7 @@ cudaError_t dispatch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, int csi
       // one row slot per SM (4 vectors a thread, the next row in registers):
       // also the row after it into L2 (sm_90+: the bulk-copy engine)
       constexpr bool kL2able = kFullVec && kPrefetch && I == 4;
-      const bool l2pf = kL2able && kc::sm90_or_newer() && v4_l2_prefetch();
+      const bool l2pf = kc::sm90_or_newer() && v4_l2_prefetch();  // (used where kL2able)
       if (csize > 1) {
         if constexpr (kL2able)
           if (l2pf) return launch_fwd_v4<T, TW, VEC, I, kPrefetch, true, true>(a, cfg, csize, stream, ran);

@@ -39,7 +39,9 @@
 //     m2_total   = sum(m2 + n d^2) - (sum(n d))^2 / n_total
 //   Accuracy: exact for exact inputs; an error e in a group's mean enters m2 as
 //   about 2 n e d (first order, since that group's m2 was taken about the wrong
-//   mean), so compute group means accurately (e.g. about a shift, as day26 does).
+//   mean), so compute group means accurately (e.g. about a shift, as
+//   common/reduce_test's kernel does, or corrected by their residual, as day26's
+//   forward does).
 //   Contract: all 32 lanes call it (no divergence); the result is valid in
 //   every lane; m2 >= 0 (clamped).
 //
