@@ -355,39 +355,58 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   if (kPartials) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, D, tpr, t);
 }
 
-// One vector of a row in v4 and the ring (weights wv in fp32). Pass 1: the row
-// sums of g = dy * w and g * xhat into sums, and (kCols) dy * xhat and dy added
-// to the column sums cw, cb. Pass 2: dx = rstd * (g - a - xhat * b). (Not
-// distributed into two FMAs: rstd * g - rstd * b * xhat - rstd * a rounds
-// rstd * b and rstd * a first, and dx is a small difference of large terms for
-// short rows: measured 4.5e-6 relative error at D = 3 in fp32, over the tests' 3e-6.)
+// One vector of a row in v4 and the ring (weights wv in fp32). Each 16-byte
+// vector of x and dy is converted to fp32 once (kc::vec_to_float: a 16-bit pair
+// is one 32-bit word). Pass 1: the row sums of g = dy * w and g * xhat into sums,
+// and (kCols) dy * xhat and dy added to the column sums cw, cb.
 template <typename T, int VEC, bool kCols>
 __device__ __forceinline__ void bwd_vec_pass1(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv,
                                               const float (&wv)[VEC], float mu, float rs, float (&sums)[2],
                                               float (&cw)[VEC], float (&cb)[VEC]) {
+  float xf[VEC], df[VEC];
+  kc::vec_to_float(xv, xf);
+  kc::vec_to_float(dv, df);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
-    const float d = kc::to_float(dv.v[j]);
-    const float g = d * wv[j];
+    const float xhat = (xf[j] - mu) * rs;
+    const float g = df[j] * wv[j];
     sums[0] += g;
     sums[1] = fmaf(g, xhat, sums[1]);
     if (kCols) {
-      cw[j] = fmaf(d, xhat, cw[j]);
-      cb[j] += d;
+      cw[j] = fmaf(df[j], xhat, cw[j]);
+      cb[j] += df[j];
     }
   }
 }
 
+// Pass 2, one row's terms: dx = rstd * (g - a - xhat * b), a and b the row sums
+// over D. fp32 output: computed as written (distributed into FMAs, rstd * b and
+// rstd * a are rounded first, and dx is a small difference of large terms for
+// short rows: measured 4.5e-6 relative error at D = 3 in fp32, over the tests'
+// 3e-6). 16-bit output, whose rounding is 2^-8 or 2^-11 of dx, far above those
+// fp32 roundings: dx = k1 * (x - mean) + (rstd * g + k0) with k1 = -rstd^2 * b,
+// k0 = -rstd * a per row: 4 instructions an element instead of 6.
+struct DxRow {
+  float mu, rs, a, b, k0, k1;
+  __device__ __forceinline__ DxRow(float mu_, float rs_, const float (&sums)[2], float inv_d)
+      : mu(mu_), rs(rs_), a(sums[0] * inv_d), b(sums[1] * inv_d), k0(-rs_ * a), k1(-(rs_ * rs_) * b) {}
+};
+
 template <typename T, int VEC>
 __device__ __forceinline__ void bwd_vec_dx(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv,
-                                           const float (&wv)[VEC], float mu, float rs, float a, float b, T* p) {
-  float out[VEC];
+                                           const float (&wv)[VEC], const DxRow& r, T* p) {
+  float xf[VEC], df[VEC], out[VEC];
+  kc::vec_to_float(xv, xf);
+  kc::vec_to_float(dv, df);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
-    const float g = kc::to_float(dv.v[j]) * wv[j];
-    out[j] = rs * (g - a - xhat * b);
+    const float g = df[j] * wv[j];
+    if constexpr (sizeof(T) == 4) {
+      const float xhat = (xf[j] - r.mu) * r.rs;
+      out[j] = r.rs * (g - r.a - xhat * r.b);
+    } else {
+      out[j] = fmaf(r.k1, xf[j] - r.mu, fmaf(r.rs, g, r.k0));
+    }
   }
   store_from_f32<T, VEC>(p, out);
 }
@@ -485,12 +504,12 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     slot_reduce_sum<2>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
     // pass 2: dx
     if (dx) {
-      const float a = sums[0] * inv_d, b = sums[1] * inv_d;
+      const DxRow dr(mu, rs, sums, inv_d);
       T* dxr = dx + row * D;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
-        if (c < D) bwd_vec_dx<T, VEC>(cx.v[it], cd.v[it], wf[it], mu, rs, a, b, dxr + c);
+        if (c < D) bwd_vec_dx<T, VEC>(cx.v[it], cd.v[it], wf[it], dr, dxr + c);
       }
     }
     if (kPrefetch) {
@@ -605,8 +624,12 @@ __global__ void ln_bwd_finalize(const float* __restrict__ partial, int64_t G, in
 // VEC >= Dc (slot k's ring at k * stages * 2 * span; stage s: x at s * 2 * span,
 // dy after it), at least the (slots - 1) * tpr * ITERS * 2 * VEC floats of the
 // end-of-kernel slot sum. partial: [clusters (or blocks)][2][D] when kPartials.
+// Registers: the dx-only kernels (no column sums) are held to 64, i.e. two
+// 512-thread blocks per SM (unbounded, ptxas gave some of them ~100 once pass 2
+// got shorter); the others are unbounded (a minimum of 0 blocks leaves it
+// unspecified; even an explicit 1 changes ptxas's allocation: probe run 52).
 template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster>
-__global__ void __launch_bounds__(kV4SmallThreads)
+__global__ void __launch_bounds__(kV4SmallThreads, kPartials ? 0 : 2)
 ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
             const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
             float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages) {
@@ -661,6 +684,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     }
   };
   auto stage_x = [&](int s) -> const T* { return ring + int64_t(s) * 2 * span; };
+  const RowCols<VEC, ITERS> rc(Dc, tpr, t);  // this thread's vectors (columns < Dc: a mask, int offsets)
   // pass 1 of the row in stage s: this thread's share of the row sums of g = dy * w
   // and g * xhat; dy * xhat and dy added to its column sums
   auto pass1 = [&](int s, float mu, float rs, float (&sums)[2]) {
@@ -668,8 +692,8 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     const T* sd = sx + span;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < Dc) {
+      const int c = rc.col(it);
+      if (rc.has(it)) {
         // one 16-byte load each into registers (handing the helper a reference into
         // shared memory let the compiler read 16-bit elements one by one: run 25)
         const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
@@ -685,17 +709,17 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     if (!dx) return;
     const T* sx = stage_x(s);
     const T* sd = sx + span;
-    const float a = sums[0] * inv_d, b = sums[1] * inv_d;
+    const DxRow dr(mu, rs, sums, inv_d);
     T* dxr = dx + r * D + col0;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < Dc) {
+      const int c = rc.col(it);
+      if (rc.has(it)) {
         const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
         const kc::Vec<T, VEC> dv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c);
         float wv[VEC];
         weights(it, c, wv);
-        bwd_vec_dx<T, VEC>(xv, dv, wv, mu, rs, a, b, dxr + c);
+        bwd_vec_dx<T, VEC>(xv, dv, wv, dr, dxr + c);
       }
     }
   };

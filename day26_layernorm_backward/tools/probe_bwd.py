@@ -5,6 +5,7 @@ For each benchmark shape and each variant ("V" or "V:ENV=VAL:ENV=VAL", e.g.
 forward; plus torch.add(x, dy, out=dx) - the backward's 3 passes of bytes with no
 math - and copy_ (the forward's 2 passes).
     python tools/probe_bwd.py [--variants 2,4] [--dtypes float32,bfloat16] [--no-dx] [--fwd-only]
+                              [--shapes 32768x1024,8192x8192]
 """
 import argparse
 import os
@@ -32,13 +33,15 @@ def main():
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--no-dx", action="store_true")
     p.add_argument("--fwd-only", action="store_true", help="time the forward only")
+    p.add_argument("--shapes", default="", help="NxD,... (default: the benchmark's shapes)")
     args = p.parse_args()
     variants = [parse_variant(v) for v in args.variants.split(",")]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     bw = bench.copy_bandwidth_gbs()
     brows, frows = [], []
     for dname in args.dtypes.split(","):
         dtype = getattr(torch, dname)
-        for n, d in SHAPES:
+        for n, d in shapes:
             x = torch.randn(n, d, device="cuda", dtype=dtype)
             w = torch.randn(d, device="cuda", dtype=dtype)
             b = torch.randn(d, device="cuda", dtype=dtype)
