@@ -1,0 +1,79 @@
+"""The backward's kernels on a timeline (GPU; a development probe).
+
+For each case, 20 calls as bench.py times them (L2 flushed before each) under
+torch.profiler; for each kernel of one call: when it started and ended,
+relative to the start of the call's first kernel (median over the calls, us).
+Shows how long the finalize runs after the main kernel ends, whether its
+launch overlaps the main kernel (PDL), and the whole span on the GPU.
+    python tools/probe_fin.py [--cases 4096x768:bfloat16,...] [--mask 111]
+"""
+import argparse
+import statistics
+import sys
+
+import torch
+
+from kernel_common import bench
+from day26_layernorm import layer_norm_backward, layer_norm_forward
+
+
+def timeline(fn, calls=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            bench._l2_flush()
+            fn()
+        torch.cuda.synchronize()
+    ks = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    groups, cur = [], None
+    for s, e, name in ks:
+        if "Fill" in name or "fill" in name:
+            cur = []
+            groups.append(cur)
+        elif cur is not None:
+            cur.append((s, e, name))
+    groups = [g for g in groups if g]
+    n = min(len(g) for g in groups)
+    rows = []
+    for k in range(n):
+        t0s = [g[0][0] for g in groups]
+        name = groups[0][k][2].replace("(anonymous namespace)::", "").split("(")[0]
+        rows.append(dict(kernel=name[:40],
+                         start=statistics.median(g[k][0] - t0 for g, t0 in zip(groups, t0s)),
+                         end=statistics.median(g[k][1] - t0 for g, t0 in zip(groups, t0s)),
+                         dur=statistics.median(g[k][1] - g[k][0] for g in groups)))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--cases", default="4096x768:bfloat16,4096x768:float32,32768x1024:bfloat16,8192x8192:bfloat16")
+    p.add_argument("--mask", default="111")
+    args = p.parse_args()
+    mask = tuple(c == "1" for c in args.mask)
+    cases = []
+    for case in args.cases.split(","):
+        shape, dname = case.split(":")
+        n, d = (int(v) for v in shape.split("x"))
+        dtype = getattr(torch, dname)
+        x = torch.randn(n, d, device="cuda", dtype=dtype)
+        dy = torch.randn_like(x)
+        w = torch.randn(d, device="cuda", dtype=dtype)
+        b = torch.randn_like(w)
+        _, mean, rstd = layer_norm_forward(x, d, w, b)
+        fn = (lambda dy=dy, x=x, d=d, mean=mean, rstd=rstd, w=w:
+              layer_norm_backward(dy, x, d, mean, rstd, w, output_mask=mask))
+        cases.append((f"{n}x{d} {dname}", fn))
+    # every case timed before the profiler runs (CUPTI left attached slows later launches)
+    times = [bench.time_us(fn) for _, fn in cases]
+    for (label, fn), t in zip(cases, times):
+        print(f"\n{label} mask {args.mask}: bench {t:.2f} us; kernels (us from the first kernel's start):")
+        print(bench.format_table(timeline(fn), ["kernel", "start", "end", "dur"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
