@@ -70,36 +70,6 @@ def setup(shape, dtype=torch.float32, channels_last=False):
     return tv, ours, x, g
 
 
-def graph_us(fn):
-    """GPU time alone: fn captured in a CUDA graph, replays timed (no host overhead)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    t = bench.time_us(graph.replay)
-    del graph
-    return t
-
-
-def host_us(fn, n=200):
-    """Host time per call: n calls enqueued back to back, wall clock before the final sync
-    (at a shape whose GPU work is shorter than the host work, so the queue never fills)."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
-
-
 def host_table():
     shape = (1, 64, 112, 112, 16)
     tv, ours, x, g = setup(shape)
@@ -108,7 +78,7 @@ def host_table():
                             ("staged", lambda t: ops.se_block_staged(t, tv.fc1.weight, tv.fc1.bias, tv.fc2.weight,
                                                                      tv.fc2.bias), list(tv.parameters()))):
         fwd, fb = fwd_and_fwdbwd(f, params, x, g)
-        rows.append({"variant": name, "forward_host_us": host_us(fwd), "fwd+bwd_host_us": host_us(fb)})
+        rows.append({"variant": name, "forward_host_us": bench.host_us(fwd), "fwd+bwd_host_us": bench.host_us(fb)})
     return rows
 
 
@@ -150,8 +120,8 @@ def measure_shape(shape, bw, with_compile=True, dtype=torch.float32, channels_la
     res = {k: statistics.median(v) for k, v in samples.items()}
     for name in ("fused", "eager"):
         fwd, fb = calls[name]
-        res[("fwd", name + "_gpu")] = graph_us(fwd)
-        res[("fb", name + "_gpu")] = graph_us(fb)
+        res[("fwd", name + "_gpu")] = bench.graph_us(fwd)
+        res[("fb", name + "_gpu")] = bench.graph_us(fb)
     xbytes = x.numel() * x.element_size()
     rows = {}
     for pas, passes in (("fwd", 3), ("fb", 7)):
@@ -184,8 +154,8 @@ def versions_table(bw):
         for v in (1, 2, 3):
             ours.version = v
             fwd, fb = fwd_and_fwdbwd(ours, params, x, g)
-            r[f"fwd_v{v}_us"] = graph_us(fwd)
-            r[f"fb_v{v}_us"] = graph_us(fb)
+            r[f"fwd_v{v}_us"] = bench.graph_us(fwd)
+            r[f"fb_v{v}_us"] = bench.graph_us(fb)
         rows.append(r)
         del tv, ours, x, g
         torch.cuda.empty_cache()

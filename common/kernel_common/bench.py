@@ -2,6 +2,8 @@
 
 - time_us(fn): CUDA-event timing, warm-up first, L2 flushed before every repeat,
   median over repeats (the same method as triton.testing.do_bench).
+- graph_us(fn): the same on a CUDA-graph replay of fn (GPU time, no host launch work);
+  host_us(fn): host microseconds per call.
 - copy_bandwidth_gbs() / matmul_tflops(): the two ceilings, measured on this device
   (bytes read + bytes written per second for a large device-to-device copy; a
   large bf16 matrix product on random data).
@@ -14,6 +16,7 @@ import datetime as _dt
 import json
 import math
 import statistics
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -52,6 +55,39 @@ def time_us(fn: Callable[[], object], warmup: int = 5, rep: int = 30, flush_l2: 
         ends[i].record()
     torch.cuda.synchronize()
     return 1e3 * statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
+
+
+def graph_us(fn: Callable[[], object], warmup: int = 2) -> float:
+    """GPU time alone: fn captured in a CUDA graph (after `warmup` calls on a side
+    stream), each repeat one replay, timed as time_us times (L2 flushed, median):
+    the host's launch work is gone from the measurement."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    t = time_us(graph.replay)
+    del graph
+    return t
+
+
+def host_us(fn: Callable[[], object], n: int = 200, warmup: int = 10) -> float:
+    """Host microseconds per call: n calls enqueued back to back, wall clock taken
+    before the final synchronize (use a shape whose GPU work is shorter than the
+    host's, so the launch queue never fills and the host never waits)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
 
 
 _ceilings: dict = {}

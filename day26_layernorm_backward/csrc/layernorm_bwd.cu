@@ -24,6 +24,8 @@
 //       with 16-byte vectors only; else as v2.
 // Traffic of v2: x, dy read once, dx written once (the 3-pass floor), plus
 // 2 * grid * D * 4 bytes of partials written and read back.
+#include <algorithm>
+
 #include "layernorm.h"
 #include "layernorm_common.cuh"
 
@@ -587,6 +589,77 @@ __global__ void ln_bwd_finalize(const float* __restrict__ partial, int64_t G, in
   finalize_columns<TW>(partial, G, D, dw, db, red);
 }
 
+// The finalize kernel for rows of up to kFinNarrowMaxD columns, where the wide
+// kernel's chunks of 32 columns leave most SMs idle (D = 768: 24 blocks on 132
+// SMs). It sums the same partials ([G][2][D] fp32: dy * xhat, dy) per column in
+// a fixed order. A block of kFinThreads = 256 threads owns kFinCols = 8 columns
+// (one 32-byte sector of a partial row; D = 768: 96 blocks): thread t adds rows
+// s, s + 32, s + 64, ... (s = t / 8, one of 32 slices) of column t % 8, loading
+// kFinRows rows before adding; the slices are then added by a shuffle tree
+// inside each warp (4 slices a warp) and by one thread per output in warp order.
+// The order depends on G and D only: same inputs, bitwise the same sums.
+// H200 (README, runs 65-66): it ends 2.1 / 1.7 us after the main kernel at
+// 4096x768 bf16 / fp32, the wide kernel 2.8 / 2.9 us; at 8192 columns 4.7
+// against 3.4 (so wide rows keep the wide kernel), at 1024 both 3.0.
+constexpr int kFinNarrowMaxD = 1024, kFinThreads = 256, kFinCols = 8, kFinRows = 8;
+template <typename TW>
+__global__ void __launch_bounds__(kFinThreads)
+ln_bwd_finalize_narrow(const float* __restrict__ partial, int64_t G, int64_t D, TW* __restrict__ dw,
+                       TW* __restrict__ db) {
+  constexpr int kSlices = kFinThreads / kFinCols, kWarps = kFinThreads / 32;
+  __shared__ float red[kWarps][2 * kFinCols];
+  kc::grid_dependency_wait();  // launched with PDL: the partials are complete and visible after this
+  const int cx = threadIdx.x % kFinCols, s = threadIdx.x / kFinCols;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t chunk = blockIdx.x; chunk * kFinCols < D; chunk += gridDim.x) {
+    const int64_t c = chunk * kFinCols + cx;
+    float aw = 0.f, ab = 0.f;
+    if (c < D) {
+      // kFinRows rows a batch (one batch when G <= kFinRows * kSlices): a missing row is
+      // read at the slice's last row (valid memory; a branch around the load kept the
+      // compiler from issuing the loads together) and added as 0
+      const int64_t step = int64_t(kSlices) * 2 * D;  // from a slice's row to its next
+      const float* p = partial + int64_t(s) * 2 * D + c;
+      for (int64_t g = s; g < G; g += kFinRows * kSlices, p += kFinRows * step) {
+        const int left = int(std::min<int64_t>((G - g + kSlices - 1) / kSlices, kFinRows));
+        float vw[kFinRows], vb[kFinRows];
+        const float* q = p;
+#pragma unroll
+        for (int k = 0; k < kFinRows; ++k) {
+          vw[k] = q[0];
+          vb[k] = q[D];
+          if (k + 1 < left) q += step;
+        }
+#pragma unroll
+        for (int k = 0; k < kFinRows; ++k) aw += k < left ? vw[k] : 0.f, ab += k < left ? vb[k] : 0.f;
+      }
+    }
+    // the warp's 4 slices of each column (lanes cx, cx + 8, cx + 16, cx + 24)
+#pragma unroll
+    for (int off = kFinCols; off < 32; off <<= 1) {
+      aw += __shfl_xor_sync(0xffffffffu, aw, off);
+      ab += __shfl_xor_sync(0xffffffffu, ab, off);
+    }
+    if (lane < kFinCols) {
+      red[warp][lane] = aw;
+      red[warp][kFinCols + lane] = ab;
+    }
+    __syncthreads();
+    if (threadIdx.x < 2 * kFinCols) {
+      const int q = threadIdx.x;  // q < 8: dweight of column q; else dbias of column q - 8
+      const int64_t cq = chunk * kFinCols + (q % kFinCols);
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) t += red[w][q];
+      if (cq < D) {
+        TW* out = q < kFinCols ? dw : db;
+        if (out) out[cq] = kc::from_float<TW>(t);
+      }
+    }
+    __syncthreads();  // red is reused by the next chunk
+  }
+}
+
 // v4 on a ring of rows in shared memory, filled by the copy engine. As ln_bwd_v4
 // (row slots, dy * xhat and dy summed in registers, one partial row per block),
 // but every slot keeps its next rows of x and dy in a shared-memory ring of
@@ -844,9 +917,14 @@ cudaError_t with_v2_config(const V2Config& cfg, F&& f) {
 // kc::launch_dependents() early; the finalize waits for their completion).
 template <typename TW>
 cudaError_t launch_finalize(const LnBackwardArgs& a, int64_t grid, cudaStream_t stream) {
+  const float* partial = static_cast<const float*>(a.workspace);
+  TW* dw = static_cast<TW*>(a.dweight);
+  TW* db = static_cast<TW*>(a.dbias);
+  if (a.cols <= kFinNarrowMaxD)
+    return kc::launch(ln_bwd_finalize_narrow<TW>, dim3(unsigned((a.cols + kFinCols - 1) / kFinCols)),
+                      dim3(kFinThreads), 0, stream, kc::sm90_or_newer(), partial, grid, a.cols, dw, db);
   return kc::launch(ln_bwd_finalize<TW>, dim3(unsigned((a.cols + 31) / 32)), dim3(1024), 0, stream,
-                    kc::sm90_or_newer(), static_cast<const float*>(a.workspace), grid, a.cols,
-                    static_cast<TW*>(a.dweight), static_cast<TW*>(a.dbias));
+                    kc::sm90_or_newer(), partial, grid, a.cols, dw, db);
 }
 
 template <typename T, typename TW>
@@ -934,10 +1012,15 @@ cudaError_t launch_v4(const LnBackwardArgs& a, const V4Config& cfg, bool partial
   return partials ? launch_finalize<TW>(a, p.grid, stream) : cudaSuccess;
 }
 
+// The next row prefetched by default for 16-bit rows of 512 to 1023 columns in
+// 16-byte vectors (H200, probe run 68: 4096x768 bf16 15.2 against 16.2 us,
+// 16384x768 31.6 against 37.4, 65536x512 62.3 against 69.4); not for fp32
+// (1024-4096 columns: 60% slower) nor at 256 columns (no gain).
 template <typename T, typename TW, int VEC>
 cudaError_t dispatch_v4(const LnBackwardArgs& a, const V4Config& cfg, bool partials, cudaStream_t stream,
                         int64_t* grid_out) {
-  return KC_BOOL_SWITCH(v4_prefetch(false), kPrefetch, [&] {
+  const bool pf = sizeof(T) == 2 && VEC == kc::max_vec_elems<T>() && a.cols >= 512 && a.cols < 1024;
+  return KC_BOOL_SWITCH(v4_prefetch(pf), kPrefetch, [&] {
     return KC_BOOL_SWITCH(v4_smem_acc(), kSmemAcc, [&] {
       switch (cfg.iters) {
         case 1: return launch_v4<T, TW, VEC, 1, kPrefetch, kSmemAcc>(a, cfg, partials, stream, grid_out);
