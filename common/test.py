@@ -218,11 +218,11 @@ def test_bench_floor_math():
     assert "1.23" in t and "-" in t
 
 
-
 @requires_cuda
 def test_bench_timers_run_the_op():
     """time_us, graph_us (CUDA-graph replays) and host_us each run the op (a counter
-    counts the calls on the GPU) and give a positive, finite time."""
+    counts the calls on the GPU) and give a positive, finite time; time_us runs a
+    given flush before each repeat."""
     from kernel_common import bench
     x = torch.zeros(1 << 16, device="cuda")
     for timer in (bench.time_us, bench.graph_us, bench.host_us):
@@ -230,6 +230,10 @@ def test_bench_timers_run_the_op():
         t = timer(lambda: x.add_(1))
         assert math.isfinite(t) and t > 0, timer.__name__
         assert x[0].item() >= before + 3, timer.__name__  # warm-up and timed calls ran
+    flushes = []
+    bench.time_us(lambda: x.add_(1), rep=4, flush=lambda: flushes.append(1))
+    assert len(flushes) == 4  # a given flush runs before each timed repeat, instead of the default
+
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", *sys.argv[1:]]))

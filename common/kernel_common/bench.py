@@ -35,8 +35,10 @@ def _l2_flush():
 
 
 def time_us(fn: Callable[[], object], warmup: int = 5, rep: int = 30, flush_l2: bool = True,
-            max_ms: float = 2000.0) -> float:
-    """Median microseconds of fn() over `rep` runs (fewer if they would pass max_ms)."""
+            max_ms: float = 2000.0, flush: Callable[[], object] | None = None) -> float:
+    """Median microseconds of fn() over `rep` runs (fewer if they would pass max_ms).
+    flush: what empties the L2 before each run when flush_l2 (default: zero_ of a
+    buffer larger than the L2)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -49,7 +51,7 @@ def time_us(fn: Callable[[], object], warmup: int = 5, rep: int = 30, flush_l2: 
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     for i in range(rep):
         if flush_l2:
-            _l2_flush()
+            (flush or _l2_flush)()
         starts[i].record()
         fn()
         ends[i].record()

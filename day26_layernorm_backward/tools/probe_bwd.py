@@ -8,6 +8,7 @@ math - and copy_ (the forward's 2 passes).
                               [--shapes 32768x1024,8192x8192]
 """
 import argparse
+import contextlib
 import os
 import sys
 
@@ -17,6 +18,21 @@ from kernel_common import bench
 from day26_layernorm import layer_norm_backward, layer_norm_forward
 
 SHAPES = [(4096, 768), (32768, 1024), (16384, 4096), (8192, 8192), (4096, 16384)]
+
+
+@contextlib.contextmanager
+def env_set(env):
+    """os.environ updated with env inside the block, restored after (the knobs are read at each call)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def parse_variant(s):
@@ -60,21 +76,13 @@ def main():
                 lambda: torch.ops.aten.native_layer_norm_backward(dy, x, [d], mean, rstd, w, b, [True, True, True]))
             fr["torch"] = bench.time_us(lambda: torch.nn.functional.layer_norm(x, (d,), w, b))
             for name, v, env in variants:
-                saved = {k: os.environ.get(k) for k in env}
-                os.environ.update(env)
-                try:
+                with env_set(env):
                     br[name] = float("nan") if args.fwd_only else bench.time_us(
                         lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=v))
                     if not args.no_dx and not args.fwd_only:
                         br[name + "_dx"] = bench.time_us(lambda: layer_norm_backward(
                             dy, x, d, m1, r1, w, output_mask=(True, False, False), version=v))
                     fr[name] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=v))
-                finally:
-                    for k, val in saved.items():
-                        if val is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = val
                 br["pct_" + name] = 100 * floor / br[name]
                 br["xt_" + name] = br["torch"] / br[name]
                 fr["pct_" + name] = 100 * ffloor / fr[name]

@@ -8,28 +8,12 @@ dst.copy_(src) (the floor's own operation) and day26's backward are timed three 
 - zero+read: zero_, then the read (the zero_'s lines written back before the timed op).
     python tools/probe_flush.py
 """
-import statistics
 import sys
 
 import torch
 
 from kernel_common import bench
 from day26_layernorm import layer_norm_backward, layer_norm_forward
-
-
-def time_with(fn, flush, rep=30):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
-    for i in range(rep):
-        flush()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return 1e3 * statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
 
 
 def main():
@@ -60,11 +44,11 @@ def main():
         for name, (fn, passes) in ops.items():
             r = dict(case=f"{name} {n}x{d} bf16", floor=bench.floor_us(passes * x.numel() * 2, bw))
             for fname, fl in flushes.items():
-                r[fname] = time_with(fn, fl)
+                r[fname] = bench.time_us(fn, flush=fl)
             rows.append(r)
         del x, dy, out
         torch.cuda.empty_cache()
-    print(f"L2 flush buffer {zbuf.numel() * 4 / 2**20:.0f} MiB; copy bandwidth {bw:.0f} GB/s; us, median of 30")
+    print(f"L2 flush buffer {zbuf.numel() * 4 / 2**20:.0f} MiB; copy bandwidth {bw:.0f} GB/s; us, median (bench.time_us)")
     print(bench.format_table(rows, ["case", "floor", "zero", "read", "zero+read"]))
     return 0
 

@@ -9,13 +9,13 @@ two op calls).
     python tools/probe_tail.py [--dtypes bfloat16]
 """
 import argparse
-import os
 import sys
 
 import torch
 
 from kernel_common import bench
 from day26_layernorm import layer_norm_backward, layer_norm_forward
+from probe_bwd import env_set  # tools/ is on sys.path when run as a script
 
 # (kind, D, N, M): M = the rows of the whole rounds (slots per SM from the launch plans:
 # forward bf16 2 x 1, 2 x 2, 1 and 16 slots an SM at D = 8192, 4096, 16384, 1024;
@@ -26,19 +26,6 @@ CASES = [
     ("bwd", 8192, 8192, 8184), ("bwd", 4096, 16384, 16368), ("bwd", 16384, 4096, 4092),
     ("bwd", 1024, 32768, 32736),
 ]
-
-
-def with_env(env, fn):
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return fn()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main():
@@ -66,9 +53,15 @@ def main():
             r["all"] = bench.time_us(lambda: op(0, n))
             r["whole_rounds"] = bench.time_us(lambda: op(0, m))
             r["scaled"] = r["whole_rounds"] * n / m  # the time the rows would take at the whole rounds' rate
+            def split(c):
+                op(0, m)
+                with env_set({"DAY26_V4_CLUSTER": c}):
+                    op(m, n)
+
             for c in ("1", "2", "4"):
-                r["split_c" + c] = bench.time_us(lambda: (op(0, m), with_env({"DAY26_V4_CLUSTER": c}, lambda: op(m, n))))
-            r["tail_alone_c4"] = with_env({"DAY26_V4_CLUSTER": "4"}, lambda: bench.time_us(lambda: op(m, n)))
+                r["split_c" + c] = bench.time_us(lambda: split(c))
+            with env_set({"DAY26_V4_CLUSTER": "4"}):
+                r["tail_alone_c4"] = bench.time_us(lambda: op(m, n))
             r["pct_all"] = 100 * r["floor"] / r["all"]
             r["pct_scaled"] = 100 * r["floor"] / r["scaled"]
             rows.append(r)
