@@ -70,6 +70,7 @@ struct FusedParams {
   float* dsum = nullptr;      // workspace (B*H*Nq): rowsum(dout * out) - grad_lse
   float* dq_accum = nullptr;  // workspace (B*H*Nq*d) fp32
   int64_t B = 0, H = 0, Nq = 0, Nk = 0, d = 0;
+  int64_t Hk = 0;  // heads of k and v (grouped-query attention): H % Hk == 0, q head h reads kv head h / (H / Hk)
   float scale = 1.f;
   bool causal = false;
   kc::DType dtype = kc::DType::BF16;

@@ -72,6 +72,7 @@ day50::FusedParams fused_params(const Tensor& q, const Tensor& k, const Tensor& 
   p.v = view4(v);
   p.B = q.size(0);
   p.H = q.size(1);
+  p.Hk = k.size(1);
   p.Nq = q.size(2);
   p.Nk = k.size(2);
   p.d = q.size(3);
