@@ -305,7 +305,8 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
         for (int nt = 0; nt < kD / 8; ++nt) {
           const int col = nt * 8 + 2 * t;
           if (col >= p.d) continue;
-          *reinterpret_cast<float2*>(pK + key * p.d + col) = make_float2(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
+          *reinterpret_cast<float2*>(pK + key * p.d + col) =
+              make_float2(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
           *reinterpret_cast<float2*>(pV + key * p.d + col) = make_float2(dv[nt][2 * r], dv[nt][2 * r + 1]);
         }
       }

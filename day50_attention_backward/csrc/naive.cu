@@ -258,13 +258,17 @@ cudaError_t matmul(View4 a, View4 b, View4 c, int64_t heads, int64_t nbatch, int
                   unsigned(nbatch < 65535 ? nbatch : 65535));
   const Acc al = Acc(alpha);
   if (ta && tb) {
-    tiled_matmul_kernel<TA, TB, TC, Acc, true, true><<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
+    tiled_matmul_kernel<TA, TB, TC, Acc, true, true>
+        <<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
   } else if (ta) {
-    tiled_matmul_kernel<TA, TB, TC, Acc, true, false><<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
+    tiled_matmul_kernel<TA, TB, TC, Acc, true, false>
+        <<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
   } else if (tb) {
-    tiled_matmul_kernel<TA, TB, TC, Acc, false, true><<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
+    tiled_matmul_kernel<TA, TB, TC, Acc, false, true>
+        <<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
   } else {
-    tiled_matmul_kernel<TA, TB, TC, Acc, false, false><<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
+    tiled_matmul_kernel<TA, TB, TC, Acc, false, false>
+        <<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
   }
   return cudaGetLastError();
 }
