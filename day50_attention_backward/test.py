@@ -5,6 +5,8 @@
 CPU: the reference implementation, gradcheck, opcheck, torch.compile, bad input.
 CUDA: the naive path (float64/float32/float16/bfloat16, any head dim) and the fused
 path (float16/bfloat16, head dims multiples of 8 up to 128), layouts, a memory test.
+Grouped-query / multi-query attention (k, v with fewer heads than q) in every path,
+against SDPA's enable_gqa=True in float64.
 fp16/bf16 results must be within 2x PyTorch's own same-precision error against the
 float64 reference (kernel_common.testing.assert_lowp_close).
 """
@@ -58,11 +60,15 @@ def inputs(shape, dtype, device, seed=0):
 
 
 def reference(q, k, v, do, causal, scale=None):
-    """float64 (out, lse, dq, dk, dv) on the CPU through PyTorch's own SDPA autograd."""
+    """float64 (out, lse, dq, dk, dv) on the CPU through PyTorch's own SDPA autograd
+    (enable_gqa=True when k and v have fewer heads than q: q head h reads kv head
+    h // (Hq // Hkv), and dk, dv sum over each group)."""
     q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=scale)
+    group = q.shape[1] // k.shape[1] if k.shape[1] else 1
+    out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=scale, enable_gqa=group != 1)
     out.backward(do.detach().cpu().double())
-    s = (q64 @ k64.transpose(-2, -1)).detach() * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    k_rep = k64.detach().repeat_interleave(group, 1)  # only for the logsumexp below
+    s = (q64.detach() @ k_rep.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
     if causal:
         s.masked_fill_(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
     return out.detach(), torch.logsumexp(s, -1), q64.grad, k64.grad, v64.grad
@@ -77,7 +83,14 @@ def torch_same_precision(q, k, v, do, causal, scale=None):
     if SANITIZE and q.is_cuda:
         return None
     qt, kt, vt = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+    # Grouped-query attention: PyTorch's multi-head kernels on k and v repeated per q
+    # head, dk and dv summed over each group by autograd (the repeat's backward), which
+    # is how its fused kernels run GQA. Not enable_gqa=True here: where no fused backend
+    # takes it, SDPA falls back to its math path, which computes fp16/bf16 in fp32 and
+    # would not be a same-precision yardstick.
+    group = q.shape[1] // k.shape[1] if k.shape[1] else 1
+    kr, vr = (t.repeat_interleave(group, 1) if group != 1 else t for t in (kt, vt))
+    out = F.scaled_dot_product_attention(qt, kr, vr, is_causal=causal, scale=scale)
     out.backward(do)
     return out.detach(), qt.grad, kt.grad, vt.grad
 
@@ -303,6 +316,26 @@ def test_torch_compile_fullgraph(device):
         testing.assert_close(a, b, *testing.tolerance(dtype))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_torch_compile_fullgraph(device):
+    """Grouped-query shapes through torch.compile: the fakes give dk, dv k's and v's shapes."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v, _ = gqa_inputs((1, 4, 2, 24, 24, 64), dtype, device, seed=28)
+
+    def loss(a, b, c):
+        return da.attention(a, b, c, causal=True).float().square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    grads = []
+    for f in (loss, compiled):
+        args = [t.clone().requires_grad_() for t in (q, k, v)]
+        val = f(*args)
+        val.backward()
+        grads.append([val.detach()] + [t.grad for t in args])
+    for a, b in zip(*grads):
+        testing.assert_close(a, b, *testing.tolerance(dtype))
+
+
 @pytest.mark.parametrize("mnk", [(1, 1, 1), (17, 33, 5), (64, 64, 16), (130, 70, 129)], ids=sid)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["f32", "f64", "bf16"])
 @pytest.mark.parametrize("device", DEVICES)
@@ -345,8 +378,19 @@ def test_bad_input_is_an_error_and_process_stays_usable(device):
         da.attention(q, k[..., :32], v)
     with pytest.raises(RuntimeError, match="same sequence length"):
         da.attention(q, k, v[:, :, :4])
-    with pytest.raises(RuntimeError, match="batch and head sizes"):
-        da.attention(q, k[:, :1], v[:, :1])
+    with pytest.raises(RuntimeError, match="batch sizes"):
+        da.attention(q, torch.cat([k, k]), torch.cat([v, v]))
+    k3, v3 = (testing.fresh(1, 3, 8, 64, dtype=torch.float32, device=device) for _ in range(2))
+    with pytest.raises(RuntimeError, match=r"number of q heads \(2\) must be a positive multiple of the number of "
+                                           r"k and v heads \(3\)"):
+        da.attention(q, k3, v3)  # Hq = 2, Hkv = 3
+    q6 = testing.fresh(1, 6, 8, 64, dtype=torch.float32, device=device)
+    with pytest.raises(RuntimeError, match=r"\(6\) must be a positive multiple .* \(4\)"):
+        da.attention(q6, torch.cat([k, k], 1), torch.cat([v, v], 1))  # Hq = 6, Hkv = 4
+    with pytest.raises(RuntimeError, match="k and v must have the same number of heads"):
+        da.attention(q, k, v[:, :1])
+    with pytest.raises(RuntimeError, match="number of q heads"):
+        da.attention_backward(do, q, k3, v3, q, q[..., 0])
     with pytest.raises(RuntimeError, match="at least one key"):
         da.attention(q, k[:, :, :0], v[:, :, :0])
     with pytest.raises(RuntimeError, match="float64, float32, float16 or bfloat16"):
@@ -369,6 +413,207 @@ def test_bad_input_is_an_error_and_process_stays_usable(device):
             da.attention(qb, qb, qb, backend="fused")
     out = da.attention(q, k, v)
     assert torch.isfinite(out).all()
+
+
+# ----------------------------------------------------------------------------- grouped-query attention
+# (B, Hq, Hkv, Nq, Nk, d): groups of 2, 3 and 4 q heads per kv head and multi-query (Hkv = 1);
+# odd N, Nq != Nk both ways, a single query; d = 64, 96 (fused: padded to 128) and 128.
+GQA_SHAPES = [
+    (2, 4, 2, 17, 17, 64),
+    (1, 6, 2, 33, 70, 96),
+    (1, 8, 2, 129, 67, 128),
+    (1, 4, 1, 70, 33, 128),
+    (2, 3, 1, 1, 5, 64),
+    (1, 8, 1, 257, 200, 64),
+]
+if SANITIZE:
+    GQA_SHAPES = [(1, 4, 2, 17, 40, 64), (1, 3, 1, 33, 17, 96)]
+
+
+def gqa_inputs(shape, dtype, device, seed=0):
+    B, Hq, Hkv, Nq, Nk, d = shape
+    g = torch.Generator().manual_seed(seed)
+    q = testing.fresh(B, Hq, Nq, d, dtype=dtype, device=device, gen=g)
+    k = testing.fresh(B, Hkv, Nk, d, dtype=dtype, device=device, gen=g)
+    v = testing.fresh(B, Hkv, Nk, d, dtype=dtype, device=device, gen=g)
+    do = testing.fresh(B, Hq, Nq, d, dtype=dtype, device=device, gen=g)
+    return q, k, v, do
+
+
+def gsid(s):
+    return "B{}_Hq{}_Hkv{}_{}x{}_d{}".format(*s)
+
+
+@pytest.mark.parametrize("shape", GQA_SHAPES, ids=gsid)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_exact_dtypes(device, dtype, causal, shape):
+    q, k, v, do = gqa_inputs(shape, dtype, device, seed=21)
+    ref = reference(q, k, v, do, causal)
+    for be in backends(device, False):
+        got = run_ours(q, k, v, do, causal, be)
+        assert got[3].shape == k.shape and got[4].shape == v.shape
+        check_exact(got, ref, dtype)
+
+
+@pytest.mark.parametrize("shape", GQA_SHAPES, ids=gsid)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", LOWP, ids=["f16", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_lowp(device, dtype, causal, shape):
+    q, k, v, do = gqa_inputs(shape, dtype, device, seed=22)
+    ref = reference(q, k, v, do, causal)
+    theirs = torch_same_precision(q, k, v, do, causal)
+    for be in backends(device, True):
+        out, lse, dq, dk, dv = run_ours(q, k, v, do, causal, be)
+        check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs, f"{be}:")
+        testing.assert_close(lse, ref[1], 2e-4, 2e-4, f"{be}:lse")
+
+
+def gqa_layouts(t, kind, pair=None):
+    """kind "packed_kv": k and v as the two halves of one (B, N, 2, Hkv, d) tensor
+    (a fused KV projection's output), so each is a strided (B, N, Hkv, d) slice seen
+    as (B, Hkv, N, d); q and dO as (B, N, H, d).transpose(1, 2)."""
+    if kind != "packed_kv":
+        return layouts(t, kind)
+    if pair is None:
+        return layouts(t, "bnhd")
+    k, v = pair
+    kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)], dim=2)  # (B, N, 2, Hkv, d), contiguous
+    return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+
+
+@pytest.mark.parametrize("kind", ["bnhd", "offset", "strided", "packed_kv"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_layouts(device, kind):
+    """Non-contiguous q, k, v, dO views with grouped heads, against the float64 reference."""
+    shape = (2, 6, 2, 40, 70, 64) if not SANITIZE else (1, 4, 2, 20, 33, 64)
+    dtypes = [torch.float32] + (LOWP if device == "cuda" else [])
+    for dtype in dtypes:
+        q, k, v, do = gqa_inputs(shape, dtype, device, seed=23)
+        ref = reference(q, k, v, do, True)
+        theirs = torch_same_precision(q, k, v, do, True) if dtype != torch.float32 else None
+        ql, dol = gqa_layouts(q, kind), gqa_layouts(do, kind)
+        if kind == "packed_kv":
+            kl, vl = gqa_layouts(None, kind, (k, v))
+        else:
+            kl, vl = gqa_layouts(k, kind), gqa_layouts(v, kind)
+        assert all(torch.equal(a, b) for a, b in ((ql, q), (kl, k), (vl, v), (dol, do)))
+        assert kind == "offset" or not kl.is_contiguous()
+        for be in backends(device, dtype != torch.float32):
+            got = run_ours(ql, kl, vl, dol, True, be)
+            if dtype == torch.float32:
+                check_exact(got, ref, dtype)
+            else:
+                check_lowp([got[0], *got[2:]], [ref[0], *ref[2:]], theirs, f"{be}:{kind}:")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_autograd(device):
+    """attention() through autograd: k.grad and v.grad have k's and v's (Hkv-head) shapes."""
+    q, k, v, do = gqa_inputs((2, 6, 3, 20, 30, 64), torch.float32, device, seed=24)
+    ref = reference(q, k, v, do, True)
+    for be in backends(device, False):
+        qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+        da.attention(qs, ks, vs, causal=True, backend=be).backward(do)
+        for n, a, r in zip(["dq", "dk", "dv"], [qs.grad, ks.grad, vs.grad], ref[2:]):
+            testing.assert_close(a, r, 2e-5 * r.abs().max().item(), 1e-4, f"{be}:{n}")
+
+
+@NOT_UNDER_SANITIZER
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 4, 2, 5, 7, 3), (2, 3, 1, 6, 4, 8)], ids=gsid)
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_gradcheck_float64(device, shape, causal):
+    """Grouped-query and multi-query attention, both outputs; on CUDA through naive."""
+    B, Hq, Hkv, Nq, Nk, d = shape
+    g = torch.Generator().manual_seed(25)
+    q, k, v = (torch.randn(*s, dtype=torch.float64, generator=g).to(device).requires_grad_()
+               for s in ((B, Hq, Nq, d), (B, Hkv, Nk, d), (B, Hkv, Nk, d)))
+    backend = "naive" if device == "cuda" else "auto"
+    fn = lambda a, b, c: da.attention_forward(a, b, c, causal, None, backend)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+@NOT_UNDER_SANITIZER
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_opcheck(device):
+    cases = [(torch.float32, "naive" if device == "cuda" else "auto")]
+    if device == "cuda":
+        cases += [(torch.bfloat16, "fused"), (torch.float16, "fused")]
+    for dtype, be in cases:
+        for shape in [(1, 4, 2, 9, 13, 64), (2, 3, 1, 9, 13, 64)]:
+            q, k, v, do = gqa_inputs(shape, dtype, device, seed=26)
+            for causal in (False, True):
+                torch.library.opcheck(torch.ops.day50.attention_forward.default, (q, k, v, causal, None, be))
+                out, lse = da.attention_forward(q, k, v, causal, None, be)
+                torch.library.opcheck(torch.ops.day50.attention_backward.default,
+                                      (do, q, k, v, out, lse, None, causal, 0.2, be))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_empty(device):
+    """No queries: dk and dv (in k's shape) are zero; no batch: empty results."""
+    dtypes = [torch.float32] + (LOWP if device == "cuda" else [])
+    for dtype in dtypes:
+        for be in backends(device, dtype != torch.float32):
+            for shape in [(2, 4, 2, 0, 5, 64), (1, 3, 1, 0, 130, 64)]:
+                q, k, v, do = gqa_inputs(shape, dtype, device)
+                out, lse, dq, dk, dv = run_ours(q, k, v, do, True, be)
+                assert out.shape == q.shape and lse.shape == q.shape[:3] and dq.shape == q.shape
+                assert torch.equal(dk, torch.zeros_like(k)) and torch.equal(dv, torch.zeros_like(v))
+            q, k, v, do = gqa_inputs((0, 4, 2, 3, 5, 64), dtype, device)
+            assert run_ours(q, k, v, do, False, be)[3].shape == (0, 2, 5, 64)
+
+
+# The fused backward's plan for grouped-query attention (flash_bwd.cu, fused_backward_plan):
+# a CTA sums heads_per_cta q heads of a group in registers, chosen as the most that
+# still leave kGqaMinCtas = 1024 CTAs of B * Hq / heads_per_cta * ceil(Nk / 128); when
+# it is fewer than the group, fp32 partials are summed by a second kernel. These
+# shapes take each branch of that plan (small Nq keeps the float64 reference cheap):
+GQA_PLAN_SHAPES = [
+    ((1, 8, 2, 77, 130, 64), "splits=4 (one CTA per q head)"),
+    ((256, 8, 2, 16, 100, 64), "heads_per_cta=2, splits=2"),
+    ((4, 32, 8, 40, 2048, 128), "heads_per_cta=2, splits=2"),
+    ((512, 4, 2, 16, 100, 64), "heads_per_cta=2=G: in registers, no workspace"),
+    ((8, 16, 8, 65, 2053, 96), "heads_per_cta=2=G: in registers, no workspace"),
+    ((64, 4, 1, 40, 2048, 128), "multi-query, heads_per_cta=4=G: in registers, no workspace"),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", GQA_PLAN_SHAPES, ids=lambda c: gsid(c[0]))
+def test_cuda_gqa_fused_plans(case, causal):
+    """Every way the fused backward sums dk and dv over a group: accurate, bitwise
+    reproducible (fixed order, no atomics), and the in-register plan allocates no
+    fp32 workspace (its peak is the outputs, dQ's fp32 accumulator and the row sums)."""
+    shape, plan = case
+    if SANITIZE and shape[0] * shape[1] * shape[3] * shape[4] > 4_000_000:
+        pytest.skip("too slow under compute-sanitizer; the small shapes take the same branches")
+    dtype = torch.bfloat16
+    q, k, v, do = gqa_inputs(shape, dtype, "cuda", seed=27)
+    ref = reference(q, k, v, do, causal)
+    theirs = torch_same_precision(q, k, v, do, causal)
+    out, lse = da.attention_forward(q, k, v, causal, None, "fused")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    dq, dk, dv = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused")
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs, f"{plan}: ")
+    for _ in range(2):
+        dq2, dk2, dv2 = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused")
+        assert torch.equal(dk2, dk) and torch.equal(dv2, dv), plan
+        testing.assert_close(dq2, dq, *testing.tolerance(dtype), name="dq")
+    if "no workspace" in plan:
+        B, Hq, Hkv, Nq, Nk, d = shape
+        outputs = (q.numel() + k.numel() + v.numel()) * q.element_size()
+        fp32_ws = B * Hq * Nq * (d + 1) * 4
+        partials = 2 * B * Hkv * Nk * d * 4  # what even the smallest split would add
+        assert extra < outputs + fp32_ws + partials // 2, (plan, extra)
 
 
 # ----------------------------------------------------------------------------- CUDA only

@@ -2,8 +2,11 @@
 // strides in elements, a dtype tag and a stream in; a cudaError_t out).
 //
 // Shapes follow F.scaled_dot_product_attention: q (B, H, Nq, d), k and v
-// (B, H, Nk, d), out (B, H, Nq, d), lse (B, H, Nq). Causal masking is aligned
+// (B, Hk, Nk, d), out (B, H, Nq, d), lse (B, H, Nq). Causal masking is aligned
 // top-left (query i sees keys j <= i), as SDPA does for Nq != Nk.
+// Grouped-query attention (SDPA's enable_gqa=True): Hk divides H, and q head h
+// reads k/v head h / (H / Hk); dk and dv (B, Hk, Nk, d) are summed over the
+// H / Hk q heads of each group. Hk == H is ordinary multi-head attention.
 //
 // The kernels allocate nothing: every workspace is passed in by the caller.
 #pragma once
@@ -31,6 +34,8 @@ struct View4 {
 // C[b,h] = alpha * op(A[b,h]) @ op(B[b,h]), op(X) = X or X^T (the trans flags),
 // op(A) is M x K, op(B) is K x N, C is M x N. Views describe the *stored*
 // matrices (for trans_a, A is stored K x M). All of A, B, C have type `t`.
+// (The attention launchers below also use the grouped form of this matmul:
+// see naive.cu, tiled_matmul_kernel.)
 cudaError_t naive_matmul(View4 a, View4 b, View4 c, int64_t batch, int64_t heads, int64_t M, int64_t N,
                          int64_t K, bool trans_a, bool trans_b, double alpha, NaiveType t, cudaStream_t stream);
 
@@ -38,16 +43,16 @@ cudaError_t naive_matmul(View4 a, View4 b, View4 c, int64_t batch, int64_t heads
 // F64, float otherwise). out is written contiguous (B, H, Nq, d); lse contiguous
 // (B, H, Nq) in the accumulation type.
 cudaError_t naive_attention_forward(View4 q, View4 k, View4 v, void* out, void* lse, void* ws_s, int64_t B,
-                                    int64_t H, int64_t Nq, int64_t Nk, int64_t d, bool causal, double scale,
-                                    NaiveType t, cudaStream_t stream);
+                                    int64_t H, int64_t Hk, int64_t Nq, int64_t Nk, int64_t d, bool causal,
+                                    double scale, NaiveType t, cudaStream_t stream);
 
 // Two workspaces of B*H*Nq*Nk accumulation-type elements (P and dP/dS).
-// grad_lse may be null (contiguous (B, H, Nq), accumulation type). dq, dk, dv are
-// written contiguous.
+// grad_lse may be null (contiguous (B, H, Nq), accumulation type). dq (B, H, Nq, d),
+// dk and dv (B, Hk, Nk, d) are written contiguous.
 cudaError_t naive_attention_backward(View4 dout, View4 q, View4 k, View4 v, const void* lse,
                                      const void* grad_lse, void* dq, void* dk, void* dv, void* ws_p,
-                                     void* ws_dp, int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t d,
-                                     bool causal, double scale, NaiveType t, cudaStream_t stream);
+                                     void* ws_dp, int64_t B, int64_t H, int64_t Hk, int64_t Nq, int64_t Nk,
+                                     int64_t d, bool causal, double scale, NaiveType t, cudaStream_t stream);
 
 // ------------------------------------------------------------------ fused path
 // fp16 / bf16, head dim d a multiple of 8 and at most kFusedMaxHeadDim. The
@@ -64,7 +69,7 @@ struct FusedParams {
   void* o = nullptr;      // forward output, contiguous (B, H, Nq, d)
   float* lse = nullptr;   // contiguous (B, H, Nq), natural log of sum exp(scale * q.k)
   const float* grad_lse = nullptr;   // backward, optional, contiguous (B, H, Nq)
-  void* dq = nullptr;     // backward outputs, contiguous
+  void* dq = nullptr;     // backward outputs, contiguous: dq (B, H, Nq, d); dk, dv (B, Hk, Nk, d)
   void* dk = nullptr;
   void* dv = nullptr;
   float* dsum = nullptr;      // workspace (B*H*Nq): rowsum(dout * out) - grad_lse
@@ -75,9 +80,28 @@ struct FusedParams {
   bool causal = false;
   kc::DType dtype = kc::DType::BF16;
   int variant = 0;  // backward tiling variant (0 = default); see flash_bwd.cu
+  // Backward, grouped-query attention only (H > Hk), as fused_backward_plan says:
+  int64_t heads_per_cta = 1;     // q heads of a group one CTA of the dK/dV kernel sums in registers (divides H / Hk)
+  float* dkv_partial = nullptr;  // fp32 workspace, 2 * B * (H / heads_per_cta) * Nk * d floats, when
+                                 // heads_per_cta < H / Hk (a group split over several CTAs)
 };
 
+// How the fused backward sums dK and dV over a group of G = H / Hk q heads
+// (flash_bwd.cu explains the choice). One CTA of the dK/dV kernel owns a block of
+// keys of one kv head and heads_per_cta (a divisor of G) of its q heads, summing
+// their contributions in registers; the G / heads_per_cta CTAs of a group
+// (`splits`) write fp32 partial sums that a second kernel adds in a fixed order.
+// splits == 1: no workspace, no second kernel. Multi-head attention (H == Hk) is
+// always heads_per_cta = splits = 1 and runs the kernel it always ran.
+struct FusedBwdPlan {
+  int64_t heads_per_cta = 1;
+  int64_t splits = 1;
+  int64_t partial_floats = 0;  // fp32 workspace for the partial sums (0 when splits == 1)
+};
+FusedBwdPlan fused_backward_plan(const FusedParams& p);
+
 cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream);
+// p.heads_per_cta and p.dkv_partial as fused_backward_plan(p) says.
 cudaError_t fused_attention_backward(const FusedParams& p, cudaStream_t stream);
 
 }  // namespace day50

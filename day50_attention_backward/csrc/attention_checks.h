@@ -35,7 +35,10 @@ inline bool is_supported_dtype(at::ScalarType t) {
 // The dtype of lse (and of grad_lse): float64 for float64 inputs, else float32.
 inline at::ScalarType lse_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-// q (B, H, Nq, d), k and v (B, H, Nk, d): same dtype and device. Returns the scale.
+// q (B, H, Nq, d), k and v (B, Hk, Nk, d): same dtype and device. Hk == H is
+// multi-head attention; Hk < H, dividing H, is grouped-query attention with the
+// semantics of SDPA's enable_gqa=True (q head h reads k/v head h / (H / Hk);
+// Hk == 1 is multi-query attention). Returns the scale.
 inline double check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         std::optional<double> scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -47,9 +50,15 @@ inline double check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tens
               v.scalar_type());
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
               "attention: q, k, v must be on the same device, got ", q.device(), ", ", k.device(), ", ", v.device());
-  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
-              "attention: batch and head sizes of q ", fmt(q.sizes()), ", k ", fmt(k.sizes()), ", v ",
-              fmt(v.sizes()), " differ");
+  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0), "attention: batch sizes of q ", fmt(q.sizes()),
+              ", k ", fmt(k.sizes()), ", v ", fmt(v.sizes()), " differ");
+  TORCH_CHECK(k.size(1) == v.size(1), "attention: k and v must have the same number of heads, got k ",
+              fmt(k.sizes()), " and v ", fmt(v.sizes()));
+  const int64_t hq = q.size(1), hk = k.size(1);
+  TORCH_CHECK(hk == hq || (hk > 0 && hq > 0 && hq % hk == 0), "attention: the number of q heads (",
+              fmt(hq), ") must be a positive multiple of the number of k and v heads (", fmt(hk),
+              "): grouped-query attention maps q head h to k/v head h / (Hq / Hkv); q ", fmt(q.sizes()), ", k ",
+              fmt(k.sizes()));
   TORCH_CHECK(k.size(2) == v.size(2), "attention: k and v must have the same sequence length, got ", fmt(k.size(2)),
               " and ", fmt(v.size(2)));
   TORCH_CHECK(k.size(3) == q.size(3) && v.size(3) == q.size(3),

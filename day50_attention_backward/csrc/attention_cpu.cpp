@@ -9,6 +9,10 @@
 //           dS = P * (dP - D),  D_i = sum_j P_ij dP_ij = sum_c dO_ic O_ic  (minus grad_lse_i,
 //                                because d lse_i / d S_ij = P_ij)
 //           dQ = scale * dS K,  dK = scale * dS^T Q
+// Grouped-query attention (k, v with Hk heads, Hk dividing H): the H q heads are
+// viewed as (Hk, G = H / Hk) and k, v broadcast over G, so q head h = hk * G + g
+// reads k/v head hk (SDPA's enable_gqa); dK and dV, computed per q head, are
+// summed over g. Hk == H is G = 1.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -22,11 +26,18 @@ using at::Tensor;
 
 at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
+// Grouped views: a q-shaped (B, H, N, c) tensor as (B, Hk, G, N, c); a k-shaped
+// (B, Hk, N, c) one as (B, Hk, 1, N, c), which matmul broadcasts over G.
+Tensor q_grouped(const Tensor& t, int64_t hk) {
+  return t.reshape({t.size(0), hk, hk == 0 ? 0 : t.size(1) / hk, t.size(2), t.size(3)});
+}
+Tensor kv_grouped(const Tensor& t) { return t.unsqueeze(2); }
+
 // scale * q k^T with the causal mask (top-left aligned), in the accumulation type.
 Tensor scores(const Tensor& qa, const Tensor& ka, bool causal, double scale) {
   Tensor s = at::matmul(qa, ka.transpose(-2, -1)).mul_(scale);
   if (causal) {
-    const int64_t nq = qa.size(2), nk = ka.size(2);
+    const int64_t nq = qa.size(-2), nk = ka.size(-2);
     Tensor mask = at::ones({nq, nk}, qa.options().dtype(at::kBool)).triu_(1);
     s.masked_fill_(mask, -std::numeric_limits<double>::infinity());
   }
@@ -38,11 +49,12 @@ std::tuple<Tensor, Tensor> attention_forward_cpu(const Tensor& q, const Tensor& 
   day50::parse_backend(std::string(backend));  // validated; the CPU has one implementation
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   const auto acc = acc_type(q.scalar_type());
-  Tensor s = scores(q.to(acc), k.to(acc), causal, scale);
+  const int64_t hk = k.size(1);
+  Tensor s = scores(q_grouped(q.to(acc), hk), kv_grouped(k.to(acc)), causal, scale);  // (B, Hk, G, Nq, Nk)
   Tensor lse = at::logsumexp(s, -1);
   Tensor p = (s - lse.unsqueeze(-1)).exp_();
-  Tensor out = at::matmul(p, v.to(acc)).to(q.scalar_type()).contiguous();
-  return {out, lse.contiguous()};
+  Tensor out = at::matmul(p, kv_grouped(v.to(acc))).reshape(q.sizes()).to(q.scalar_type()).contiguous();
+  return {out, lse.reshape({q.size(0), q.size(1), q.size(2)}).contiguous()};
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(const Tensor& grad_out, const Tensor& q, const Tensor& k,
@@ -54,15 +66,21 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(const Tensor& grad_out
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   day50::check_backward_args(grad_out, q, out, lse, grad_lse);
   const auto acc = acc_type(q.scalar_type());
-  const Tensor qa = q.to(acc), ka = k.to(acc), va = v.to(acc), doa = grad_out.to(acc);
-  Tensor p = (scores(qa, ka, causal, scale) - lse.unsqueeze(-1)).exp_();  // exp(-inf) = 0 where masked
-  Tensor dv = at::matmul(p.transpose(-2, -1), doa);
+  const int64_t hk = k.size(1);
+  // (B, Hk, G, N, d) for the q-shaped tensors, (B, Hk, 1, Nk, d) for k and v
+  const Tensor qa = q_grouped(q.to(acc), hk), doa = q_grouped(grad_out.to(acc), hk);
+  const Tensor ka = kv_grouped(k.to(acc)), va = kv_grouped(v.to(acc));
+  auto rows = [&](const Tensor& t) {  // (B, H, Nq) -> (B, Hk, G, Nq, 1)
+    return q_grouped(t.unsqueeze(-1), hk);
+  };
+  Tensor p = (scores(qa, ka, causal, scale) - rows(lse)).exp_();  // exp(-inf) = 0 where masked
+  Tensor dv = at::matmul(p.transpose(-2, -1), doa).sum(2);       // summed over the group
   Tensor dp = at::matmul(doa, va.transpose(-2, -1));
-  Tensor dsum = (doa * out.to(acc)).sum(-1);
+  Tensor dsum = (grad_out.to(acc) * out.to(acc)).sum(-1);
   if (grad_lse.has_value()) dsum = dsum - *grad_lse;
-  Tensor ds = p * (dp - dsum.unsqueeze(-1));
-  Tensor dq = at::matmul(ds, ka).mul_(scale);
-  Tensor dk = at::matmul(ds.transpose(-2, -1), qa).mul_(scale);
+  Tensor ds = p * (dp - rows(dsum));
+  Tensor dq = at::matmul(ds, ka).mul_(scale).reshape(q.sizes());
+  Tensor dk = at::matmul(ds.transpose(-2, -1), qa).sum(2).mul_(scale);
   const auto t = q.scalar_type();
   return {dq.to(t).contiguous(), dk.to(t).contiguous(), dv.to(t).contiguous()};
 }

@@ -7,6 +7,9 @@
 // view works without a copy) as long as the innermost stride is 1, the other
 // strides are multiples of 8 and the data is 16-byte aligned; anything else is
 // copied to a contiguous tensor first (bench.py measures both).
+//
+// Grouped-query attention (k, v with Hk < H heads, check_qkv): every kernel maps
+// q head h to kv head h / (H / Hk); dk and dv come back in k's and v's shapes.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -106,8 +109,8 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
   } else {
     Tensor ws = at::empty({B * H * Nq * Nk}, q.options().dtype(lse.scalar_type()));
     KC_TORCH_CHECK_CUDA(day50::naive_attention_forward(view4(q), view4(k), view4(v), out.data_ptr(),
-                                                       lse.data_ptr(), ws.data_ptr(), B, H, Nq, Nk, d, causal,
-                                                       scale, naive_type(q), stream));
+                                                       lse.data_ptr(), ws.data_ptr(), B, H, k.size(1), Nq, Nk, d,
+                                                       causal, scale, naive_type(q), stream));
   }
   return {out, lse};
 }
@@ -121,12 +124,12 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   day50::check_backward_args(grad_out, q, out, lse_, grad_lse_);
   const c10::cuda::CUDAGuard guard(q.device());
-  const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
+  const int64_t B = q.size(0), H = q.size(1), Hk = k.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
   const Tensor lse = lse_.contiguous();
   const Tensor grad_lse = grad_lse_.has_value() ? grad_lse_->contiguous() : Tensor();
   Tensor dq = kc::new_output({B, H, Nq, d}, q.options());
-  Tensor dk = kc::new_output({B, H, Nk, d}, q.options());
-  Tensor dv = kc::new_output({B, H, Nk, d}, q.options());
+  Tensor dk = kc::new_output({B, Hk, Nk, d}, q.options());
+  Tensor dv = kc::new_output({B, Hk, Nk, d}, q.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (choose_fused(backend, q)) {
     const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v), go = fused_ready(grad_out);
@@ -144,6 +147,15 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     p.dsum = dsum.data_ptr<float>();
     p.dq_accum = dq_accum.data_ptr<float>();
     p.variant = bwd_variant();
+    // Grouped-query attention: how the group's dk, dv are summed (flash_bwd.cu); an
+    // fp32 workspace of partial sums only when the group is split over CTAs.
+    const day50::FusedBwdPlan plan = day50::fused_backward_plan(p);
+    Tensor dkv_partial;
+    p.heads_per_cta = plan.heads_per_cta;
+    if (plan.partial_floats > 0) {
+      dkv_partial = at::empty({plan.partial_floats}, q.options().dtype(at::kFloat));
+      p.dkv_partial = dkv_partial.data_ptr<float>();
+    }
     KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, stream));
   } else {
     const auto acc = day50::lse_dtype(q.scalar_type());
@@ -152,7 +164,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     KC_TORCH_CHECK_CUDA(day50::naive_attention_backward(
         view4(grad_out), view4(q), view4(k), view4(v), lse.data_ptr(),
         grad_lse.defined() ? grad_lse.data_ptr() : nullptr, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-        ws_p.data_ptr(), ws_dp.data_ptr(), B, H, Nq, Nk, d, causal, scale, naive_type(q), stream));
+        ws_p.data_ptr(), ws_dp.data_ptr(), B, H, Hk, Nq, Nk, d, causal, scale, naive_type(q), stream));
   }
   return {dq, dk, dv};
 }

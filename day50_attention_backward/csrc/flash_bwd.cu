@@ -4,12 +4,27 @@
 //      One warp per query row; any strides for O and dO.
 //   2. flash_bwd_dkdv_kernel (flash_bwd.cuh): dK, dV, and dQ accumulated by fp32 atomics.
 //   3. dq_convert_kernel: dQ = scale * dq_accum, stored as T.
+//   4. grouped-query attention with the group split over CTAs only: dkv_reduce_kernel,
+//      dK, dV = the sum of the fp32 partials of the splits, in split order, stored as T.
 // dQ by atomics (FA2's choice) rather than a second pass over K, V per query
 // tile: the second pass would recompute S and dP (7 products instead of 5);
 // the atomics cost L2 traffic of Nk / kBc * Nq * d floats per (b, h). The
 // price is that dQ is not bitwise reproducible run to run (dK and dV are).
+//
+// Grouped-query attention (H = G * Hk): dK and dV of a kv head sum the
+// contributions of its G q heads. fused_backward_plan picks how many of them one
+// CTA takes (heads_per_cta; flash_bwd.cuh runs them one after the other into the
+// same registers). All G (splits = 1): no workspace, no extra pass, K and V read
+// once per group, deterministic; but the grid shrinks by G, which at small
+// B * Hk * keys (multi-query attention above all) leaves SMs idle. Fewer heads per
+// CTA (down to 1, one CTA per q head as in FA2) keep the grid of the multi-head
+// kernel, at the price of fp32 partials (2 * B * H / heads_per_cta * Nk * d floats,
+// written once and read once) and a small reduction in a fixed order (still
+// deterministic; no float atomics). The plan takes the most heads per CTA that
+// still leave kGqaMinCtas CTAs. Multi-head attention runs none of this.
 #include "attention.h"
 
+#include "flash_bwd.cuh"
 #include "flash_common.cuh"
 #include "kc/check.cuh"
 #include "kc/convert.cuh"
@@ -18,7 +33,11 @@
 namespace day50 {
 namespace flash {
 
-template <typename T, int kD> cudaError_t launch_bwd_dkdv(const FusedParams& p, cudaStream_t stream);
+// About 8 waves of CTAs on an H100 / H200 (132 SMs, one CTA of the dK/dV kernel per
+// SM: 8 warps at 226-255 registers): the partial last wave then costs at most ~1/8
+// of the kernel, and fewer CTAs per group are not worth more than that. A starting
+// point, not yet tuned by measurement.
+constexpr int64_t kGqaMinCtas = 1024;
 
 namespace {
 
@@ -52,6 +71,34 @@ __global__ void dq_convert_kernel(const float* __restrict__ acc, T* __restrict__
   }
 }
 
+// dK, dV (B*Hk, Nk, d) = sum over s < splits of the fp32 partials (B*Hk, splits, Nk, d)
+// (dK's partials first, then dV's), in order s = 0, 1, ...: deterministic.
+// n = B*Hk*Nk*d and nkd = Nk*d are multiples of 4 (d % 8 == 0), the partials 16-byte
+// aligned (cudaMalloc'd by torch), so a float4 never straddles two kv heads or dK/dV.
+template <typename T>
+__global__ void dkv_reduce_kernel(const float* __restrict__ part, T* __restrict__ dk, T* __restrict__ dv, int64_t n,
+                                  int64_t nkd, int64_t splits) {
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < 2 * n;
+       i += int64_t(gridDim.x) * blockDim.x * 4) {
+    const bool is_v = i >= n;
+    const int64_t j = is_v ? i - n : i, kv = j / nkd, r = j % nkd;
+    const float* src = part + (is_v ? n * splits : 0) + kv * splits * nkd + r;
+    float4 acc = *reinterpret_cast<const float4*>(src);
+    for (int64_t s = 1; s < splits; ++s) {
+      const float4 x = *reinterpret_cast<const float4*>(src + s * nkd);
+      acc.x += x.x;
+      acc.y += x.y;
+      acc.z += x.z;
+      acc.w += x.w;
+    }
+    T* dst = (is_v ? dv : dk) + j;
+    dst[0] = kc::from_float<T>(acc.x);
+    dst[1] = kc::from_float<T>(acc.y);
+    dst[2] = kc::from_float<T>(acc.z);
+    dst[3] = kc::from_float<T>(acc.w);
+  }
+}
+
 template <typename T>
 cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
   const int64_t rows = p.B * p.H * p.Nq;
@@ -62,6 +109,13 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     KC_CUDA_LAUNCH_TRY();
   }
   KC_CUDA_TRY((p.d <= 64 ? launch_bwd_dkdv<T, 64>(p, stream) : launch_bwd_dkdv<T, 128>(p, stream)));
+  if (p.H != p.Hk && p.dkv_partial != nullptr) {
+    const int64_t n = p.B * p.Hk * p.Nk * p.d, blocks = (2 * n / 4 + 255) / 256;
+    dkv_reduce_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
+        p.dkv_partial, static_cast<T*>(p.dk), static_cast<T*>(p.dv), n, p.Nk * p.d,
+        p.H / p.Hk / p.heads_per_cta);
+    KC_CUDA_LAUNCH_TRY();
+  }
   const int64_t n = rows * p.d;
   if (n > 0) {
     const int64_t blocks = (n / 4 + 255) / 256;
@@ -75,11 +129,34 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
 }  // namespace
 }  // namespace flash
 
+FusedBwdPlan fused_backward_plan(const FusedParams& p) {
+  FusedBwdPlan plan;
+  if (p.Hk <= 0 || p.H <= p.Hk || p.H % p.Hk != 0) return plan;  // multi-head (or invalid: the launcher says)
+  const int64_t G = p.H / p.Hk, n_kt = (p.Nk + flash::kGqaBc - 1) / flash::kGqaBc;
+  int64_t hpc = 1;
+  for (int64_t c = G; c > 1; --c) {
+    if (G % c == 0 && p.B * (p.H / c) * n_kt >= flash::kGqaMinCtas) {
+      hpc = c;
+      break;
+    }
+  }
+  plan.heads_per_cta = hpc;
+  plan.splits = G / hpc;
+  plan.partial_floats = plan.splits > 1 ? 2 * p.B * (p.H / hpc) * p.Nk * p.d : 0;
+  return plan;
+}
+
 cudaError_t fused_attention_backward(const FusedParams& p, cudaStream_t stream) {
   if (p.d % 8 != 0 || p.d > kFusedMaxHeadDim || p.d <= 0 || p.Nk <= 0) return cudaErrorInvalidValue;
   if (!fused_layout_ok(p.q) || !fused_layout_ok(p.k) || !fused_layout_ok(p.v) || !fused_layout_ok(p.dout))
     return cudaErrorMisalignedAddress;
   if (p.B * p.H == 0) return cudaSuccess;
+  if (p.Hk <= 0 || p.H % p.Hk != 0) return cudaErrorInvalidValue;
+  if (p.H != p.Hk) {  // grouped-query attention: heads_per_cta divides G; partials unless it is G
+    const int64_t G = p.H / p.Hk;
+    if (p.heads_per_cta < 1 || G % p.heads_per_cta != 0) return cudaErrorInvalidValue;
+    if ((p.heads_per_cta < G) != (p.dkv_partial != nullptr)) return cudaErrorInvalidValue;
+  }
   switch (p.dtype) {
     case kc::DType::F16: return flash::backward<__half>(p, stream);
     case kc::DType::BF16: return flash::backward<__nv_bfloat16>(p, stream);

@@ -32,6 +32,16 @@
 //                        B = K by ldmatrix.trans), float2 atomicAdd into dq_accum
 //   epilogue: dK * scale, dV stored as T.
 //   smem: K, V (kBc x kD), Q, dO (2 x kBr x kD), dS^T (kBc x kBr), lse, D (2 x kBr), pitch +8.
+// Grouped-query attention (kGQA: H = G * Hk q heads, q head h reads kv head h / G):
+//   dK and dV of a kv head are sums over its G q heads. A CTA owns heads_per_cta
+//   (a divisor of G) consecutive q heads of one group and runs the query-tile loop
+//   over all of them in turn (one flat loop, so the cp.async pipeline runs on across
+//   head boundaries), adding into the same dK, dV registers: a fixed order, no atomics.
+//   grid: (B*H / heads_per_cta, ceil(Nk / kBc)); CTA x = (b*Hk + hk) * splits + s with
+//   splits = G / heads_per_cta. splits == 1: the epilogue stores dK, dV as T; else it
+//   stores fp32 partials (B, Hk, splits, Nk, d) to dkv_partial and flash_bwd.cu's
+//   dkv_reduce_kernel adds the splits in order. kGQA = false is the multi-head kernel,
+//   unchanged (heads_per_cta = 1, kv head = q head).
 // Assumptions: d % 8 == 0, d <= kD, fused_layout_ok for q, k, v, dout; dq_accum zeroed and
 // dsum written by the preprocess kernel on the same stream.
 #pragma once
@@ -67,7 +77,11 @@ __device__ __forceinline__ void atomic_add2(float* addr, float a, float b) {
 #endif
 }
 
-template <typename T, int kD, int kWarps, int kBr, bool kCausal>
+// The tiling grouped-query attention runs with (instantiated for it alone): the default
+// one; fused_backward_plan counts CTAs with its kBc.
+constexpr int kGqaWarps = 8, kGqaBr = 64, kGqaBc = 16 * kGqaWarps;
+
+template <typename T, int kD, int kWarps, int kBr, bool kCausal, bool kGQA>
 __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel(const FusedParams p) {
   using Tile = BwdTile<kD, kWarps, kBr>;
   constexpr int kThreads = Tile::kThreads, kBc = Tile::kBc, kP = Tile::kP, kPs = Tile::kPs;
@@ -81,11 +95,13 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   float* sD = sLse + 2 * kBr;                               // [2][kBr]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  // bh = b * H + h: this CTA's (first) q head; hk: the kv head it reads.
+  const int64_t bh = kGQA ? int64_t(blockIdx.x) * p.heads_per_cta : int64_t(blockIdx.x), b = bh / p.H, h = bh % p.H;
+  const int64_t hk = kGQA ? h / (p.H / p.Hk) : h;
   const int64_t k0 = int64_t(blockIdx.y) * kBc;
   const T* Q = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh;
-  const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + h * p.k.sh;
-  const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + h * p.v.sh;
+  const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh;
+  const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh;
   const T* dO = static_cast<const T*>(p.dout.ptr) + b * p.dout.sb + h * p.dout.sh;
   const float* lse = p.lse + bh * p.Nq;
   const float* dsum = p.dsum + bh * p.Nq;
@@ -93,6 +109,20 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
 
   const int q_begin = kCausal ? int(k0 / kBr) : 0;
   const int n_qt = int((p.Nq + kBr - 1) / kBr);
+  // The loop runs `it` over [q_begin, it_end): query tile it for multi-head; for kGQA
+  // the (head, tile) pairs of heads_per_cta heads, head-major (the launcher checks that
+  // heads_per_cta * n_qt fits an int).
+  const int per_head = n_qt > q_begin ? n_qt - q_begin : 0;
+  const int it_end = kGQA ? q_begin + per_head * int(p.heads_per_cta) : n_qt;
+  auto tile_of = [&](int it, int& hl) -> int {  // query tile of iteration it; hl: head within the CTA
+    if constexpr (kGQA) {
+      hl = (it - q_begin) / per_head;
+      return q_begin + (it - q_begin) % per_head;
+    } else {
+      hl = 0;
+      return it;
+    }
+  };
 
   float dk[kD / 8][4], dv[kD / 8][4];
 #pragma unroll
@@ -100,19 +130,30 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
 
-  auto load_q_tile = [&](int qt, int buf) {
-    const int64_t q0 = int64_t(qt) * kBr;
-    load_tile_async<T, kBr, kD, kThreads>(sQ + buf * kBr * kP, Q, p.q.sr, q0, p.Nq, p.d, Q);
-    load_tile_async<T, kBr, kD, kThreads>(sdO + buf * kBr * kP, dO, p.dout.sr, q0, p.Nq, p.d, dO);
+  auto load_q_tile = [&](int it, int buf) {
+    int hl;
+    const int64_t q0 = int64_t(tile_of(it, hl)) * kBr;
+    const T* Qh = Q;
+    const T* dOh = dO;
+    const float* lseh = lse;
+    const float* dsumh = dsum;
+    if constexpr (kGQA) {
+      Qh += hl * p.q.sh;
+      dOh += hl * p.dout.sh;
+      lseh += hl * p.Nq;
+      dsumh += hl * p.Nq;
+    }
+    load_tile_async<T, kBr, kD, kThreads>(sQ + buf * kBr * kP, Qh, p.q.sr, q0, p.Nq, p.d, Qh);
+    load_tile_async<T, kBr, kD, kThreads>(sdO + buf * kBr * kP, dOh, p.dout.sr, q0, p.Nq, p.d, dOh);
     if (threadIdx.x < kBr) {
       const bool ok = q0 + threadIdx.x < p.Nq;
-      cp_async_4(smem_addr(sLse + buf * kBr + threadIdx.x), ok ? lse + q0 + threadIdx.x : lse, ok);
-      cp_async_4(smem_addr(sD + buf * kBr + threadIdx.x), ok ? dsum + q0 + threadIdx.x : dsum, ok);
+      cp_async_4(smem_addr(sLse + buf * kBr + threadIdx.x), ok ? lseh + q0 + threadIdx.x : lseh, ok);
+      cp_async_4(smem_addr(sD + buf * kBr + threadIdx.x), ok ? dsumh + q0 + threadIdx.x : dsumh, ok);
     }
     cp_async_commit();
   };
 
-  if (q_begin < n_qt) {
+  if (q_begin < it_end) {
     load_tile_async<T, kBc, kD, kThreads>(sK, K, p.k.sr, k0, p.Nk, p.d, K);
     load_tile_async<T, kBc, kD, kThreads>(sV, V, p.v.sr, k0, p.Nk, p.d, V);
     cp_async_commit();
@@ -121,15 +162,17 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   const float sl2 = p.scale * kLog2eBwd;
   const int key_w = warp * 16;  // this warp's first key row in the tile
 
-  for (int qt = q_begin; qt < n_qt; ++qt) {
-    const int buf = (qt - q_begin) & 1;
-    if (qt + 1 < n_qt) {
-      load_q_tile(qt + 1, buf ^ 1);
+  for (int it = q_begin; it < it_end; ++it) {
+    const int buf = (it - q_begin) & 1;
+    if (it + 1 < it_end) {
+      load_q_tile(it + 1, buf ^ 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
+    int hl;
+    const int qt = tile_of(it, hl);
     const int64_t q0 = int64_t(qt) * kBr;
     const T* sQb = sQ + buf * kBr * kP;
     const T* sdOb = sdO + buf * kBr * kP;
@@ -242,7 +285,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
 #pragma unroll
         for (int nt = 0; nt < kNq / 8; ++nt) {
           const int col = wn * kNq + nt * 8 + 2 * t;
-          if (col < p.d) atomic_add2(dqa + q * p.d + col, acc[nt][2 * r], acc[nt][2 * r + 1]);
+          if (col < p.d) atomic_add2(dqa + (hl * p.Nq + q) * p.d + col, acc[nt][2 * r], acc[nt][2 * r + 1]);
         }
       }
     }
@@ -250,8 +293,29 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   }
 
   // epilogue: dK = scale dS^T Q, dV (rows >= Nk and columns >= d not stored)
-  T* dK = static_cast<T*>(p.dk) + bh * p.Nk * p.d;
-  T* dV = static_cast<T*>(p.dv) + bh * p.Nk * p.d;
+  if constexpr (kGQA) {
+    if (p.dkv_partial != nullptr) {  // the group is split over CTAs: fp32 partials, reduced in flash_bwd.cu
+      float* pK = p.dkv_partial + int64_t(blockIdx.x) * p.Nk * p.d;
+      float* pV = pK + int64_t(gridDim.x) * p.Nk * p.d;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t key = k0 + key_w + g + 8 * r;
+        if (key >= p.Nk) continue;
+#pragma unroll
+        for (int nt = 0; nt < kD / 8; ++nt) {
+          const int col = nt * 8 + 2 * t;
+          if (col >= p.d) continue;
+          *reinterpret_cast<float2*>(pK + key * p.d + col) =
+              make_float2(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
+          *reinterpret_cast<float2*>(pV + key * p.d + col) = make_float2(dv[nt][2 * r], dv[nt][2 * r + 1]);
+        }
+      }
+      return;
+    }
+  }
+  const int64_t bhk = kGQA ? b * p.Hk + hk : bh;  // the kv head's (b, h) index
+  T* dK = static_cast<T*>(p.dk) + bhk * p.Nk * p.d;
+  T* dV = static_cast<T*>(p.dv) + bhk * p.Nk * p.d;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t key = k0 + key_w + g + 8 * r;
@@ -267,26 +331,37 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   }
 }
 
-template <typename T, int kD, int kWarps, int kBr>
+// kGQA: p.heads_per_cta divides H / Hk (checked by fused_attention_backward).
+template <typename T, int kD, int kWarps, int kBr, bool kGQA = false>
 cudaError_t launch_bwd_dkdv_cfg(const FusedParams& p, cudaStream_t stream) {
   using Tile = BwdTile<kD, kWarps, kBr>;
   constexpr int smem = Tile::template smem_bytes<T>();
   const int64_t n_kt = (p.Nk + Tile::kBc - 1) / Tile::kBc;
-  if (n_kt > 65535 || p.B * p.H > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const dim3 grid(unsigned(p.B * p.H), unsigned(n_kt));
+  const int64_t ctas = kGQA ? p.B * p.H / p.heads_per_cta : p.B * p.H;
+  if (n_kt > 65535 || ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if (kGQA && ((p.Nq + kBr - 1) / kBr) * p.heads_per_cta > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(n_kt));
   if (p.causal) {
-    auto kernel = flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, true>;
+    auto kernel = flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, true, kGQA>;
     KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   } else {
-    auto kernel = flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, false>;
+    auto kernel = flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, false, kGQA>;
     KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   }
   return cudaGetLastError();
 }
 
-// Defined once per (T, kD) in flash_bwd_<dtype>_hd<kD>.cu; p.variant picks the tiling.
+// Grouped-query attention (H > Hk): the default tiling only (the variants are
+// multi-head re-measuring knobs).
+template <typename T, int kD>
+cudaError_t launch_bwd_dkdv_gqa(const FusedParams& p, cudaStream_t stream) {
+  return launch_bwd_dkdv_cfg<T, kD, kGqaWarps, kGqaBr, true>(p, stream);
+}
+
+// Defined once per (T, kD) in flash_bwd_<dtype>_hd<kD>.cu; p.variant picks the tiling
+// (multi-head), grouped-query attention runs launch_bwd_dkdv_gqa.
 template <typename T, int kD> cudaError_t launch_bwd_dkdv(const FusedParams& p, cudaStream_t stream);
 
 }  // namespace flash

@@ -13,6 +13,9 @@
 //   per step: cp.async of the next K/V tile, then S = Q K^T (Q fragments held in
 //   registers, K by ldmatrix), mask, online softmax in fp32 (exp2 with the scale
 //   folded in), P packed to 16-bit as the A operand of O += P V (V by ldmatrix.trans).
+// Grouped-query attention (kGQA, H > Hk): q head h reads K, V of kv head h / (H / Hk);
+// consecutive CTAs (blockIdx.x = b * H + h) of a group read the same K, V, which stay
+// in L2. A template flag so that the multi-head kernel stays exactly what it was.
 // Assumptions (checked by the launcher / glue): d % 8 == 0, d <= kD, 16-byte
 // aligned rows (fused_layout_ok), Nk >= 1. Rows >= Nq and columns >= d are
 // zero-filled on load and never stored. Every valid row sees key 0 (causal is
@@ -38,7 +41,7 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <typename T, int kD, int kWarps, int kBc, bool kCausal>
+template <typename T, int kD, int kWarps, int kBc, bool kCausal, bool kGQA>
 __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParams p) {
   constexpr int kThreads = kWarps * 32, kBr = 16 * kWarps, kP = kD + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -48,10 +51,11 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int64_t hk = kGQA ? h / (p.H / p.Hk) : h;  // kv head
   const int64_t q0 = int64_t(gridDim.y - 1 - blockIdx.y) * kBr;
   const T* Q = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh;
-  const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + h * p.k.sh;
-  const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + h * p.v.sh;
+  const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh;
+  const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh;
   const int64_t kend = kCausal ? (p.Nk < q0 + kBr ? p.Nk : q0 + kBr) : p.Nk;
   const int n_kt = int((kend + kBc - 1) / kBc);
 
@@ -183,11 +187,11 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
   }
 }
 
-template <typename T, int kD, bool kCausal>
+template <typename T, int kD, bool kCausal, bool kGQA>
 cudaError_t launch_fwd(const FusedParams& p, cudaStream_t stream) {
   constexpr int kWarps = 4, kBc = kD > 64 ? 32 : 64, kBr = 16 * kWarps;
   constexpr int smem = (kBr + 4 * kBc) * (kD + 8) * int(sizeof(T));
-  auto kernel = flash_fwd_kernel<T, kD, kWarps, kBc, kCausal>;
+  auto kernel = flash_fwd_kernel<T, kD, kWarps, kBc, kCausal, kGQA>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int64_t n_qt = (p.Nq + kBr - 1) / kBr;
   if (n_qt > 65535 || p.B * p.H > 0x7fffffff) return cudaErrorInvalidConfiguration;
@@ -195,10 +199,16 @@ cudaError_t launch_fwd(const FusedParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <typename T, bool kGQA>
+cudaError_t dispatch_fwd(const FusedParams& p, cudaStream_t stream) {
+  if (p.d <= 64)
+    return p.causal ? launch_fwd<T, 64, true, kGQA>(p, stream) : launch_fwd<T, 64, false, kGQA>(p, stream);
+  return p.causal ? launch_fwd<T, 128, true, kGQA>(p, stream) : launch_fwd<T, 128, false, kGQA>(p, stream);
+}
+
 template <typename T>
 cudaError_t dispatch_fwd(const FusedParams& p, cudaStream_t stream) {
-  if (p.d <= 64) return p.causal ? launch_fwd<T, 64, true>(p, stream) : launch_fwd<T, 64, false>(p, stream);
-  return p.causal ? launch_fwd<T, 128, true>(p, stream) : launch_fwd<T, 128, false>(p, stream);
+  return p.H != p.Hk ? dispatch_fwd<T, true>(p, stream) : dispatch_fwd<T, false>(p, stream);
 }
 
 }  // namespace
@@ -208,6 +218,7 @@ cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream) {
   if (p.d % 8 != 0 || p.d > kFusedMaxHeadDim || p.d <= 0 || p.Nk <= 0) return cudaErrorInvalidValue;
   if (!fused_layout_ok(p.q) || !fused_layout_ok(p.k) || !fused_layout_ok(p.v)) return cudaErrorMisalignedAddress;
   if (p.B * p.H == 0 || p.Nq == 0) return cudaSuccess;
+  if (p.Hk <= 0 || p.H % p.Hk != 0) return cudaErrorInvalidValue;
   switch (p.dtype) {
     case kc::DType::F16: return flash::dispatch_fwd<__half>(p, stream);
     case kc::DType::BF16: return flash::dispatch_fwd<__nv_bfloat16>(p, stream);

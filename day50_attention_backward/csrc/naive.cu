@@ -12,6 +12,10 @@
 //                        dS = P * (dP - rowsum(dP * P) + grad_lse)   softmax_backward_kernel (in place)
 //                        dQ = scale * dS K            tiled_matmul
 //                        dK = scale * dS^T Q          tiled_matmul (trans_a)
+// Grouped-query attention (k, v with Hk heads, G = H / Hk): the matmuls that read
+// k or v map q head h to kv head h / G (the matmul's b_hdiv), and dV = P^T dO,
+// dK = scale dS^T Q sum over the G q heads of a group inside the matmul (kgroups:
+// the K loop runs over the group's heads one after the other, one accumulator).
 // The seed's defects fixed here: the transpose path indexed as if matrices were
 // square (here op(A) is M x K from a K x M store, any M, N, K), one 2D head
 // (here batch x heads with arbitrary strides), fp32 only.
@@ -107,66 +111,72 @@ template <typename Acc> __device__ __forceinline__ Acc exp_acc(Acc x) {
 // along its contiguous dimension. Likewise kTransB (B stored N x K).
 // Any M, N, K (bounds-checked loads and stores), any strides, 64-bit offsets.
 // grid: (ceil(N / 64), ceil(M / 64), min(batch * heads, 65535)); z loops over the rest.
+// Heads (for grouped-query attention): C has `heads` heads; C[b, h] sums over
+// g < kgroups the products of A[b, h * kgroups + g] and B[b, (h * kgroups + g) / b_hdiv]
+// (kgroups = b_hdiv = 1: the plain batched matmul).
 constexpr int kTM = 64, kTN = 64, kTK = 16, kThreads = 256;
 
 template <typename TA, typename TB, typename TC, typename Acc, bool kTransA, bool kTransB>
 __global__ void __launch_bounds__(kThreads)
 tiled_matmul_kernel(View4 a, View4 b, View4 c, int64_t heads, int64_t nbatch, int64_t M, int64_t N, int64_t K,
-                    Acc alpha) {
+                    int64_t kgroups, int64_t b_hdiv, Acc alpha) {
   __shared__ Acc As[kTK][kTM + 1];
   __shared__ Acc Bs[kTK][kTN + 1];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int64_t m0 = int64_t(blockIdx.y) * kTM, n0 = int64_t(blockIdx.x) * kTN;
   for (int64_t z = blockIdx.z; z < nbatch; z += gridDim.z) {
     const int64_t bi = z / heads, hi = z % heads;
-    const TA* A = static_cast<const TA*>(a.ptr) + bi * a.sb + hi * a.sh;
-    const TB* Bp = static_cast<const TB*>(b.ptr) + bi * b.sb + hi * b.sh;
     TC* C = static_cast<TC*>(const_cast<void*>(c.ptr)) + bi * c.sb + hi * c.sh;
     Acc acc[4][4] = {};
-    for (int64_t k0 = 0; k0 < K; k0 += kTK) {
-      // A tile: 64 (m) x 16 (k) = 1024 elements, 4 per thread.
+    for (int64_t gi = 0; gi < kgroups; ++gi) {
+      const int64_t ha = hi * kgroups + gi, hb = ha / b_hdiv;
+      const TA* A = static_cast<const TA*>(a.ptr) + bi * a.sb + ha * a.sh;
+      const TB* Bp = static_cast<const TB*>(b.ptr) + bi * b.sb + hb * b.sh;
+      for (int64_t k0 = 0; k0 < K; k0 += kTK) {
+        // A tile: 64 (m) x 16 (k) = 1024 elements, 4 per thread.
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int e = threadIdx.x + r * kThreads;
-        const int mm = kTransA ? e % kTM : e / kTK;
-        const int kk = kTransA ? e / kTM : e % kTK;
-        const int64_t gm = m0 + mm, gk = k0 + kk;
-        Acc val = Acc(0);
-        if (gm < M && gk < K) {
-          const int64_t off = kTransA ? gk * a.sr + gm * a.sc : gm * a.sr + gk * a.sc;
-          val = load_as<Acc>(A + off);
+        for (int r = 0; r < 4; ++r) {
+          const int e = threadIdx.x + r * kThreads;
+          const int mm = kTransA ? e % kTM : e / kTK;
+          const int kk = kTransA ? e / kTM : e % kTK;
+          const int64_t gm = m0 + mm, gk = k0 + kk;
+          Acc val = Acc(0);
+          if (gm < M && gk < K) {
+            const int64_t off = kTransA ? gk * a.sr + gm * a.sc : gm * a.sr + gk * a.sc;
+            val = load_as<Acc>(A + off);
+          }
+          As[kk][mm] = val;
         }
-        As[kk][mm] = val;
-      }
-      // B tile: 16 (k) x 64 (n).
+        // B tile: 16 (k) x 64 (n).
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int e = threadIdx.x + r * kThreads;
-        const int nn = kTransB ? e / kTK : e % kTN;
-        const int kk = kTransB ? e % kTK : e / kTN;
-        const int64_t gn = n0 + nn, gk = k0 + kk;
-        Acc val = Acc(0);
-        if (gn < N && gk < K) {
-          const int64_t off = kTransB ? gn * b.sr + gk * b.sc : gk * b.sr + gn * b.sc;
-          val = load_as<Acc>(Bp + off);
+        for (int r = 0; r < 4; ++r) {
+          const int e = threadIdx.x + r * kThreads;
+          const int nn = kTransB ? e / kTK : e % kTN;
+          const int kk = kTransB ? e % kTK : e / kTN;
+          const int64_t gn = n0 + nn, gk = k0 + kk;
+          Acc val = Acc(0);
+          if (gn < N && gk < K) {
+            const int64_t off = kTransB ? gn * b.sr + gk * b.sc : gk * b.sr + gn * b.sc;
+            val = load_as<Acc>(Bp + off);
+          }
+          Bs[kk][nn] = val;
         }
-        Bs[kk][nn] = val;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kTK; ++kk) {
+          Acc av[4], bv[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+        }
+        __syncthreads();
       }
-      __syncthreads();
-#pragma unroll
-      for (int kk = 0; kk < kTK; ++kk) {
-        Acc av[4], bv[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx + 16 * j];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
-      }
-      __syncthreads();
-    }
+    }  // gi
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t gm = m0 + ty + 16 * i;
@@ -238,22 +248,27 @@ softmax_backward_kernel(const Acc* __restrict__ p, Acc* __restrict__ dp, const A
 }
 
 // ------------------------------------------------------------------ launch helpers
+// heads: of C (nbatch = batch * heads); kgroups, b_hdiv as tiled_matmul_kernel.
 template <typename TA, typename TB, typename TC, typename Acc>
 cudaError_t matmul(View4 a, View4 b, View4 c, int64_t heads, int64_t nbatch, int64_t M, int64_t N, int64_t K,
-                   bool ta, bool tb, double alpha, cudaStream_t stream) {
+                   bool ta, bool tb, double alpha, cudaStream_t stream, int64_t kgroups = 1, int64_t b_hdiv = 1) {
   if (nbatch == 0 || M == 0 || N == 0) return cudaSuccess;
   if ((N + kTN - 1) / kTN > 0x7fffffff || (M + kTM - 1) / kTM > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(unsigned((N + kTN - 1) / kTN), unsigned((M + kTM - 1) / kTM),
                   unsigned(nbatch < 65535 ? nbatch : 65535));
   const Acc al = Acc(alpha);
   if (ta && tb) {
-    tiled_matmul_kernel<TA, TB, TC, Acc, true, true><<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, al);
+    tiled_matmul_kernel<TA, TB, TC, Acc, true, true>
+        <<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
   } else if (ta) {
-    tiled_matmul_kernel<TA, TB, TC, Acc, true, false><<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, al);
+    tiled_matmul_kernel<TA, TB, TC, Acc, true, false>
+        <<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
   } else if (tb) {
-    tiled_matmul_kernel<TA, TB, TC, Acc, false, true><<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, al);
+    tiled_matmul_kernel<TA, TB, TC, Acc, false, true>
+        <<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
   } else {
-    tiled_matmul_kernel<TA, TB, TC, Acc, false, false><<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, al);
+    tiled_matmul_kernel<TA, TB, TC, Acc, false, false>
+        <<<grid, kThreads, 0, stream>>>(a, b, c, heads, nbatch, M, N, K, kgroups, b_hdiv, al);
   }
   return cudaGetLastError();
 }
@@ -294,57 +309,61 @@ cudaError_t naive_matmul(View4 a, View4 b, View4 c, int64_t batch, int64_t heads
 }
 
 cudaError_t naive_attention_forward(View4 q, View4 k, View4 v, void* out, void* lse, void* ws_s, int64_t B,
-                                    int64_t H, int64_t Nq, int64_t Nk, int64_t d, bool causal, double scale,
-                                    NaiveType t, cudaStream_t stream) {
+                                    int64_t H, int64_t Hk, int64_t Nq, int64_t Nk, int64_t d, bool causal,
+                                    double scale, NaiveType t, cudaStream_t stream) {
   const int64_t BH = B * H, rows = BH * Nq;
   if (rows == 0) return cudaSuccess;
+  if (Hk <= 0 || H % Hk != 0) return cudaErrorInvalidValue;
   if (!rows_fit_grid(rows)) return cudaErrorInvalidConfiguration;
+  const int64_t G = H / Hk;  // q heads per kv head
   return dispatch(t, [&](auto tv, auto av) -> cudaError_t {
     using T = decltype(tv);
     using Acc = decltype(av);
     const View4 s = contiguous_view(ws_s, H, Nq, Nk);
-    KC_CUDA_TRY((matmul<T, T, Acc, Acc>(q, k, s, H, BH, Nq, Nk, d, false, true, scale, stream)));
+    KC_CUDA_TRY((matmul<T, T, Acc, Acc>(q, k, s, H, BH, Nq, Nk, d, false, true, scale, stream, 1, G)));
     softmax_forward_kernel<Acc><<<unsigned(rows), kRowThreads, 0, stream>>>(
         static_cast<Acc*>(ws_s), static_cast<Acc*>(lse), rows, Nq, Nk, causal);
     KC_CUDA_LAUNCH_TRY();
     const View4 o = contiguous_view(out, H, Nq, d);
-    return matmul<Acc, T, T, Acc>(s, v, o, H, BH, Nq, d, Nk, false, false, 1.0, stream);
+    return matmul<Acc, T, T, Acc>(s, v, o, H, BH, Nq, d, Nk, false, false, 1.0, stream, 1, G);
   });
 }
 
 cudaError_t naive_attention_backward(View4 dout, View4 q, View4 k, View4 v, const void* lse,
                                      const void* grad_lse, void* dq, void* dk, void* dv, void* ws_p,
-                                     void* ws_dp, int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t d,
-                                     bool causal, double scale, NaiveType t, cudaStream_t stream) {
+                                     void* ws_dp, int64_t B, int64_t H, int64_t Hk, int64_t Nq, int64_t Nk,
+                                     int64_t d, bool causal, double scale, NaiveType t, cudaStream_t stream) {
   const int64_t BH = B * H, rows = BH * Nq;
   if (BH == 0) return cudaSuccess;
+  if (Hk <= 0 || H % Hk != 0) return cudaErrorInvalidValue;
   if (!rows_fit_grid(rows)) return cudaErrorInvalidConfiguration;
+  const int64_t G = H / Hk, BHk = B * Hk;  // q heads per kv head; (batch, kv head) pairs
   return dispatch(t, [&](auto tv, auto av) -> cudaError_t {
     using T = decltype(tv);
     using Acc = decltype(av);
     const View4 p = contiguous_view(ws_p, H, Nq, Nk), dp = contiguous_view(ws_dp, H, Nq, Nk);
-    const View4 dqv = contiguous_view(dq, H, Nq, d), dkv = contiguous_view(dk, H, Nk, d),
-                dvv = contiguous_view(dv, H, Nk, d);
+    const View4 dqv = contiguous_view(dq, H, Nq, d), dkv = contiguous_view(dk, Hk, Nk, d),
+                dvv = contiguous_view(dv, Hk, Nk, d);
     if (rows == 0) {  // no queries: every key gradient is zero
-      KC_CUDA_TRY(cudaMemsetAsync(dk, 0, size_t(BH * Nk * d) * sizeof(T), stream));
-      return cudaMemsetAsync(dv, 0, size_t(BH * Nk * d) * sizeof(T), stream);
+      KC_CUDA_TRY(cudaMemsetAsync(dk, 0, size_t(BHk * Nk * d) * sizeof(T), stream));
+      return cudaMemsetAsync(dv, 0, size_t(BHk * Nk * d) * sizeof(T), stream);
     }
     // 1. S = scale Q K^T, 2. P = exp(S - lse)
-    KC_CUDA_TRY((matmul<T, T, Acc, Acc>(q, k, p, H, BH, Nq, Nk, d, false, true, scale, stream)));
+    KC_CUDA_TRY((matmul<T, T, Acc, Acc>(q, k, p, H, BH, Nq, Nk, d, false, true, scale, stream, 1, G)));
     probs_from_lse_kernel<Acc><<<unsigned(rows), kRowThreads, 0, stream>>>(
         static_cast<Acc*>(ws_p), static_cast<const Acc*>(lse), Nq, Nk, causal);
     KC_CUDA_LAUNCH_TRY();
-    // 3. dV = P^T dO   (op(P) = P^T: Nk x Nq, stored Nq x Nk)
-    KC_CUDA_TRY((matmul<Acc, T, T, Acc>(p, dout, dvv, H, BH, Nk, d, Nq, true, false, 1.0, stream)));
+    // 3. dV = P^T dO   (op(P) = P^T: Nk x Nq, stored Nq x Nk), summed over the group's q heads
+    KC_CUDA_TRY((matmul<Acc, T, T, Acc>(p, dout, dvv, Hk, BHk, Nk, d, Nq, true, false, 1.0, stream, G, 1)));
     // 4. dP = dO V^T
-    KC_CUDA_TRY((matmul<T, T, Acc, Acc>(dout, v, dp, H, BH, Nq, Nk, d, false, true, 1.0, stream)));
+    KC_CUDA_TRY((matmul<T, T, Acc, Acc>(dout, v, dp, H, BH, Nq, Nk, d, false, true, 1.0, stream, 1, G)));
     // 5. dS = P * (dP - rowsum(dP * P) + grad_lse)
     softmax_backward_kernel<Acc><<<unsigned(rows), kRowThreads, 0, stream>>>(
         static_cast<const Acc*>(ws_p), static_cast<Acc*>(ws_dp), static_cast<const Acc*>(grad_lse), Nk);
     KC_CUDA_LAUNCH_TRY();
-    // 6. dQ = scale dS K, 7. dK = scale dS^T Q
-    KC_CUDA_TRY((matmul<Acc, T, T, Acc>(dp, k, dqv, H, BH, Nq, d, Nk, false, false, scale, stream)));
-    return matmul<Acc, T, T, Acc>(dp, q, dkv, H, BH, Nk, d, Nq, true, false, scale, stream);
+    // 6. dQ = scale dS K, 7. dK = scale dS^T Q (summed over the group's q heads)
+    KC_CUDA_TRY((matmul<Acc, T, T, Acc>(dp, k, dqv, H, BH, Nq, d, Nk, false, false, scale, stream, 1, G)));
+    return matmul<Acc, T, T, Acc>(dp, q, dkv, Hk, BHk, Nk, d, Nq, true, false, scale, stream, G, 1);
   });
 }
 
