@@ -387,6 +387,40 @@ def test_autograd_matches_reference(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("affine,wants", [
+    (a, w) for a in [(True, True), (False, True), (True, False)] for w in ["x", "w", "b", "wb", "xb"]
+    if (a[0] or "w" not in w) and (a[1] or "b" not in w)])
+def test_autograd_each_requested_gradient(device, affine, wants):
+    """Each subset of (x, weight, bias) asked for through torch.autograd.grad gets its own
+    gradient, with or without the other parameter (the C++ autograd node's input
+    indices shift when weight is None)."""
+    x, w, b, dy = make(7, 96, torch.float32, device)
+    w = w if affine[0] else None
+    b = b if affine[1] else None
+    named = {"x": x, "w": w, "b": b}
+    leaves = {k: t.clone().requires_grad_() for k, t in named.items() if t is not None and k in wants}
+    args = {k: leaves.get(k, t) for k, t in named.items()}
+    y = layer_norm(args["x"], 96, args["w"], args["b"])
+    got = torch.autograd.grad(y, list(leaves.values()), dy)
+    ref = dict(zip("xwb", ref_grads(x, (96,), w, b, 1e-5, dy)))
+    for (k, _), g in zip(leaves.items(), got):
+        check(g, ref[k], None, "d" + k)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_is_a_clear_error(device):
+    """A second derivative is not implemented: it must raise, never come back as zeros."""
+    x, w, b, dy = make(5, 64, torch.float32, device)
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = layer_norm(xs, 64, ws, b)
+    (gx,) = torch.autograd.grad(y, xs, dy, create_graph=True)
+    dx_r, _, _ = ref_grads(x, (64,), w, b, 1e-5, dy)
+    check(gx.detach(), dx_r, None, "dx under create_graph")  # first order still right
+    with pytest.raises(RuntimeError, match="not implemented"):
+        torch.autograd.grad(gx.sum(), xs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_eps(device):
     x, w, b, dy = make(4, 300, torch.float32, device)
     x = x * 1e-3  # variance ~ eps: eps matters

@@ -8,8 +8,10 @@
 // version (CUDA; the CPU ignores it): 1 = the seed's algorithm, 2 = row in
 // registers, 3 = 2 on a cp.async pipeline, 4 = row slots with register sums
 // where they measured fastest, 2/3 elsewhere (the default; see the README).
-#include <pybind11/pybind11.h>
 #include <torch/library.h>
+#include <torch/python.h>
+
+#include "layernorm_autograd.h"
 
 TORCH_LIBRARY(day26, m) {
   m.def("layer_norm_fwd(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, int version=4)"
@@ -18,4 +20,13 @@ TORCH_LIBRARY(day26, m) {
         " bool[3] output_mask, int version=4) -> (Tensor, Tensor, Tensor)");
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.doc() = "day26: LayerNorm forward and backward (torch.ops.day26)"; }
+// Importing the module runs the registrations above. layer_norm_fwd here is
+// torch.ops.day26.layer_norm_fwd called from C++ (the host fast path that
+// kernel_common.fastpath.entry takes for plain tensors; same op, same autograd).
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "day26: LayerNorm forward and backward (torch.ops.day26)";
+  m.def("layer_norm_fwd", [](const at::Tensor& x, std::vector<int64_t> nshape, std::optional<at::Tensor> weight,
+                             std::optional<at::Tensor> bias, double eps, int64_t version) {
+    return day26::call_layer_norm_fwd(x, nshape, weight, bias, eps, version);
+  });
+}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import layer_norm
+from .ops import DEFAULT_VERSION, _as_shape, _fwd
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -14,12 +14,13 @@ class LayerNorm(torch.nn.LayerNorm):
     torch.nn.LayerNorm's weights. `version` picks the kernels (1: the seed's, 2: registers, 3: cp.async pipeline, 4: row slots, the default).
     """
 
-    def __init__(self, *args, version: int = 4, **kwargs):
+    def __init__(self, *args, version: int = DEFAULT_VERSION, **kwargs):
         super().__init__(*args, **kwargs)
         self.version = version
+        self._nshape = _as_shape(self.normalized_shape)  # the op's int[] argument, built once
 
     @classmethod
-    def from_torch(cls, m: torch.nn.LayerNorm, version: int = 4) -> "LayerNorm":
+    def from_torch(cls, m: torch.nn.LayerNorm, version: int = DEFAULT_VERSION) -> "LayerNorm":
         """A copy of `m` (same shape, eps, parameters) running on day26's kernels."""
         p = m.weight if m.weight is not None else None
         new = cls(m.normalized_shape, eps=m.eps, elementwise_affine=m.elementwise_affine,
@@ -29,7 +30,7 @@ class LayerNorm(torch.nn.LayerNorm):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, self.version)
+        return _fwd(x, self._nshape, self.weight, self.bias, self.eps, self.version)[0]
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", version={self.version}"

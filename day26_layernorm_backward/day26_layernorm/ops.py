@@ -1,8 +1,9 @@
 """Registered ops of day26 and their Python entry points.
 
 torch.ops.day26.layer_norm_fwd / layer_norm_bwd are implemented in C++ (CPU) and
-CUDA; this module adds their fake (meta) implementations, so torch.compile and
-opcheck can trace them, and autograd, so `layer_norm` is differentiable.
+CUDA, with layer_norm_fwd's autograd in C++ too; this module adds their fake
+(meta) implementations, so torch.compile and opcheck can trace them, and the
+Python entry points.
 """
 from __future__ import annotations
 
@@ -12,13 +13,22 @@ from typing import Sequence
 
 import torch
 
+from kernel_common import fastpath
 from kernel_common.build import import_extension
 
 # Registers torch.ops.day26.* (the installed extension, or a JIT build of the
 # sources next to this package when KC_JIT=1).
-import_extension("day26_layernorm", Path(__file__).resolve().parent.parent)
+_C = import_extension("day26_layernorm", Path(__file__).resolve().parent.parent)
 
 _ops = torch.ops.day26
+
+#: kernel version used when none is given: the schemas' default (csrc/binding.cpp),
+#: the one place it is written (see the README for the versions)
+DEFAULT_VERSION = next(a.default_value for a in _ops.layer_norm_fwd.default._schema.arguments if a.name == "version")
+
+# torch.ops.day26.layer_norm_fwd, through the extension's C++ entry for plain
+# tensors outside torch.compile (host time per call), the op itself otherwise.
+_fwd = fastpath.entry(_ops.layer_norm_fwd.default, _C.layer_norm_fwd, 4)
 
 
 def _stat_dtype(x: torch.Tensor) -> torch.dtype:
@@ -26,14 +36,14 @@ def _stat_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 @torch.library.register_fake("day26::layer_norm_fwd")
-def _fwd_fake(x, normalized_shape, weight, bias, eps, version=4):
+def _fwd_fake(x, normalized_shape, weight, bias, eps, version=DEFAULT_VERSION):
     lead = x.shape[: x.dim() - len(normalized_shape)]
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     return y, x.new_empty(lead, dtype=_stat_dtype(x)), x.new_empty(lead, dtype=_stat_dtype(x))
 
 
 @torch.library.register_fake("day26::layer_norm_bwd")
-def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=4):
+def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=DEFAULT_VERSION):
     wdt = weight.dtype if weight is not None else x.dtype
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if output_mask[0] else x.new_empty((0,))
     dw = x.new_empty(normalized_shape, dtype=wdt) if output_mask[1] and weight is not None else x.new_empty((0,))
@@ -41,38 +51,8 @@ def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=
     return dx, dw, db
 
 
-def _setup_context(ctx, inputs, output):
-    x, normalized_shape, weight, bias, eps, version = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.normalized_shape = normalized_shape
-    ctx.version = version
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-
-
-def _backward(ctx, dy, _dmean, _drstd):
-    # mean and rstd are statistics returned for the backward, not differentiable outputs.
-    x, weight, mean, rstd = ctx.saved_tensors
-    mask = [
-        ctx.needs_input_grad[0],
-        weight is not None and ctx.needs_input_grad[2],
-        ctx.bias_dtype is not None and ctx.needs_input_grad[3],
-    ]
-    if not any(mask):
-        return None, None, None, None, None, None
-    dx, dw, db = _ops.layer_norm_bwd(dy, x, ctx.normalized_shape, mean, rstd, weight, mask, ctx.version)
-    return (
-        dx if mask[0] else None,
-        None,
-        dw if mask[1] else None,
-        (db if db.dtype == ctx.bias_dtype else db.to(ctx.bias_dtype)) if mask[2] else None,
-        None,
-        None,
-    )
-
-
-torch.library.register_autograd("day26::layer_norm_fwd", _backward, setup_context=_setup_context)
-
+# Autograd: a C++ torch::autograd::Function at the Autograd key
+# (csrc/layernorm_autograd.cpp); a second derivative raises "not implemented".
 
 def _as_shape(normalized_shape) -> list[int]:
     if isinstance(normalized_shape, numbers.Integral):
@@ -80,20 +60,21 @@ def _as_shape(normalized_shape) -> list[int]:
     return [int(s) for s in normalized_shape]
 
 
-def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, version: int = 4):
+def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5,
+                       version: int = DEFAULT_VERSION):
     """(y, mean, rstd): the forward op. mean/rstd are fp32 (fp64 for fp64 input), shaped like x's leading dims."""
-    return _ops.layer_norm_fwd(x, _as_shape(normalized_shape), weight, bias, float(eps), int(version))
+    return _fwd(x, _as_shape(normalized_shape), weight, bias, float(eps), int(version))
 
 
 def layer_norm_backward(dy, x, normalized_shape, mean, rstd, weight=None,
-                        output_mask: Sequence[bool] = (True, True, True), version: int = 4):
+                        output_mask: Sequence[bool] = (True, True, True), version: int = DEFAULT_VERSION):
     """(dx, dweight, dbias): the backward op. Entries not requested in output_mask
     (and dweight when weight is None) come back as empty tensors of shape [0]."""
     return _ops.layer_norm_bwd(dy, x, _as_shape(normalized_shape), mean, rstd, weight,
                                [bool(m) for m in output_mask], int(version))
 
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, version: int = 4):
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, version: int = DEFAULT_VERSION):
     """LayerNorm with the semantics of torch.nn.functional.layer_norm, differentiable.
 
     x: (..., *normalized_shape) in float32, float16 or bfloat16 (float64 on CPU);
@@ -103,4 +84,4 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, v
     4 = row slots (the default: v4's kernels where they measured fastest, v2's
     or v3's elsewhere; see the README). The CPU path ignores it.
     """
-    return layer_norm_forward(x, normalized_shape, weight, bias, eps, version)[0]
+    return _fwd(x, _as_shape(normalized_shape), weight, bias, float(eps), int(version))[0]

@@ -1,0 +1,109 @@
+// layernorm_autograd.cpp: layer_norm_fwd's autograd, in C++, and the extension's
+// C++ entry points (the host fast path).
+//
+// Why C++: a Python autograd formula (torch.library.register_autograd) costs tens
+// of microseconds of host time per forward + backward (the Python
+// autograd.Function, setup_context, the re-entry into the dispatcher), and an
+// eager training step of a model like GPT-2 is close to host-bound, so host time
+// is step time. A torch::autograd::Function at the Autograd key keeps the whole
+// path in C++. torch.compile and opcheck see the same op: AOTAutograd runs this
+// kernel on fake tensors, which reach the fakes in day26_layernorm/ops.py.
+//
+// Second derivatives are not implemented: layer_norm_bwd's Autograd key takes
+// torch's "not implemented" fallback, so a double backward raises a clear error
+// instead of returning zeros.
+#include <array>
+#include <tuple>
+#include <vector>
+
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/library.h>
+
+#include "kc/dispatch.h"
+#include "layernorm_autograd.h"
+
+namespace day26 {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Tensor = at::Tensor;
+using OptTensor = std::optional<at::Tensor>;
+using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
+
+Tensor3 call_backward(const Tensor& dy, const Tensor& x, at::IntArrayRef nshape, const Tensor& mean,
+                      const Tensor& rstd, const OptTensor& weight, std::array<bool, 3> mask, int64_t version) {
+  static const auto op =
+      kc::find_op<Tensor3(const Tensor&, const Tensor&, at::IntArrayRef, const Tensor&, const Tensor&,
+                          const OptTensor&, std::array<bool, 3>, int64_t)>("day26::layer_norm_bwd");
+  return op.call(dy, x, nshape, mean, rstd, weight, mask, version);
+}
+
+OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+bool present(const OptTensor& t) { return t.has_value() && t->defined(); }
+
+// The node's inputs are the tensors among forward's arguments: x, then weight and
+// bias where given (an absent optional is no input), so needs_input_grad's index
+// of bias depends on whether there is a weight.
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, std::vector<int64_t> nshape,
+                               const OptTensor& weight, const OptTensor& bias, double eps, int64_t version) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, mean, rstd] = call_layer_norm_fwd(x, nshape, weight, bias, eps, version);
+    ctx->save_for_backward({x, present(weight) ? *weight : Tensor(), mean, rstd});
+    ctx->saved_data["nshape"] = std::move(nshape);
+    ctx->saved_data["version"] = version;
+    ctx->saved_data["bias_dtype"] = present(bias) ? int64_t(bias->scalar_type()) : int64_t(-1);
+    ctx->mark_non_differentiable({mean, rstd});
+    return {y, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor& x = saved[0];
+    const Tensor& weight = saved[1];
+    const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
+    const bool has_w = weight.defined(), has_b = bias_dtype >= 0;
+    const std::array<bool, 3> mask = {ctx->needs_input_grad(0), has_w && ctx->needs_input_grad(1),
+                                      has_b && ctx->needs_input_grad(has_w ? 2 : 1)};
+    variable_list out(6);
+    // mean and rstd are statistics for the backward, not differentiable outputs:
+    // only y's gradient (grads[0]) flows.
+    if (!grads[0].defined() || !(mask[0] || mask[1] || mask[2])) return out;
+    const auto nshape = ctx->saved_data["nshape"].toIntVector();
+    auto [dx, dw, db] = call_backward(grads[0], x, nshape, saved[2], saved[3], opt(weight), mask,
+                                      ctx->saved_data["version"].toInt());
+    if (mask[0]) out[0] = dx;
+    if (mask[1]) out[2] = dw;
+    if (mask[2]) {
+      const auto bdt = static_cast<at::ScalarType>(bias_dtype);
+      out[3] = db.scalar_type() == bdt ? db : db.to(bdt);
+    }
+    return out;
+  }
+};
+
+Tensor3 layer_norm_fwd_autograd(const Tensor& x, at::IntArrayRef nshape, const OptTensor& weight,
+                                const OptTensor& bias, double eps, int64_t version) {
+  auto r = LayerNormFunction::apply(x, nshape.vec(), weight, bias, eps, version);
+  return {r[0], r[1], r[2]};
+}
+
+}  // namespace
+
+Tensor3 call_layer_norm_fwd(const Tensor& x, at::IntArrayRef nshape, const OptTensor& weight,
+                            const OptTensor& bias, double eps, int64_t version) {
+  static const auto op = kc::find_op<Tensor3(const Tensor&, at::IntArrayRef, const OptTensor&, const OptTensor&,
+                                             double, int64_t)>("day26::layer_norm_fwd");
+  return op.call(x, nshape, weight, bias, eps, version);
+}
+
+}  // namespace day26
+
+TORCH_LIBRARY_IMPL(day26, Autograd, m) {
+  m.impl("layer_norm_fwd", &day26::layer_norm_fwd_autograd);
+  m.impl("layer_norm_bwd", torch::autograd::autogradNotImplementedFallback());
+}
