@@ -281,6 +281,30 @@ def test_gradcheck_float64(device, shape, causal):
 
 @NOT_UNDER_SANITIZER
 @pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_lse_only(device):
+    """Only lse reaches the loss: out's gradient is undefined in the backward node (taken as zeros)."""
+    q, k, v = gradcheck_inputs(device, (1, 2, 5, 6, 4))
+    backend = "naive" if device == "cuda" else "auto"
+    fn = lambda a, b, c: da.attention_forward(a, b, c, True, None, backend)[1]  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_is_a_clear_error(device):
+    """A second derivative is not implemented: it must raise, never come back as zeros."""
+    q, k, v, do = inputs((1, 2, 8, 8, 16), torch.float32, device, seed=9)
+    qs = q.clone().requires_grad_()
+    backend = "naive" if device == "cuda" else "auto"
+    out = da.attention(qs, k, v, causal=False, backend=backend)
+    (gq,) = torch.autograd.grad(out, qs, do, create_graph=True)
+    ref = reference(q, k, v, do, False)
+    testing.assert_close(gq.detach(), ref[2], 2e-5 * ref[2].abs().max().item(), 1e-4, "dq under create_graph")
+    with pytest.raises(RuntimeError, match="not implemented"):
+        torch.autograd.grad(gq.sum(), qs)
+
+
+@NOT_UNDER_SANITIZER
+@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     cases = [(torch.float32, "naive" if device == "cuda" else "auto")]
     if device == "cuda":

@@ -1,8 +1,10 @@
 // Schemas of the day-50 ops. Importing the extension module runs these
 // registrations; the implementations live in attention_cpu.cpp (CPU) and
 // attention_cuda.cpp (CUDA).
-#include <pybind11/pybind11.h>
 #include <torch/library.h>
+#include <torch/python.h>
+
+#include "attention_autograd.h"
 
 TORCH_LIBRARY(day50, m) {
   // Returns (out, lse): out (B, H, Nq, d) like F.scaled_dot_product_attention,
@@ -18,4 +20,13 @@ TORCH_LIBRARY(day50, m) {
   m.def("matmul(Tensor a, Tensor b, bool trans_a=False, bool trans_b=False, float alpha=1.0) -> Tensor");
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.doc() = "day50 attention ops (registered as torch.ops.day50.*)"; }
+// Importing the module runs the registrations above. attention_forward here is
+// torch.ops.day50.attention_forward called from C++ (the host fast path that
+// kernel_common.fastpath.entry takes for plain tensors; same op, same autograd).
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "day50 attention ops (registered as torch.ops.day50.*)";
+  m.def("attention_forward", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                                std::optional<double> scale, const std::string& backend) {
+    return day50::call_attention_forward(q, k, v, causal, scale, backend);
+  });
+}

@@ -1,7 +1,7 @@
 """day50_attention: attention forward + backward as registered torch ops.
 
     from day50_attention import attention
-    out = attention(q, k, v, causal=True)          # q (B, H, Nq, d), k/v (B, H, Nk, d)
+    out = attention(q, k, v, causal=True)          # q (B, H, Nq, d), k/v (B, Hkv, Nk, d), Hkv divides H
     out.sum().backward()                           # dq, dk, dv through the op's backward
 
 See ops.py for the backends ("auto", "fused", "naive").

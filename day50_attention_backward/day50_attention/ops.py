@@ -2,9 +2,10 @@
 
     attention(q, k, v, causal=False, scale=None, backend="auto") -> out
 
-q (B, H, Nq, d), k and v (B, H, Nk, d), the semantics of
+q (B, H, Nq, d), k and v (B, Hkv, Nk, d) with Hkv dividing H (grouped-query
+attention when Hkv < H), the semantics of
 F.scaled_dot_product_attention (causal aligned top-left when Nq != Nk).
-Differentiable in q, k, v through torch.library.register_autograd; fake
+Differentiable in q, k, v through a C++ autograd Function (csrc/attention_autograd.cpp); fake
 implementations make the ops traceable by torch.compile(fullgraph=True).
 
 backend (CUDA only; the CPU has one implementation):
@@ -22,23 +23,27 @@ from pathlib import Path
 
 import torch
 
+from kernel_common import fastpath
 from kernel_common.build import import_extension
 
 _C = import_extension("day50_attention", Path(__file__).resolve().parent.parent)
 
 BACKENDS = ("auto", "fused", "naive")
 
+# torch.ops.day50.attention_forward, through the extension's C++ entry for plain
+# tensors outside torch.compile (host time per call), the op itself otherwise.
+_fwd = fastpath.entry(torch.ops.day50.attention_forward.default, _C.attention_forward, 3)
+
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: float | None = None, backend: str = "auto") -> torch.Tensor:
     """softmax(scale * q k^T [causal mask]) v, differentiable in q, k, v."""
-    out, _ = torch.ops.day50.attention_forward(q, k, v, causal, scale, backend)
-    return out
+    return _fwd(q, k, v, causal, scale, backend)[0]
 
 
 def attention_forward(q, k, v, causal: bool = False, scale: float | None = None, backend: str = "auto"):
     """(out, lse): the output and the row logsumexp of scale * q k^T (float32, float64 for float64 q)."""
-    return torch.ops.day50.attention_forward(q, k, v, causal, scale, backend)
+    return _fwd(q, k, v, causal, scale, backend)
 
 
 def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool = False,
@@ -79,20 +84,5 @@ def _matmul_fake(a, b, trans_a=False, trans_b=False, alpha=1.0):
     return a.new_empty((a.shape[0], m, n))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, backend = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.scale, ctx.backend = causal, scale, backend
-
-
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.day50.attention_backward(grad_out, q, k, v, out, lse, grad_lse, ctx.causal,
-                                                    ctx.scale, ctx.backend)
-    return dq, dk, dv, None, None, None
-
-
-torch.library.register_autograd("day50::attention_forward", _backward, setup_context=_setup_context)
+# Autograd: a C++ torch::autograd::Function at the Autograd key
+# (csrc/attention_autograd.cpp); a second derivative raises "not implemented".
