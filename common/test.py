@@ -206,8 +206,48 @@ def test_build_policy(monkeypatch):
 
 def test_headers_shipped():
     inc = Path(build.include_dir()) / "kc"
-    for h in ["reduce.cuh", "vec.cuh", "check.cuh", "switch.cuh", "convert.cuh", "types.h", "torch_utils.h"]:
+    for h in ["reduce.cuh", "vec.cuh", "check.cuh", "switch.cuh", "convert.cuh", "types.h", "torch_utils.h", "dispatch.h"]:
         assert (inc / h).exists(), h
+
+
+def test_fastpath_entry_takes_the_fast_way_only_for_plain_calls():
+    """fastpath.entry calls the C++ entry for plain tensors, the op for anything that
+    must see the op: a torch-function mode, a tensor subclass, torch.compile."""
+    from torch.overrides import TorchFunctionMode
+
+    from kernel_common import fastpath
+
+    calls = []
+
+    def fast(a, b, alpha):
+        calls.append("fast")
+        return torch.ops.aten.add.Tensor(a, b, alpha=alpha)
+
+    op = torch.ops.aten.add.Tensor
+    f = fastpath.entry(lambda a, b, alpha: (calls.append("op"), op(a, b, alpha=alpha))[1], fast, 2)
+    a, b = torch.ones(3), torch.full((3,), 2.0)
+    assert torch.equal(f(a, b, 3), a + 3 * b) and calls == ["fast"]
+    assert torch.equal(f(a, b, 1), a + b) and calls == ["fast", "fast"]
+
+    class Sub(torch.Tensor):
+        pass
+
+    calls.clear()
+    f(a.as_subclass(Sub), b, 1)
+    f(a, b.as_subclass(Sub), 1)  # an override in any tensor argument counts
+    assert calls == ["op", "op"]
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    calls.clear()
+    with Mode():
+        f(a, b, 1)
+    assert calls == ["op"]
+    assert torch.equal(torch.compile(lambda x, y: f(x, y, 2), fullgraph=True, backend="eager")(a, b), a + 2 * b)
+    assert calls[-1] == "op"
+    assert fastpath.plain_call((a, None)) and not fastpath.plain_call((a.as_subclass(Sub),))
 
 
 def test_bench_floor_math():

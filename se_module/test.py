@@ -548,6 +548,16 @@ def test_module_matches_torchvision_style(device, act):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_is_a_clear_error(device):
+    """A second derivative through the fused block is not implemented: it raises, never zeros."""
+    m = SqueezeExcitation(16, 4).to(device)
+    x = testing.fresh(2, 16, 3, 5, device=device).requires_grad_()
+    (gx,) = torch.autograd.grad(m(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        torch.autograd.grad(gx.sum(), x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fast_entry_same_as_op(device):
     """ops.call_se_block's C++ entry (plain tensors, what the module uses) and torch.ops give
     the same bits, layouts and gradient shapes; under a torch-function mode the entry steps

@@ -9,8 +9,8 @@
 // Autograd key (as torchvision does for its ops) keeps the host path short.
 // torch.compile and opcheck work the same: AOTAutograd runs this kernel on fake
 // tensors, which calls se_block / se_block_backward's fakes (ops.py).
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include "se_dispatch.h"
@@ -20,15 +20,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward(
-    const at::Tensor& g, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-    const at::Tensor& b2, int64_t act, int64_t version) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("se_module::se_block_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              const at::Tensor&, int64_t, int64_t)>();
+using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+Tensor5 call_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
+                      const at::Tensor& w2, const at::Tensor& b2, int64_t act, int64_t version) {
+  static const auto op =
+      kc::find_op<Tensor5(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          const at::Tensor&, const at::Tensor&, int64_t, int64_t)>("se_module::se_block_backward");
   return op.call(g, x, w1, b1, w2, b2, act, version);
 }
 
@@ -60,4 +58,9 @@ at::Tensor se_block_autograd(const at::Tensor& x, const at::Tensor& w1, const at
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(se_module, Autograd, m) { m.impl("se_block", &se_block_autograd); }
+// Second derivatives are not implemented: se_block_backward's Autograd key takes
+// torch's "not implemented" fallback, so a double backward raises a clear error.
+TORCH_LIBRARY_IMPL(se_module, Autograd, m) {
+  m.impl("se_block", &se_block_autograd);
+  m.impl("se_block_backward", torch::autograd::autogradNotImplementedFallback());
+}

@@ -4,16 +4,15 @@
 // the same autograd, autocast fallthrough and device kernels as torch.ops).
 #pragma once
 
-#include <ATen/core/dispatch/Dispatcher.h>
+#include "kc/dispatch.h"
 
 namespace se_glue {
 
 inline at::Tensor call_se_block(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                                 const at::Tensor& b2, int64_t act, int64_t version) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("se_module::se_block", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, int64_t, int64_t)>();
+  static const auto op =
+      kc::find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, int64_t, int64_t)>("se_module::se_block");
   return op.call(x, w1, b1, w2, b2, act, version);
 }
 

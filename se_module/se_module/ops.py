@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kernel_common import fastpath
 from kernel_common.build import import_extension
 
 _C = import_extension("se_module", Path(__file__).resolve().parent.parent)
@@ -101,23 +102,11 @@ def se_block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tens
     return call_se_block(x, w1, b1, w2, b2, activation_code(activation), version)
 
 
-_se_op = _ops.se_block.default
-_se_fast = _C.se_block
-_has_torch_function = torch._C._has_torch_function
-_is_compiling = torch.compiler.is_compiling
-
-
-def call_se_block(x, w1, b1, w2, b2, act: int, version: int) -> torch.Tensor:
-    """torch.ops.se_module.se_block(x, w1, b1, w2, b2, act, version), through the
-    extension's C++ entry point where that is the same thing: plain tensors (no
-    __torch_function__ override, no torch-function mode active) outside
-    torch.compile. It skips the Python op-call path's argument matching and
-    boxing (host time; README, version log); the op, its autograd and its
-    dispatch are the same. Anything else (tracing, subclasses, modes) calls the
-    op itself."""
-    if type(x) is torch.Tensor and not _is_compiling() and not _has_torch_function((x, w1, b1, w2, b2)):
-        return _se_fast(x, w1, b1, w2, b2, act, version)
-    return _se_op(x, w1, b1, w2, b2, act, version)
+# torch.ops.se_module.se_block(x, w1, b1, w2, b2, act, version), through the
+# extension's C++ entry where that is the same thing (plain tensors outside
+# torch.compile: kernel_common.fastpath), the op itself otherwise (tracing,
+# subclasses, modes). Same op, autograd and dispatch; less host time per call.
+call_se_block = fastpath.entry(_ops.se_block.default, _C.se_block, 5)
 
 
 def se_block_staged(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
