@@ -459,7 +459,7 @@ def time_graph(spec, model, x, y, rounds: int, k: int) -> float:
 
 
 # --------------------------------------------------------------------------- one model
-COLS = ["model", "variant", "eager ms", "eager x", "gpu ms", "gpu x", "loss diff", "grad err ours", "grad err torch",
+COLS = ["model", "variant", "eager ms", "eager speedup", "GPU-only ms", "GPU-only speedup", "loss diff", "grad err ours", "grad err torch",
         "note"]
 
 
@@ -519,19 +519,19 @@ def bench_model(spec: Spec, swaps: dict, rounds: int = 5, k: int = 10, timing: b
         eager = time_eager_rounds(steps, rounds, k)
         for n, t in eager.items():
             rows[n]["eager ms"] = t
-            rows[n]["eager x"] = eager["torch"] / t if "torch" in eager else None
+            rows[n]["eager speedup"] = eager["torch"] / t if "torch" in eager else None
         for n, m in ok.items():
             try:
-                rows[n]["gpu ms"] = time_graph(spec, m, x, y, rounds, k)
+                rows[n]["GPU-only ms"] = time_graph(spec, m, x, y, rounds, k)
             except Exception as e:
                 rows[n]["note"] = "graph: " + _short(e)
                 log(f"   {spec.name} / {n}: CUDA graph failed: {rows[n]['note']}")
-            t0 = rows["torch"].get("gpu ms")
-            if rows[n].get("gpu ms") and t0:
-                rows[n]["gpu x"] = t0 / rows[n]["gpu ms"]
+            t0 = rows["torch"].get("GPU-only ms")
+            if rows[n].get("GPU-only ms") and t0:
+                rows[n]["GPU-only speedup"] = t0 / rows[n]["GPU-only ms"]
     elif not timing:
         for r in rows.values():
-            r.setdefault("note", "not timed: " + ("no CUDA" if dev.type != "cuda" else "timing off"))
+            r.setdefault("note", "not timed: " + ("on CPU" if dev.type != "cuda" else "timing off"))
     for n, st in stats.items():
         if st.get("fallback"):
             rows[n]["note"] = (rows[n].get("note", "") + f" attention fell back to SDPA in "
@@ -550,12 +550,13 @@ def add_args(p: argparse.ArgumentParser):
         p.add_argument("--quick", action="store_true", help="fewer rounds")
 
 
-def run(args, day: str, model_names: list[str], swaps: dict, out: str | None = None, log=print) -> list[dict]:
+def run(args, day: str, model_names: list[str], swaps: dict, out: str | None = None, log=print,
+        device: torch.device | None = None) -> list[dict]:
     """The model section of a day's bench: builds each model, benchmarks torch and every swap,
     prints the table and writes <out>.md and <out>.json (out defaults to args.out + "_models")."""
     from . import bench
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     quick = bool(getattr(args, "quick", False))
     rounds = args.model_rounds or (3 if quick else 7)
     k = 5 if quick else 10
@@ -569,7 +570,7 @@ def run(args, day: str, model_names: list[str], swaps: dict, out: str | None = N
         t0 = time.time()
         try:
             spec = build(name, dev)
-        except ImportError as e:
+        except ImportError as e:  # e.g. torchvision absent: a row says so
             rows.append({"model": name, "variant": "-", "note": f"not run: {_short(e)}"})
             log(f"   {name}: not run ({_short(e)})")
             continue
@@ -583,7 +584,7 @@ def run(args, day: str, model_names: list[str], swaps: dict, out: str | None = N
             f"torch {meta['torch']})\n\n" + "\n".join(descs) + "\n\n"
             f"One step = forward + backward, bf16 autocast, cross-entropy on random labels, grads set to None "
             f"(no optimizer). eager ms: median over {rounds} interleaved rounds of each round's median of {k} "
-            f"steps; gpu ms: the step replayed from a CUDA graph (GPU time alone); x = torch / variant. "
+            f"steps; GPU-only ms: the step replayed from a CUDA graph (GPU time alone); speedup = torch / variant. "
             f"loss diff: |loss - torch's loss| (bf16, same weights and inputs); grad err: relative L2 of all "
             f"parameter grads of the bf16 step against an fp32 step of the torch model (TF32 off), ours beside "
             f"torch's own bf16 error. Wall time {time.time() - t_start:.0f} s.\n")
