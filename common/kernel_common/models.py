@@ -505,6 +505,10 @@ def bench_model(spec: Spec, swaps: dict, rounds: int = 5, k: int = 10, timing: b
             rows[n]["note"] = "step failed: " + _short(e)
             log(f"   {spec.name} / {n}: step failed: {rows[n]['note']}")
     del ref
+    for n, swap in swaps.items():  # e.g. a transformers version whose GPT-2 ignores AttentionInterface
+        if swap.attention is not None and n in variants and "note" not in rows[n] and not stats[n].get("swapped"):
+            rows[n]["note"] = "attention swap never called: not timed"
+            log(f"   {spec.name} / {n}: {rows[n]['note']}")
     ok = {n: m for n, m in variants.items() if "note" not in rows[n]}
     if timing and ok:
         steps = {}
