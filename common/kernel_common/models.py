@@ -544,6 +544,15 @@ def bench_model(spec: Spec, swaps: dict, rounds: int = 5, k: int = 10, timing: b
 
 
 # --------------------------------------------------------------------------- bench.py glue
+def _display(r: dict) -> dict:
+    """Errors in scientific notation (format_table would print 3e-5 as 0.000)."""
+    d = dict(r)
+    for c in ("loss diff", "grad err ours", "grad err torch"):
+        if isinstance(d.get(c), float):
+            d[c] = f"{d[c]:.1e}"
+    return d
+
+
 def add_args(p: argparse.ArgumentParser):
     """--models (only the model section), --model-names, --model-rounds; adds --quick if absent."""
     p.add_argument("--models", action="store_true",
@@ -592,7 +601,7 @@ def run(args, day: str, model_names: list[str], swaps: dict, out: str | None = N
             f"loss diff: |loss - torch's loss| (bf16, same weights and inputs); grad err: relative L2 of all "
             f"parameter grads of the bf16 step against an fp32 step of the torch model (TF32 off), ours beside "
             f"torch's own bf16 error. Wall time {time.time() - t_start:.0f} s.\n")
-    text = head + "\n" + bench.format_table(rows, COLS) + "\n"
+    text = head + "\n" + bench.format_table([_display(r) for r in rows], COLS) + "\n"
     stem = out or (getattr(args, "out", None) or f"bench_out/{day}") + "_models"
     Path(stem).parent.mkdir(parents=True, exist_ok=True)
     Path(stem + ".md").write_text(text)
