@@ -51,6 +51,7 @@ import json
 import math
 import statistics
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -468,6 +469,10 @@ def _short(e: BaseException) -> str:
     return s[:140]
 
 
+def _add_note(row: dict, msg: str):
+    row["note"] = f"{row['note']}; {msg}" if row.get("note") else msg
+
+
 def bench_model(spec: Spec, swaps: dict, rounds: int = 5, k: int = 10, timing: bool | None = None,
                 log=print) -> list[dict]:
     """Rows (one per variant: "torch" then each swap) for one model: eager and GPU-only step
@@ -520,7 +525,15 @@ def bench_model(spec: Spec, swaps: dict, rounds: int = 5, k: int = 10, timing: b
                 fb()
 
             steps[n] = whole
-        eager = time_eager_rounds(steps, rounds, k)
+        try:
+            eager = time_eager_rounds(steps, rounds, k)
+        except Exception as e:  # e.g. out of memory: the rows keep their agreement figures
+            eager = {}
+            for n in ok:
+                rows[n]["note"] = "eager timing: " + _short(e)
+            log(f"   {spec.name}: eager timing failed: {_short(e)}")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         for n, t in eager.items():
             rows[n]["eager ms"] = t
             rows[n]["eager speedup"] = eager["torch"] / t if "torch" in eager else None
@@ -528,8 +541,10 @@ def bench_model(spec: Spec, swaps: dict, rounds: int = 5, k: int = 10, timing: b
             try:
                 rows[n]["GPU-only ms"] = time_graph(spec, m, x, y, rounds, k)
             except Exception as e:
-                rows[n]["note"] = "graph: " + _short(e)
-                log(f"   {spec.name} / {n}: CUDA graph failed: {rows[n]['note']}")
+                _add_note(rows[n], "graph: " + _short(e))
+                if isinstance(e, torch.OutOfMemoryError):
+                    torch.cuda.empty_cache()
+                log(f"   {spec.name} / {n}: CUDA graph failed: {_short(e)}")
             t0 = rows["torch"].get("GPU-only ms")
             if rows[n].get("GPU-only ms") and t0:
                 rows[n]["GPU-only speedup"] = t0 / rows[n]["GPU-only ms"]
@@ -538,8 +553,8 @@ def bench_model(spec: Spec, swaps: dict, rounds: int = 5, k: int = 10, timing: b
             r.setdefault("note", "not timed: " + ("on CPU" if dev.type != "cuda" else "timing off"))
     for n, st in stats.items():
         if st.get("fallback"):
-            rows[n]["note"] = (rows[n].get("note", "") + f" attention fell back to SDPA in "
-                               f"{st['fallback']} of {st['fallback'] + st.get('swapped', 0)} calls").strip()
+            _add_note(rows[n], f"attention fell back to SDPA in {st['fallback']} of "
+                               f"{st['fallback'] + st.get('swapped', 0)} calls")
     return list(rows.values())
 
 
@@ -588,7 +603,11 @@ def run(args, day: str, model_names: list[str], swaps: dict, out: str | None = N
             log(f"   {name}: not run ({_short(e)})")
             continue
         descs.append(f"- {name}: {spec.desc}")
-        rows += bench_model(spec, swaps, rounds, k, log=log)
+        try:
+            rows += bench_model(spec, swaps, rounds, k, log=log)
+        except Exception as e:  # one model's failure (e.g. out of memory) leaves the others to run
+            traceback.print_exc()
+            rows.append({"model": name, "variant": "-", "note": f"failed: {_short(e)}"})
         del spec
         if dev.type == "cuda":
             torch.cuda.empty_cache()
