@@ -460,8 +460,8 @@ def time_graph(spec, model, x, y, rounds: int, k: int) -> float:
 
 
 # --------------------------------------------------------------------------- one model
-COLS = ["model", "variant", "eager ms", "eager speedup", "GPU-only ms", "GPU-only speedup", "loss diff", "grad err ours", "grad err torch",
-        "note"]
+COLS = ["model", "variant", "eager ms", "eager speedup", "GPU-only ms", "GPU-only speedup", "loss diff",
+        "grad err ours", "grad err torch", "note"]
 
 
 def _short(e: BaseException) -> str:
