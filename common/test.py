@@ -275,5 +275,160 @@ def test_bench_timers_run_the_op():
     assert len(flushes) == 4  # a given flush runs before each timed repeat, instead of the default
 
 
+# --------------------------------------------------------------------------- model benchmark
+def _copy_ln(m):
+    """A fake LayerNorm swap: an identical torch module (same weights), of a subclass, so the
+    swap is visible."""
+    class CopiedLayerNorm(torch.nn.LayerNorm):
+        pass
+    n = CopiedLayerNorm(m.normalized_shape, eps=m.eps)
+    n.load_state_dict(m.state_dict())
+    return n
+
+
+def _counting(stats, causal_seen, fn=None):
+    from kernel_common import models
+    fn = fn or models.sdpa_attention
+
+    def attn(q, k, v, causal, scale):
+        stats.append(q.shape)
+        causal_seen.add(causal)
+        return fn(q, k, v, causal, scale)
+    return attn
+
+
+def _gpt2_swaps(calls, causal_seen):
+    from kernel_common import models
+    return {"fake LN": models.Swap(layer_norm=_copy_ln),
+            "counted SDPA": models.Swap(attention=_counting(calls, causal_seen)),
+            "non-causal": models.Swap(attention=lambda q, k, v, causal, scale: models.sdpa_attention(q, k, v, False,
+                                                                                                      scale))}
+
+
+def _check_gpt2_rows(rows, calls, causal_seen, n_layer):
+    by = {r["variant"]: r for r in rows}
+    assert set(by) == {"torch", "fake LN", "counted SDPA", "non-causal"}
+    t = by["torch"]
+    # bf16 is not exact against fp32, and not wildly off either
+    assert 1e-5 < t["grad err torch"] < 0.1 and t["grad err ours"] == t["grad err torch"]
+    for v in ("fake LN", "counted SDPA"):  # identical math: the same loss and grads as torch
+        assert by[v]["loss diff"] < 1e-6, by[v]
+        assert by[v]["grad err ours"] == pytest.approx(t["grad err torch"], rel=1e-3, abs=1e-7), by[v]
+        assert "not timed" in by[v]["note"]
+    # the swapped attention ran in every layer, causal; a non-causal one shows in loss and grads
+    assert len(calls) >= n_layer and causal_seen == {True}
+    assert by["non-causal"]["loss diff"] > 1e-3 and by["non-causal"]["grad err ours"] > 10 * t["grad err torch"]
+
+
+def test_models_plain_gpt2_step_and_agreement_cpu():
+    """The plain-torch GPT-2 (tiny) through the harness on CPU: an identical LayerNorm swap and
+    an identical attention swap agree with torch (loss diff ~0, grad error = torch's own), a
+    wrong attention does not; every LayerNorm was replaced."""
+    from kernel_common import models
+    spec = models.build_gpt2(torch.device("cpu"), use_transformers=False)
+    calls, causal_seen = [], set()
+    rows = models.bench_model(spec, _gpt2_swaps(calls, causal_seen), log=lambda *a: None)
+    _check_gpt2_rows(rows, calls, causal_seen, spec.model.size.n_layer)
+    m = __import__("copy").deepcopy(spec.model)
+    n = models.swap_layer_norms(m, _copy_ln)
+    assert n == 2 * spec.model.size.n_layer + 1
+    assert not any(type(x) is torch.nn.LayerNorm for x in m.modules())
+
+
+def test_models_transformers_gpt2_cpu():
+    pytest.importorskip("transformers", reason="transformers is not installed: its GPT-2 path is not tested here")
+    from kernel_common import models
+    if not models.have_transformers():
+        pytest.skip("this transformers has no AttentionInterface")
+    spec = models.build_gpt2(torch.device("cpu"), use_transformers=True)
+    assert spec.kind == "hf-gpt2"
+    calls, causal_seen = [], set()
+    rows = models.bench_model(spec, _gpt2_swaps(calls, causal_seen), log=lambda *a: None)
+    _check_gpt2_rows(rows, calls, causal_seen, spec.model.config.n_layer)
+    assert all("fell back" not in r.get("note", "") for r in rows)
+
+
+def test_models_hf_attention_masks():
+    """The AttentionInterface adapter: (B, H, N, d) in, (B, N, H, d) out; no mask or the plain
+    causal mask (bool or additive) -> the swap, causal; any other mask -> SDPA with it, counted."""
+    from kernel_common import models
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
+    seen = []
+    stats = {}
+    fn = models.hf_attention(lambda q, k, v, c, s: (seen.append(c), models.sdpa_attention(q, k, v, c, s))[1], stats)
+    mod = torch.nn.Module()
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    tril = torch.ones(5, 5, dtype=torch.bool).tril()
+    additive = torch.zeros(5, 5).masked_fill(~tril, float("-inf"))
+    for mask in (None, tril[None, None].expand(2, 1, 5, 5), additive[None, None]):
+        out, w = fn(mod, q, k, v, mask, scaling=None)
+        assert w is None and out.shape == (2, 5, 3, 4) and torch.allclose(out, want, atol=1e-6)
+    assert seen == [True] * 3 and stats == {"swapped": 3}
+    pad = tril.clone(); pad[:, 0] = False; pad[0, 0] = True
+    out, _ = fn(mod, q, k, v, pad[None, None], scaling=0.3)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pad, scale=0.3).transpose(1, 2)
+    assert torch.allclose(out, ref, atol=1e-6) and stats["fallback"] == 1 and len(seen) == 3
+    with pytest.raises(ValueError, match="dropout"):
+        fn(mod, q, k, v, None, dropout=0.1)
+
+
+def test_models_cnn_convert_cpu():
+    """A CNN through the harness with a convert swap (model -> model): an identity convert
+    agrees exactly; dropout is switched off in every variant."""
+    from kernel_common import models
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.SiLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Dropout(0.5),
+                              torch.nn.Linear(8, 10))
+    spec = models.cnn_spec("tiny cnn", net, (4, 3, 12, 12), 10, torch.device("cpu"))
+    assert spec.model[5].p == 0
+    converted = []
+    rows = models.bench_model(spec, {"convert": models.Swap(convert=lambda m: (converted.append(1), m)[1])},
+                              log=lambda *a: None)
+    by = {r["variant"]: r for r in rows}
+    assert converted == [1] and by["convert"]["loss diff"] == 0
+    assert by["convert"]["grad err ours"] == pytest.approx(by["torch"]["grad err torch"], rel=1e-6)
+
+
+def test_models_run_writes_report(tmp_path):
+    from kernel_common import models
+    p = __import__("argparse").ArgumentParser()
+    p.add_argument("--out")
+    models.add_args(p)
+    args = p.parse_args(["--models", "--quick", "--out", str(tmp_path / "d")])
+    assert args.models and args.quick
+    rows = models.run(args, "dayX", ["gpt2"], {"fake LN": models.Swap(layer_norm=_copy_ln)},
+                      log=lambda *a: None, device=torch.device("cpu"))
+    assert [r["variant"] for r in rows] == ["torch", "fake LN"]
+    assert (tmp_path / "d_models.md").exists() and (tmp_path / "d_models.json").exists()
+    assert "fake LN" in (tmp_path / "d_models.md").read_text()
+
+
+def test_models_timers_need_cuda():
+    from kernel_common import models
+    if HAS_CUDA:
+        pytest.skip("CUDA present: the timers run in the GPU test")
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        models.time_eager_rounds({"a": lambda: None}, 1, 1)
+    spec = models.build_gpt2(torch.device("cpu"), use_transformers=False)
+    x, y = spec.make_inputs(torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        models.time_graph(spec, spec.model, x, y, 1, 1)
+
+
+@requires_cuda
+def test_models_timing_cuda():
+    """On a GPU: the tiny plain GPT-2 is timed eagerly and from a CUDA graph (positive times,
+    torch's speedup vs itself 1)."""
+    from kernel_common import models
+    spec = models.build_gpt2(torch.device("cuda"), use_transformers=False, size=models.TINY, batch=2, seq=32)
+    rows = models.bench_model(spec, {"fake LN": models.Swap(layer_norm=_copy_ln)}, rounds=2, k=3,
+                              log=lambda *a: None)
+    for r in rows:
+        assert r["eager ms"] > 0 and r["GPU-only ms"] > 0, r
+    assert rows[0]["eager speedup"] == 1 and rows[0]["GPU-only speedup"] == 1
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", *sys.argv[1:]]))

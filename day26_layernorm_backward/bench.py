@@ -1,6 +1,8 @@
 """Benchmark of day26 LayerNorm forward and backward (GPU).
 
     python bench.py [--out STEM] [--quick]
+    python bench.py --models [--quick] [--out STEM]   # only GPT-2's training step with day26's LayerNorm
+                                                      # (kernel_common.models; writes STEM_models.md/.json)
 
 Columns (times in microseconds, median over repeats, L2 flushed before each):
   v1..v4        our kernels (1 = the seed's algorithm, 2 = row in registers,
@@ -23,7 +25,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from kernel_common import bench
+from kernel_common import bench, models
 from day26_layernorm import layer_norm_backward, layer_norm_forward
 
 SHAPES = [(4096, 768), (32768, 1024), (16384, 4096), (8192, 8192), (4096, 16384)]
@@ -50,7 +52,12 @@ def main():
     p.add_argument("--out", default="bench_out/day26")
     p.add_argument("--quick", action="store_true", help="two shapes only")
     p.add_argument("--sweep", action="store_true", help="also time v3 for DAY26_TARGET_ITERS in 1, 2, 4, 8")
+    models.add_args(p)
     args = p.parse_args()
+    if args.models:  # GPT-2 small's training step with day26's LayerNorm in every LayerNorm
+        from day26_layernorm import LayerNorm
+        models.run(args, "day26", ["gpt2"], {"day26 LayerNorm": models.Swap(layer_norm=LayerNorm.from_torch)})
+        return 0
     if not torch.cuda.is_available():
         print("bench.py needs a CUDA GPU")
         return 1

@@ -1,6 +1,8 @@
 """Benchmark of day50_attention on the GPU: forward and backward, bf16, B=4, H=16.
 
     python bench.py --out STEM [--quick] [--variants]
+    python bench.py --models [--quick] [--out STEM]   # only GPT-2's training step with day50's attention
+                                                      # (kernel_common.models; writes STEM_models.md/.json)
 
 Rows: N in 1024, 2048, 4096, 8192; d in 64, 128; causal and not. Columns: time and
 TFLOP/s of our fused and naive paths and of SDPA's flash, cuDNN, efficient and
@@ -21,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import day50_attention as da  # noqa: E402
-from kernel_common import bench  # noqa: E402
+from kernel_common import bench, models  # noqa: E402
 
 B, H = 4, 16
 SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -80,7 +82,12 @@ def main():
     p.add_argument("--out", default="bench_out/day50_attention")
     p.add_argument("--quick", action="store_true", help="fewer repeats, naive and math at small N only")
     p.add_argument("--variants", action="store_true", help="also time every fused-backward tiling variant")
+    models.add_args(p)
     args = p.parse_args()
+    if args.models:  # GPT-2 small's training step with day50's attention in every attention layer
+        models.run(args, "day50", ["gpt2"], {"day50 attention": models.Swap(
+            attention=lambda q, k, v, causal, scale: da.attention(q, k, v, causal=causal, scale=scale))})
+        return
     args.warmup, args.rep, args.max_ms = (2, 5, 150.0) if args.quick else (3, 15, 600.0)
     meta = bench.device_meta()
     mm = bench.matmul_tflops(torch.bfloat16)

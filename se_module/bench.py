@@ -2,6 +2,8 @@
 eager (torchvision's SqueezeExcitation), torch.compile of it, and the floor.
 
     python bench.py --out STEM      # writes STEM.md, STEM.json, STEM.png; prints the tables last
+    python bench.py --models [--quick] [--out STEM]   # only EfficientNet-B0/B4 training steps with convert()
+                                                      # (kernel_common.models; writes STEM_models.md/.json)
 
 Tables (fp32, NCHW, SiLU, like the seed): the seed's batch sweep (N = 1..32 at
 C = 64, 112 x 112, S = 16) and input-size sweep (56..448 at N = 8, C = 64),
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kernel_common import bench
+from kernel_common import bench, models
 from se_module import SqueezeExcitation, ops
 
 try:
@@ -203,7 +205,12 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="seed sweeps only")
     ap.add_argument("--compile-budget", type=float, default=200.0,
                     help="seconds after which later shapes skip torch.compile (bench must end well inside 5 min)")
+    models.add_args(ap)
     a = ap.parse_args(argv)
+    if a.models:  # EfficientNet-B0 / B4 training steps with every SE block converted
+        from se_module import convert
+        models.run(a, "se_module", ["efficientnet_b0", "efficientnet_b4"], {"convert": models.Swap(convert=convert)})
+        return 0
     if not torch.cuda.is_available():
         print("bench.py needs a CUDA GPU")
         return 1

@@ -1,7 +1,8 @@
 """Benchmark utilities every day's bench.py uses (GPU only).
 
-- time_us(fn): CUDA-event timing, warm-up first, L2 flushed before every repeat,
-  median over repeats (the same method as triton.testing.do_bench).
+- time_us(fn): CUDA-event timing, warm-up first, L2 flushed before every repeat by
+  reading a buffer larger than the L2 (triton.testing.do_bench zeroes one instead),
+  median over repeats.
 - graph_us(fn): the same on a CUDA-graph replay of fn (GPU time, no host launch work);
   host_us(fn): host microseconds per call.
 - copy_bandwidth_gbs() / matmul_tflops(): the two ceilings, measured on this device
@@ -9,6 +10,7 @@
   large bf16 matrix product on random data).
 - floor_us(bytes, gbs) and flops_floor_us(flops, tflops): the time no version can beat.
 - Report: rows -> printed table, JSON and (with matplotlib) a PNG bar plot.
+The end-to-end model benchmark (a training step with a day's ops swapped in) is in models.py.
 """
 from __future__ import annotations
 
@@ -23,22 +25,28 @@ from typing import Callable
 import torch
 
 _flush_buf: torch.Tensor | None = None
+_flush_out: torch.Tensor | None = None
 
 
 def _l2_flush():
-    global _flush_buf
+    """Empty the L2 of the timed op's data by READING a buffer of 4x the L2 (a sum into a
+    preallocated scalar): the L2 is left holding clean lines, so nothing is written back
+    inside the timed op (zeroing a buffer, as triton.testing.do_bench does, leaves dirty
+    lines whose write-back competes with it)."""
+    global _flush_buf, _flush_out
     if _flush_buf is None:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         l2 = getattr(props, "L2_cache_size", 64 << 20) or (64 << 20)
-        _flush_buf = torch.empty(4 * l2 // 4 + (1 << 20), dtype=torch.int32, device="cuda")
-    _flush_buf.zero_()
+        _flush_buf = torch.zeros(l2 + (1 << 20), dtype=torch.float32, device="cuda")  # 4 bytes each: 4x L2
+        _flush_out = torch.zeros((), dtype=torch.float32, device="cuda")
+    torch.sum(_flush_buf, 0, out=_flush_out)
 
 
 def time_us(fn: Callable[[], object], warmup: int = 5, rep: int = 30, flush_l2: bool = True,
             max_ms: float = 2000.0, flush: Callable[[], object] | None = None) -> float:
     """Median microseconds of fn() over `rep` runs (fewer if they would pass max_ms).
-    flush: what empties the L2 before each run when flush_l2 (default: zero_ of a
-    buffer larger than the L2)."""
+    flush: what empties the L2 before each run when flush_l2 (default: a read of a
+    buffer 4x the L2, see _l2_flush)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
