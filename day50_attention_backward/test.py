@@ -303,6 +303,19 @@ def test_double_backward_is_a_clear_error(device):
         torch.autograd.grad(gq.sum(), qs)
 
 
+def test_cpu_autocast_keeps_lse_float32():
+    """Under torch.autocast("cpu", bfloat16) (a model's training step), the CPU op still
+    computes in fp32: lse stays float32 and the backward accepts it."""
+    q, k, v, do = inputs((1, 2, 12, 12, 16), torch.bfloat16, "cpu", seed=11)
+    qs = q.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, lse = da.attention_forward(qs, k, v, True)
+        assert lse.dtype == torch.float32 and out.dtype == torch.bfloat16
+        out.backward(do)
+    ref = reference(q, k, v, do, True)
+    testing.assert_close(qs.grad.double(), ref[2], *testing.tolerance(torch.bfloat16), name="dq")
+
+
 @NOT_UNDER_SANITIZER
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):

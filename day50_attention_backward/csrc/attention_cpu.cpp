@@ -26,6 +26,12 @@ using at::Tensor;
 
 at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
+// The reference math runs in the accumulation type whatever autocast says: under
+// torch.autocast("cpu"), the matmuls below would otherwise run (and return) in the
+// autocast dtype, and lse would come back in bf16. The op itself is not an
+// autocast op: its inputs arrive in the dtype the caller gives.
+using NoAutocast = c10::impl::ExcludeDispatchKeyGuard;
+
 // Grouped views: a q-shaped (B, H, N, c) tensor as (B, Hk, G, N, c); a k-shaped
 // (B, Hk, N, c) one as (B, Hk, 1, N, c), which matmul broadcasts over G.
 Tensor q_grouped(const Tensor& t, int64_t hk) {
@@ -46,6 +52,7 @@ Tensor scores(const Tensor& qa, const Tensor& ka, bool causal, double scale) {
 
 std::tuple<Tensor, Tensor> attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                                  std::optional<double> scale_opt, c10::string_view backend) {
+  const NoAutocast no_autocast(c10::autocast_dispatch_keyset);
   day50::parse_backend(std::string(backend));  // validated; the CPU has one implementation
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   const auto acc = acc_type(q.scalar_type());
@@ -62,6 +69,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(const Tensor& grad_out
                                                           const std::optional<Tensor>& grad_lse, bool causal,
                                                           std::optional<double> scale_opt,
                                                           c10::string_view backend) {
+  const NoAutocast no_autocast(c10::autocast_dispatch_keyset);
   day50::parse_backend(std::string(backend));
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   day50::check_backward_args(grad_out, q, out, lse, grad_lse);
@@ -86,6 +94,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(const Tensor& grad_out
 }
 
 Tensor matmul_cpu(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {
+  const NoAutocast no_autocast(c10::autocast_dispatch_keyset);
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "matmul: a and b must be 3-D (batch, rows, cols)");
   TORCH_CHECK(day50::is_supported_dtype(a.scalar_type()) && a.scalar_type() == b.scalar_type(),
               "matmul: a and b must have the same floating dtype, got ", a.scalar_type(), " and ", b.scalar_type());
