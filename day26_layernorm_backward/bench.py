@@ -15,11 +15,10 @@ Columns (times in microseconds, median over repeats, L2 flushed before each):
   floor         the bytes that must move over the measured copy bandwidth:
                 forward 2 passes (read x, write y), backward 3 (read x, dy; write dx)
   pct_floor     floor / v4 (the default); x_torch = torch / v4, x_compile = compile / v4
---sweep also times v3 for each DAY26_TARGET_ITERS (the block-shape knob).
+--sweep also times v3 for each value of the block-shape knob target_iters (ops.knobs).
 Writes STEM.md (the tables), STEM.json and STEM.png.
 """
 import argparse
-import os
 import sys
 
 import torch
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 
 from kernel_common import bench, models
 from day26_layernorm import layer_norm_backward, layer_norm_forward
+from day26_layernorm.ops import knobs
 
 SHAPES = [(4096, 768), (32768, 1024), (16384, 4096), (8192, 8192), (4096, 16384)]
 
@@ -51,7 +51,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_out/day26")
     p.add_argument("--quick", action="store_true", help="two shapes only")
-    p.add_argument("--sweep", action="store_true", help="also time v3 for DAY26_TARGET_ITERS in 1, 2, 4, 8")
+    p.add_argument("--sweep", action="store_true", help="also time v3 for the knob target_iters in 1, 2, 4, 8")
     models.add_args(p)
     args = p.parse_args()
     if args.models:  # GPT-2 small's training step with day26's LayerNorm in every LayerNorm
@@ -100,11 +100,10 @@ def main():
                                  x_torch=t["torch"] / t["v4"], x_compile=t["compile"] / t["v4"]))
             if args.sweep:
                 row = dict(shape=label)
-                for ti in ("1", "2", "4", "8"):
-                    os.environ["DAY26_TARGET_ITERS"] = ti
-                    row[f"fwd_t{ti}"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=3))
-                    row[f"bwd_t{ti}"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=3))
-                os.environ.pop("DAY26_TARGET_ITERS")
+                for ti in (1, 2, 4, 8):
+                    with knobs(target_iters=ti):
+                        row[f"fwd_t{ti}"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=3))
+                        row[f"bwd_t{ti}"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=3))
                 sweep_rows.append(row)
             del x, w, b, dy, mean, rstd
             torch.cuda.empty_cache()
@@ -116,7 +115,7 @@ def main():
           f"Backward (dx, dweight, dbias; floor: 3 passes)\n\n{bench.format_table(bwd_rows, cols)}\n")
     if sweep_rows:
         scols = ["shape"] + [f"{k}_t{ti}" for k in ("fwd", "bwd") for ti in ("1", "2", "4", "8")]
-        md += f"\nv3 by DAY26_TARGET_ITERS (us)\n\n{bench.format_table(sweep_rows, scols)}\n"
+        md += f"\nv3 by knob target_iters (us)\n\n{bench.format_table(sweep_rows, scols)}\n"
     with open(f"{args.out}.md", "w") as f:
         f.write(md)
     bench.write_report(fwd_rows + [dict(r, shape="bwd " + r["shape"]) for r in bwd_rows], cols, args.out,

@@ -9,6 +9,7 @@ results may be at most 2x as far from it as PyTorch's own same-dtype result.
 Outputs are NaN-poisoned before the kernels run (kernel_common.testing), so an
 unwritten element fails.
 """
+import contextlib
 import os
 import sys
 
@@ -147,11 +148,25 @@ def test_forward_backward_shapes(device, dtype, cols):
         run_and_check(x, w, b, dy, (cols,), version=v)
 
 
+@pytest.fixture
+def knob():
+    """Sets day26's private tuning knobs (day26_layernorm.ops.knobs) inside one test;
+    every knob it set is back to the library's choice after."""
+    from day26_layernorm import ops
+
+    with contextlib.ExitStack() as stack:
+        class Knobs:
+            def set(self, name, value):
+                stack.enter_context(ops.knobs(**{name: int(value)}))
+
+        yield Knobs()
+
+
 @requires_cuda
 @pytest.mark.parametrize("target", ["1", "2", "8"])
-def test_cuda_launch_configurations(target, monkeypatch):
-    """The DAY26_TARGET_ITERS tuning knob picks other block shapes: all must be right."""
-    monkeypatch.setenv("DAY26_TARGET_ITERS", target)
+def test_cuda_launch_configurations(target, knob):
+    """The knob target_iters tuning knob picks other block shapes: all must be right."""
+    knob.set("target_iters", target)
     for cols in [513, 1000, 4096, 8192, 12288]:
         for dtype in (torch.float32, torch.bfloat16):
             for v in (2, 3, 4):
@@ -162,17 +177,14 @@ def test_cuda_launch_configurations(target, monkeypatch):
 @requires_cuda
 @pytest.mark.parametrize("ept", ["4", "8", "16", "32"])
 @pytest.mark.parametrize("prefetch", ["0", "1"])
-@pytest.mark.parametrize("smem_acc", ["0", "1"])
-def test_cuda_v4_configurations(ept, prefetch, smem_acc, monkeypatch):
-    """v4's knobs (elements per thread, next-row prefetch, dgamma/dbeta sums in
-    shared memory) pick other kernels and slot shapes: one warp per row up to 512
-    threads per row, 1 to 16 slots per block. DAY26_V4_FORCE: v4's kernels even
+def test_cuda_v4_configurations(ept, prefetch, knob):
+    """v4's knobs (elements per thread, next-row prefetch) pick other kernels and slot shapes: one warp per row up to 512
+    threads per row, 1 to 16 slots per block. knob force: v4's kernels even
     where version 4 would run v2's or v3's."""
-    monkeypatch.setenv("DAY26_V4_FORCE", "1")
-    monkeypatch.setenv("DAY26_V4_RING", "0")  # v4's own kernels (the ring has its test below)
-    monkeypatch.setenv("DAY26_V4_EPT", ept)
-    monkeypatch.setenv("DAY26_V4_PREFETCH", prefetch)
-    monkeypatch.setenv("DAY26_V4_SMEM_ACC", smem_acc)
+    knob.set("force", "1")
+    knob.set("ring", "0")  # v4's own kernels (the ring has its test below)
+    knob.set("ept", ept)
+    knob.set("prefetch", prefetch)
     for cols in [33, 100, 768, 1000, 4096, 12288, 16384]:
         for dtype in (torch.float32, torch.bfloat16):
             x, w, b, dy = make(37, cols, dtype, "cuda")
@@ -182,16 +194,16 @@ def test_cuda_v4_configurations(ept, prefetch, smem_acc, monkeypatch):
 @requires_cuda
 @pytest.mark.parametrize("ring", ["1", "2"] if SANITIZE else ["0", "1", "2", "5"])
 @pytest.mark.parametrize("ept", ["16"] if SANITIZE else ["8", "16", "32"])
-def test_cuda_v4_ring(ring, ept, monkeypatch):
-    """v4 on the ring of rows filled by bulk copies (DAY26_V4_RING: 0 off, 1 the
+def test_cuda_v4_ring(ring, ept, knob):
+    """v4 on the ring of rows filled by bulk copies (knob ring: 0 off, 1 the
     most stages that keep the occupancy, N stages), for every slot shape and dtype,
-    forward and backward. DAY26_V4_GRID caps the grid at 3 blocks, so every slot
+    forward and backward. knob grid caps the grid at 3 blocks, so every slot
     walks many rows and its ring wraps around several times (each stage refilled,
     mbarrier phases flipping)."""
-    monkeypatch.setenv("DAY26_V4_FORCE", "1")
-    monkeypatch.setenv("DAY26_V4_RING", ring)
-    monkeypatch.setenv("DAY26_V4_EPT", ept)
-    monkeypatch.setenv("DAY26_V4_GRID", "3")
+    knob.set("force", "1")
+    knob.set("ring", ring)
+    knob.set("ept", ept)
+    knob.set("grid", "3")
     for cols in ([96, 1000, 4096] if SANITIZE else [8, 96, 768, 1000, 4096, 12288, 16384]):
         for dtype in testing.FLOAT_DTYPES:
             x, w, b, dy = make(400 if cols < 4096 else 50, cols, dtype, "cuda")
@@ -200,17 +212,17 @@ def test_cuda_v4_ring(ring, ept, monkeypatch):
 
 @requires_cuda
 @pytest.mark.parametrize("cluster", ["1", "2", "4"])
-def test_cuda_v4_ring_cluster(cluster, monkeypatch):
+def test_cuda_v4_ring_cluster(cluster, knob):
     """The ring backward with each row split across a cluster of CTAs
-    (DAY26_V4_CLUSTER; the row sums exchanged through distributed shared
+    (knob cluster; the row sums exchanged through distributed shared
     memory; the forward split too, next test), for shares of a row from 16 columns to 8192, every dtype, fp32 or
     same-dtype weights, whole and dx-only; with the grid capped at 8 blocks so
     every slot walks many rows (both exchange buffers reused many times), and
     bitwise reproducible. Sizes a cluster cannot split into whole 16-byte
     vectors use a smaller one (1000 fp32: 2)."""
-    monkeypatch.setenv("DAY26_V4_CLUSTER", cluster)
-    monkeypatch.setenv("DAY26_V4_RING", "3")
-    monkeypatch.setenv("DAY26_V4_GRID", "8")
+    knob.set("cluster", cluster)
+    knob.set("ring", "3")
+    knob.set("grid", "8")
     for cols in ([64, 1000, 4096] if SANITIZE else [64, 768, 1000, 4096, 12288, 16384]):
         for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
             for wdtype in (("same",) if SANITIZE else ("same", torch.float32)):
@@ -232,17 +244,17 @@ def test_cuda_v4_ring_cluster(cluster, monkeypatch):
 @requires_cuda
 @pytest.mark.parametrize("cluster", ["2", "4"])
 @pytest.mark.parametrize("prefetch", ["0", "1"])
-def test_cuda_v4_forward_cluster(cluster, prefetch, monkeypatch):
+def test_cuda_v4_forward_cluster(cluster, prefetch, knob):
     """The forward with each row split across a cluster of CTAs (version 4's
-    default for rows longer than 8192; DAY26_V4_CLUSTER forces it for shorter
+    default for rows longer than 8192; knob cluster forces it for shorter
     ones): each CTA's share reduced to (mean, m2), the pairs exchanged through
     distributed shared memory and combined in rank order. Shares from 16 columns
     to 16384, every dtype, fp32 or same-dtype weights, with and without the next
     row prefetched; the grid capped at 8 blocks so every slot walks many rows
     (both exchange buffers reused many times); bitwise reproducible."""
-    monkeypatch.setenv("DAY26_V4_CLUSTER", cluster)
-    monkeypatch.setenv("DAY26_V4_PREFETCH", prefetch)
-    monkeypatch.setenv("DAY26_V4_GRID", "8")
+    knob.set("cluster", cluster)
+    knob.set("prefetch", prefetch)
+    knob.set("grid", "8")
     for cols in ([64, 4096] if SANITIZE else [64, 1000, 4096, 12288, 16384, 32768]):
         for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
             for wdtype in ("same", torch.float32):
@@ -259,20 +271,20 @@ def test_cuda_v4_forward_cluster(cluster, prefetch, monkeypatch):
 
 
 @requires_cuda
-def test_cuda_v4_forward_l2_prefetch(monkeypatch):
+def test_cuda_v4_forward_l2_prefetch(knob):
     """Where v4's forward leaves one row slot per SM (4 vectors a thread: 16-bit
     rows over 8192 columns, fp32 shares of a cluster-split row) it also asks the
-    copy engine to prefetch the row after next into L2 (DAY26_V4_L2PF, default
+    copy engine to prefetch the row after next into L2 (knob l2_prefetch, default
     on). A hint must change nothing: against the reference, and bitwise against
     the same kernels without it; the grid capped at 5 blocks so that every slot
     walks many rows and the prefetch runs past the last one it may touch."""
-    monkeypatch.setenv("DAY26_V4_GRID", "5")
+    knob.set("grid", "5")
     for cols in ([12288] if SANITIZE else [8200, 12288, 16384, 32768]):
         for dtype in testing.FLOAT_DTYPES:
             x, w, b, dy = make(61, cols, dtype, "cuda")
             out = {}
             for l2pf in ("1", "0"):
-                monkeypatch.setenv("DAY26_V4_L2PF", l2pf)
+                knob.set("l2_prefetch", l2pf)
                 out[l2pf] = layer_norm_forward(x, cols, w, b, version=4)
             y, mean, rstd = out["1"]
             check(y, ref_forward(x, (cols,), w, b, 1e-5), torch_same_dtype_grads(x, (cols,), w, b, 1e-5, dy)[0], "y")
@@ -558,6 +570,37 @@ def test_bad_input_raises_clear_errors(device):
         layer_norm(x, 16, version=5)
     # still usable afterwards
     run_and_check(x, w, b, dy, (16,))
+
+
+@pytest.mark.parametrize("which", ["x", "weight", "bias"])
+def test_meta_device_mix_is_an_error(which):
+    """One argument on the meta device and the others on the CPU: a clear error, not an
+    uninitialised output (the meta kernels check devices too)."""
+    x, w, b, dy = make(3, 16, torch.float32, "cpu")
+    args = {"x": x, "weight": w, "bias": b}
+    args[which] = args[which].to("meta")
+    with pytest.raises(RuntimeError, match="is on meta|is on cpu"):
+        layer_norm(args["x"], 16, args["weight"], args["bias"])
+    _, mean, rstd = layer_norm_forward(x, 16, w, b)
+    with pytest.raises(RuntimeError, match="is on meta"):
+        layer_norm_backward(dy, x, 16, mean.to("meta"), rstd, w)
+
+
+def test_library_reads_no_environment():
+    """Kernel choices come from the plan and, for experiments, the private knobs
+    (ops.knobs): no source of the extension reads an environment variable."""
+    from pathlib import Path
+
+    for f in (Path(__file__).resolve().parent / "csrc").iterdir():
+        assert "getenv" not in f.read_text(), f.name
+
+
+def test_knobs_reject_unknown_names():
+    from day26_layernorm import ops
+
+    with pytest.raises(ValueError, match="unknown day26 knob"):
+        with ops.knobs(not_a_knob=1):
+            pass
 
 
 @requires_cuda

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 #include <torch/python.h>
 
+#include "layernorm_knobs.h"
 #include "layernorm_autograd.h"
 
 TORCH_LIBRARY(day26, m) {
@@ -23,10 +24,29 @@ TORCH_LIBRARY(day26, m) {
 // Importing the module runs the registrations above. layer_norm_fwd here is
 // torch.ops.day26.layer_norm_fwd called from C++ (the host fast path that
 // kernel_common.fastpath.entry takes for plain tensors; same op, same autograd).
+namespace day26 {
+// The tuning-knob table (layernorm.h): every entry -1 (the library's choices)
+// until a test or tool sets one through _set_knob.
+int* ln_knobs() {
+  static int table[kNumKnobs] = {-1, -1, -1, -1, -1, -1, -1, -1};
+  static_assert(kNumKnobs == 8, "one initialiser per knob");
+  return table;
+}
+}  // namespace day26
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "day26: LayerNorm forward and backward (torch.ops.day26)";
   m.def("layer_norm_fwd", [](const at::Tensor& x, std::vector<int64_t> nshape, std::optional<at::Tensor> weight,
                              std::optional<at::Tensor> bias, double eps, int64_t version) {
     return day26::call_layer_norm_fwd(x, nshape, weight, bias, eps, version);
+  });
+  // Private (tests, tools/): day26_layernorm.ops.knobs() is the way to use these.
+  m.def("_set_knob", [](int knob, int value) {
+    TORCH_CHECK(knob >= 0 && knob < day26::kNumKnobs, "day26: no knob ", knob);
+    day26::ln_knobs()[knob] = value;
+  });
+  m.def("_knob_names", [] {
+    return std::vector<std::string>{"target_iters", "ept", "prefetch", "l2_prefetch", "force",
+                                    "grid", "ring", "cluster"};
   });
 }

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "kc/types.h"
+#include "layernorm_knobs.h"
 
 namespace day26 {
 
@@ -51,5 +52,6 @@ cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream)
 // partition of rows, hence bitwise-identical dweight/dbias.
 int64_t ln_backward_workspace_floats(const LnBackwardArgs& a, int version);
 cudaError_t ln_backward(const LnBackwardArgs& a, int version, cudaStream_t stream);
+
 
 }  // namespace day26

@@ -421,10 +421,10 @@ __device__ __forceinline__ void bwd_vec_dx(const kc::Vec<T, VEC>& xv, const kc::
 // rstd are loaded before the current row is reduced, so every slot keeps a row's
 // loads in flight while it computes. The weights of a thread's columns are read
 // once (fp32 registers) instead of once per row.
-// Dynamic shared memory (kPartials): kSmemAcc: slots * 2 * D floats; else, when
-// slots > 1, (slots - 1) * tpr * ITERS * 2 * VEC floats (the end-of-kernel slot sum).
+// Dynamic shared memory (kPartials): when slots > 1, (slots - 1) * tpr * ITERS * 2 * VEC
+// floats (the end-of-kernel slot sum).
 // partial: [gridDim.x][2][D] fp32 when kPartials (every column written).
-template <typename T, typename TW, int VEC, int ITERS, bool kPartials, bool kPrefetch, bool kSmemAcc>
+template <typename T, typename TW, int VEC, int ITERS, bool kPartials, bool kPrefetch>
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
           const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
@@ -452,14 +452,6 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
 #pragma unroll
       for (int j = 0; j < VEC; ++j) wf[it][j] = 0.f;
     }
-  }
-  // kSmemAcc: the sums live in shared memory instead, [slots][2][D] (each column of
-  // a slot owned by one thread of that slot: no races), fewer registers
-  float* sacc_w = slot_acc + int64_t(slot) * 2 * D;
-  float* sacc_b = sacc_w + D;
-  if (kPartials && kSmemAcc) {
-    for (int64_t i = threadIdx.x; i < int64_t(slots) * 2 * D; i += blockDim.x) slot_acc[i] = 0.f;
-    __syncthreads();
   }
 
   const int64_t stride = int64_t(gridDim.x) * slots;
@@ -493,14 +485,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     for (int it = 0; it < ITERS; ++it) {
       const int64_t c = (int64_t(it) * tpr + t) * VEC;
       if (c < D) {
-        if constexpr (kPartials && kSmemAcc) {
-          float pw[VEC] = {}, pb[VEC] = {};  // dy * xhat and dy of this row alone
-          bwd_vec_pass1<T, VEC, true>(cx.v[it], cd.v[it], wf[it], mu, rs, sums, pw, pb);
-          smem_accumulate<VEC>(sacc_w + c, pw);
-          smem_accumulate<VEC>(sacc_b + c, pb);
-        } else {
-          bwd_vec_pass1<T, VEC, kPartials>(cx.v[it], cd.v[it], wf[it], mu, rs, sums, accw[it], accb[it]);
-        }
+        bwd_vec_pass1<T, VEC, kPartials>(cx.v[it], cd.v[it], wf[it], mu, rs, sums, accw[it], accb[it]);
       }
     }
     slot_reduce_sum<2>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
@@ -519,16 +504,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       mu = nmu, rs = nrs;
     }
   }
-  if constexpr (kPartials && kSmemAcc) {
-    __syncthreads();
-    // add the slots in a fixed order and write this block's partial row
-    float* out = partial + int64_t(blockIdx.x) * 2 * D;
-    for (int64_t i = threadIdx.x; i < 2 * D; i += blockDim.x) {
-      float a = 0.f;
-      for (int k = 0; k < slots; ++k) a += slot_acc[int64_t(k) * 2 * D + i];
-      out[i] = a;
-    }
-  } else if constexpr (kPartials) {
+  if constexpr (kPartials) {
     slots_store_partial<VEC, ITERS>(accw, accb, slot_acc, partial + int64_t(blockIdx.x) * 2 * D, D, D, slots, slot,
                                     tpr, t);
   }
@@ -989,16 +965,14 @@ cudaError_t dispatch_v3(const LnBackwardArgs& a, const V2Config& cfg, int stages
   return cudaErrorInvalidConfiguration;
 }
 
-// v4: row slots (layernorm_common.cuh); dgamma/dbeta sums in registers, or in
-// shared memory (DAY26_V4_SMEM_ACC=1); next row prefetched (DAY26_V4_PREFETCH=1).
-template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kSmemAcc>
+// v4: row slots (layernorm_common.cuh); dgamma/dbeta sums in registers; next row
+// prefetched (kKnobPrefetch).
+template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch>
 cudaError_t launch_v4(const LnBackwardArgs& a, const V4Config& cfg, bool partials, cudaStream_t stream,
                       int64_t* grid_out) {
-  auto kernel = partials ? ln_bwd_v4<T, TW, VEC, ITERS, true, kPrefetch, kSmemAcc>
-                         : ln_bwd_v4<T, TW, VEC, ITERS, false, kPrefetch, false>;
-  const size_t per_slot = partials && kSmemAcc ? 2 * size_t(a.cols) * sizeof(float) : 0;
-  const size_t per_thread = partials && !kSmemAcc ? 2 * VEC * ITERS * sizeof(float) : 0;
-  const V4Plan p = v4_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, per_slot, per_thread);
+  auto kernel = partials ? ln_bwd_v4<T, TW, VEC, ITERS, true, kPrefetch> : ln_bwd_v4<T, TW, VEC, ITERS, false, kPrefetch>;
+  const size_t per_thread = partials ? 2 * VEC * ITERS * sizeof(float) : 0;
+  const V4Plan p = v4_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, 0, per_thread);
   if (grid_out) {
     *grid_out = p.grid;
     return cudaSuccess;
@@ -1021,14 +995,12 @@ cudaError_t dispatch_v4(const LnBackwardArgs& a, const V4Config& cfg, bool parti
                         int64_t* grid_out) {
   const bool pf = sizeof(T) == 2 && VEC == kc::max_vec_elems<T>() && a.cols >= 512 && a.cols < 1024;
   return KC_BOOL_SWITCH(v4_prefetch(pf), kPrefetch, [&] {
-    return KC_BOOL_SWITCH(v4_smem_acc(), kSmemAcc, [&] {
-      switch (cfg.iters) {
-        case 1: return launch_v4<T, TW, VEC, 1, kPrefetch, kSmemAcc>(a, cfg, partials, stream, grid_out);
-        case 2: return launch_v4<T, TW, VEC, 2, kPrefetch, kSmemAcc>(a, cfg, partials, stream, grid_out);
-        case 4: return launch_v4<T, TW, VEC, 4, kPrefetch, kSmemAcc>(a, cfg, partials, stream, grid_out);
-      }
-      return cudaErrorInvalidConfiguration;
-    });
+    switch (cfg.iters) {
+      case 1: return launch_v4<T, TW, VEC, 1, kPrefetch>(a, cfg, partials, stream, grid_out);
+      case 2: return launch_v4<T, TW, VEC, 2, kPrefetch>(a, cfg, partials, stream, grid_out);
+      case 4: return launch_v4<T, TW, VEC, 4, kPrefetch>(a, cfg, partials, stream, grid_out);
+    }
+    return cudaErrorInvalidConfiguration;
   });
 }
 
@@ -1086,7 +1058,7 @@ cudaError_t dispatch_ring(const LnBackwardArgs& a, const V4Config& cfg, int csiz
 // Whether version 4 runs the ring, and with how many stages (0: not), for rows
 // (or, with a cluster, row shares) of D columns, from the H200 measurements
 // (README, runs 17-19): 16-bit rows of 1024 and more; fp32 rows shorter than
-// 1024 or longer than 4096. DAY26_V4_RING overrides.
+// 1024 or longer than 4096. Knob kKnobRing overrides.
 int ring_default(size_t elem_bytes, int64_t D) {
   if (elem_bytes == 2) return D >= 1024 ? 3 : 0;
   return D < 1024 || D > 4096 ? 3 : 0;
@@ -1097,7 +1069,7 @@ cudaError_t backward_typed(const LnBackwardArgs& a, int version, cudaStream_t st
   const bool partials = a.dweight || a.dbias;
   // version 4: the ring where it measured fastest (ring_default), else v4's
   // kernels, except for 16-bit rows longer than 4096, where v2's measured faster
-  // (H200, README's log), unless DAY26_V4_FORCE=1
+  // (H200, README's log), unless knob kKnobForce is 1
   if (version == 4) {
     const int vec = v2_vec<T, TW>(a);
     constexpr int V = kc::max_vec_elems<T>();

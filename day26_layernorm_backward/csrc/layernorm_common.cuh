@@ -3,8 +3,9 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <cuda_runtime.h>
+
+#include "layernorm.h"
 
 #include "kc/cluster.cuh"
 #include "kc/convert.cuh"
@@ -42,12 +43,10 @@ inline int next_pow2(int64_t v) {
 
 // Vector accesses per thread the block path aims at (more: fewer threads per
 // row and more bytes in flight per thread; fewer: more threads, fewer
-// registers). A tuning knob: DAY26_TARGET_ITERS=1|2|4|8 (read at every launch,
-// so a benchmark can sweep it); default kDefaultTargetIters.
+// registers). Knob kKnobTargetIters (1, 2, 4, 8); default kDefaultTargetIters.
 constexpr int kDefaultTargetIters = 4;
 inline int target_iters() {
-  const char* e = std::getenv("DAY26_TARGET_ITERS");
-  const int v = e ? std::atoi(e) : 0;
+  const int v = ln_knob(kKnobTargetIters);
   return (v == 1 || v == 2 || v == 4 || v == 8) ? v : kDefaultTargetIters;
 }
 
@@ -227,40 +226,28 @@ struct V4Config {
 };
 
 // Elements per thread v4 aims at (registers: x, dy and, in the backward, two fp32
-// accumulators per element). A tuning knob: DAY26_V4_EPT=4|8|16|32, default 16.
+// accumulators per element). Knob kKnobEpt (4, 8, 16, 32); default 16.
 inline int v4_target_ept() {
-  const char* e = std::getenv("DAY26_V4_EPT");
-  const int v = e ? std::atoi(e) : 0;
+  const int v = ln_knob(kKnobEpt);
   return (v == 4 || v == 8 || v == 16 || v == 32) ? v : 16;
 }
 
-// Whether v4 prefetches the next row into registers: DAY26_V4_PREFETCH=0|1;
+// Whether v4 prefetches the next row into registers: knob kKnobPrefetch (0, 1);
 // unset: `dflt` (the launcher's measured choice, see the README's log).
 inline bool v4_prefetch(bool dflt) {
-  const char* e = std::getenv("DAY26_V4_PREFETCH");
-  return e && (e[0] == '0' || e[0] == '1') ? e[0] == '1' : dflt;
+  const int v = ln_knob(kKnobPrefetch);
+  return v == 0 || v == 1 ? v == 1 : dflt;
 }
 // Whether v4's forward, where a thread holds 4 vectors of a row (one row slot
 // per SM: 16-bit rows over 8192 columns, fp32 shares of 8192 in the cluster
 // split), also asks the copy engine to prefetch into L2 the row after the one
-// it prefetches into registers: DAY26_V4_L2PF=0|1 (default 1; README's log).
-inline bool v4_l2_prefetch() {
-  const char* e = std::getenv("DAY26_V4_L2PF");
-  return !(e && e[0] == '0');
-}
+// it prefetches into registers: knob kKnobL2Prefetch (0, 1; default 1; README's log).
+inline bool v4_l2_prefetch() { return ln_knob(kKnobL2Prefetch) != 0; }
 // version 4 runs v2's (or v3's) kernels for the shapes where those measured
-// faster on the H200 (README); DAY26_V4_FORCE=1 runs v4's kernels wherever they
-// can run (tests, experiments).
-inline bool v4_forced() {
-  const char* e = std::getenv("DAY26_V4_FORCE");
-  return e && e[0] == '1';
-}
-// Whether the v4 backward keeps its dgamma/dbeta sums in shared memory (one
-// [2][D] fp32 row per slot) instead of registers: DAY26_V4_SMEM_ACC=0|1 (default 0).
-inline bool v4_smem_acc() {
-  const char* e = std::getenv("DAY26_V4_SMEM_ACC");
-  return e && e[0] == '1';
-}
+// faster on the H200 (README); knob kKnobForce = 1 runs v4's kernels wherever
+// they can run (tests, experiments).
+inline bool v4_forced() { return ln_knob(kKnobForce) == 1; }
+
 
 // The largest iters (most elements per thread, up to the target) whose rounding
 // of tpr up to a multiple of 32 leaves at most 1/8 of the lanes idle; failing
@@ -292,11 +279,10 @@ inline V4Config v4_config(int64_t cols, int vec) {
   return c;
 }
 
-// DAY26_V4_GRID=N (tests): at most N blocks in v4's persistent grids, so each
-// slot walks many rows (0: no cap).
+// Knob kKnobGrid = N (tests): at most N blocks in v4's persistent grids, so each
+// slot walks many rows (unset: no cap).
 inline int64_t v4_grid_cap() {
-  const char* e = std::getenv("DAY26_V4_GRID");
-  const int v = e ? std::atoi(e) : 0;
+  const int v = ln_knob(kKnobGrid);
   return v > 0 ? v : 0;
 }
 
@@ -367,13 +353,12 @@ V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t sme
 // v4 on a ring ("ring"): each slot keeps its next rows in flight into a
 // shared-memory ring of `stages` rows (row_bytes each: the tensors a row needs,
 // padded to tpr * iters * vec elements), filled by the copy engine (sm_90+), so
-// the loads run ahead of the slot's reductions without costing registers. The knob DAY26_V4_RING: 0 off,
+// the loads run ahead of the slot's reductions without costing registers. Knob kKnobRing: 0 off,
 // 1 on with the stage count below, 2..kRingMaxStages on with that many stages;
 // unset: `dflt` (the launcher's measured choice).
 constexpr int kRingMaxStages = 6;
 inline int v4_ring(int dflt) {
-  const char* e = std::getenv("DAY26_V4_RING");
-  const int v = e ? std::atoi(e) : -1;
+  const int v = ln_knob(kKnobRing);
   return v >= 0 && v <= kRingMaxStages ? v : dflt;
 }
 
@@ -410,14 +395,14 @@ RingPlan ring_plan(Kernel kernel, int tpr, int64_t rows, size_t row_bytes, int w
 // columns (H200, README: splitting 8192 into 2 x 4096 measured slower, 16384
 // into 4 no faster than into 2), in clusters of at most kRingMaxCluster; only
 // sizes whose share is a whole number of 16-byte vectors.
-// DAY26_V4_CLUSTER=1|2|4 overrides (1: no split; set, it splits 16-bit forward
-// rows too).
+// Knob kKnobCluster = 1, 2 or 4 overrides (1: no split; set, it splits 16-bit
+// forward rows too).
 constexpr int kRingMaxCluster = 4;
 constexpr int64_t kRingCtaCols = 8192;
-// DAY26_V4_CLUSTER's value when it is exactly 1, 2 or 4; else 0 (not set).
+// kKnobCluster's value when it is 1, 2 or 4; else 0 (not set).
 inline int ring_cluster_env() {
-  const char* e = std::getenv("DAY26_V4_CLUSTER");
-  return e && (e[0] == '1' || e[0] == '2' || e[0] == '4') && e[1] == 0 ? e[0] - '0' : 0;
+  const int v = ln_knob(kKnobCluster);
+  return v == 1 || v == 2 || v == 4 ? v : 0;
 }
 inline bool ring_cluster_forced() { return ring_cluster_env() != 0; }
 inline int ring_cluster(int64_t D, int vec) {
@@ -477,7 +462,7 @@ struct ClusterPairs {
 
 // Clusters of `csize` blocks of plan p's shape for a persistent grid: as many as
 // run at once (the occupancy API; cached), but no more than have rows to do
-// (and no more than DAY26_V4_GRID blocks' worth). 0: no such cluster fits.
+// (and no more than kKnobGrid blocks' worth). 0: no such cluster fits.
 template <typename Kernel>
 int64_t cluster_groups(Kernel kernel, const V4Plan& p, int csize, int64_t rows) {
   struct Entry { const void* k; int dev; int threads; size_t smem; int csize; int n; };

@@ -584,13 +584,13 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
     // (sm_90+, 16-byte vectors), the next row prefetched: 85% of the floor at
     // 4096 x 16384 against v3's 80% (probe run 42, H200); 16-bit rows split
     // that way measured much slower (one 512-thread slot per SM waits for every
-    // row's exchange: 110 against 77 µs), so not split. DAY26_V4_CLUSTER=1|2|4
+    // row's exchange: 110 against 77 µs), so not split. Knob kKnobCluster = 1, 2 or 4
     // overrides (any dtype, any D it divides). Otherwise v4's kernels (next row
     // prefetched) for 16-bit types; for fp32, v2's, and v3's for rows over 8192
     // (v4 with the next row prefetched was 1-3% faster than v2 at 1024 and 8192
     // columns in probe runs 37-38 but 3-8% slower in bench run 39: no consistent
-    // gain). DAY26_V4_FORCE=1: v4's kernels wherever they can run
-    // (DAY26_V4_PREFETCH=1 with them for fp32). Where a thread holds 4 vectors
+    // gain). Knob kKnobForce = 1: v4's kernels wherever they can run
+    // (kKnobPrefetch = 1 with them for fp32). Where a thread holds 4 vectors
     // (one slot per SM), v4 also prefetches the row after next into L2
     // (dispatch_fwd_v4; 4096 x 16384: bf16 77.0 -> 73.5 µs, fp32 148.2 -> 139.8,
     // probe run 49).

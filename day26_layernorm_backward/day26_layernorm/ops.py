@@ -7,6 +7,7 @@ Python entry points.
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
 from pathlib import Path
 from typing import Sequence
@@ -35,8 +36,19 @@ def _stat_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def _check_devices(op: str, x: torch.Tensor, **tensors) -> None:
+    # The fakes also serve as the Meta kernels, which the dispatcher picks when any
+    # argument is on the meta device: without this, a meta weight beside a CPU
+    # input would return an uninitialised CPU tensor instead of an error.
+    for name, t in tensors.items():
+        if t is not None:
+            torch._check(t.device == x.device,
+                         lambda: f"{op}: {name} is on {t.device} but input is on {x.device}")
+
+
 @torch.library.register_fake("day26::layer_norm_fwd")
 def _fwd_fake(x, normalized_shape, weight, bias, eps, version=DEFAULT_VERSION):
+    _check_devices("layer_norm", x, weight=weight, bias=bias)
     lead = x.shape[: x.dim() - len(normalized_shape)]
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     return y, x.new_empty(lead, dtype=_stat_dtype(x)), x.new_empty(lead, dtype=_stat_dtype(x))
@@ -44,6 +56,7 @@ def _fwd_fake(x, normalized_shape, weight, bias, eps, version=DEFAULT_VERSION):
 
 @torch.library.register_fake("day26::layer_norm_bwd")
 def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=DEFAULT_VERSION):
+    _check_devices("layer_norm backward", x, grad_out=dy, mean=mean, rstd=rstd, weight=weight)
     wdt = weight.dtype if weight is not None else x.dtype
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if output_mask[0] else x.new_empty((0,))
     dw = x.new_empty(normalized_shape, dtype=wdt) if output_mask[1] and weight is not None else x.new_empty((0,))
@@ -53,6 +66,25 @@ def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=
 
 # Autograd: a C++ torch::autograd::Function at the Autograd key
 # (csrc/layernorm_autograd.cpp); a second derivative raises "not implemented".
+
+@contextlib.contextmanager
+def knobs(**values: int):
+    """Private, for tests and tools/: override the CUDA launchers' own choices
+    inside the block (names in csrc/layernorm.h's LnKnob: target_iters, ept,
+    prefetch, l2_prefetch, force, smem_acc, grid, ring, cluster; ints, bools as
+    0/1), restored to the library's choices after. Not thread-safe, not for models."""
+    names = list(_C._knob_names())
+    bad = sorted(set(values) - set(names))
+    if bad:
+        raise ValueError(f"unknown day26 knob(s) {bad}; known: {names}")
+    try:
+        for k, v in values.items():
+            _C._set_knob(names.index(k), int(v))
+        yield
+    finally:
+        for k in values:
+            _C._set_knob(names.index(k), -1)
+
 
 def _as_shape(normalized_shape) -> list[int]:
     if isinstance(normalized_shape, numbers.Integral):

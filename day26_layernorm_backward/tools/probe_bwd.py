@@ -1,44 +1,33 @@
 """Where does the time go? (GPU; a development probe, not the benchmark.)
 
-For each benchmark shape and each variant ("V" or "V:ENV=VAL:ENV=VAL", e.g.
-"4:DAY26_V4_PREFETCH=0"): the whole backward, dx only (no dgamma/dbeta), and the
+For each benchmark shape and each variant ("V" or "V:KNOB=VAL:KNOB=VAL", e.g.
+"4:prefetch=0"; knob names: day26_layernorm.ops.knobs): the whole backward, dx only (no dgamma/dbeta), and the
 forward; plus torch.add(x, dy, out=dx) - the backward's 3 passes of bytes with no
 math - and copy_ (the forward's 2 passes).
     python tools/probe_bwd.py [--variants 2,4] [--dtypes float32,bfloat16] [--no-dx] [--fwd-only]
                               [--shapes 32768x1024,8192x8192]
 """
 import argparse
-import contextlib
-import os
 import sys
 
 import torch
 
 from kernel_common import bench
 from day26_layernorm import layer_norm_backward, layer_norm_forward
+from day26_layernorm.ops import knobs
 
 SHAPES = [(4096, 768), (32768, 1024), (16384, 4096), (8192, 8192), (4096, 16384)]
 
 
-@contextlib.contextmanager
 def env_set(env):
-    """os.environ updated with env inside the block, restored after (the knobs are read at each call)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    """day26's private tuning knobs (ops.knobs) set inside the block, e.g. {"prefetch": "0"}."""
+    return knobs(**{k: int(v) for k, v in env.items()})
 
 
 def parse_variant(s):
     parts = s.split(":")
     env = dict(p.split("=", 1) for p in parts[1:])
-    name = "v" + parts[0] + "".join("_" + k.replace("DAY26_", "").replace("V4_", "").lower() + v
+    name = "v" + parts[0] + "".join("_" + k + v
                                     for k, v in env.items())
     return name, int(parts[0]), env
 

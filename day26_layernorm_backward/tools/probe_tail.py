@@ -4,7 +4,7 @@ A persistent grid of S row slots runs ceil(N / S) rounds; at the benchmark's sha
 just over a whole number (8192 rows over 132 slots: 62.06), so the last round runs a few rows
 while the other SMs idle. For each case: the op on N rows, on the M = S * floor(N / S) rows of
 the whole rounds alone, and M rows followed by the N - M tail rows as a second call whose rows
-are split across a cluster of C CTAs (DAY26_V4_CLUSTER=C; an emulation of a tail kernel,
+are split across a cluster of C CTAs (knob cluster=C; an emulation of a tail kernel,
 two op calls).
     python tools/probe_tail.py [--dtypes bfloat16]
 """
@@ -55,12 +55,12 @@ def main():
             r["scaled"] = r["whole_rounds"] * n / m  # the time the rows would take at the whole rounds' rate
             def split(c):
                 op(0, m)
-                with env_set({"DAY26_V4_CLUSTER": c}):
+                with env_set({"cluster": c}):
                     op(m, n)
 
             for c in ("1", "2", "4"):
                 r["split_c" + c] = bench.time_us(lambda: split(c))
-            with env_set({"DAY26_V4_CLUSTER": "4"}):
+            with env_set({"cluster": "4"}):
                 r["tail_alone_c4"] = bench.time_us(lambda: op(m, n))
             r["pct_all"] = 100 * r["floor"] / r["all"]
             r["pct_scaled"] = 100 * r["floor"] / r["scaled"]
