@@ -281,7 +281,7 @@ def _copy_ln(m):
     swap is visible."""
     class CopiedLayerNorm(torch.nn.LayerNorm):
         pass
-    n = CopiedLayerNorm(m.normalized_shape, eps=m.eps)
+    n = CopiedLayerNorm(m.normalized_shape, eps=m.eps, device=m.weight.device, dtype=m.weight.dtype)
     n.load_state_dict(m.state_dict())
     return n
 
@@ -426,7 +426,7 @@ def test_models_timing_cuda():
     rows = models.bench_model(spec, {"fake LN": models.Swap(layer_norm=_copy_ln)}, rounds=2, k=3,
                               log=lambda *a: None)
     for r in rows:
-        assert r["eager ms"] > 0 and r["GPU-only ms"] > 0, r
+        assert r.get("eager ms", 0) > 0 and r.get("GPU-only ms", 0) > 0, r
     assert rows[0]["eager speedup"] == 1 and rows[0]["GPU-only speedup"] == 1
 
 
