@@ -429,9 +429,10 @@ def test_cuda_versions_agree_bitwise(version, layout):
         close(a, b, 2e-5, name)
 
 
-# v4's spread MLP (2 S C >= 16384 weights): N not a multiple of the sample tile (4),
-# N = 1, S over 32 (several column chunks), C not a multiple of 32, H * W = 1.
-SPREAD = [(5, 300, 3, 3, 30), (1, 672, 2, 3, 28), (6, 1152, 7, 7, 48), (2, 200, 1, 1, 70), (9, 130, 5, 5, 65)]
+# v4's spread MLP (2 S C >= 65536 weights): N not a multiple of the sample tile (4),
+# N = 1, S over 32 (several column chunks), C not a multiple of 32, H * W = 1, and
+# both unrolled loops' remainders (I not a multiple of 4 x 32 or 8 x 8).
+SPREAD = [(5, 600, 3, 3, 60), (1, 1152, 2, 3, 48), (6, 1152, 7, 7, 48), (2, 410, 1, 1, 90), (9, 300, 5, 5, 130)]
 
 
 @requires_cuda

@@ -262,8 +262,9 @@ cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, MlpArgs m, const La
 constexpr int kTileN = 4;              // samples per gemv block: each weight read once per tile
 constexpr int kWarps = kThreads / 32;
 // Below this many weight floats (2 S C) one block per sample reads them fast enough,
-// and v3's single MLP launch is cheaper than v4's two (forward) or four (backward).
-constexpr int64_t kSpreadMinWeights = 16384;
+// and v3's single MLP launch is cheaper than v4's two (forward) or four (backward)
+// (H100 probe, EfficientNet shapes: v3 ahead at 2SC = 19200 and 37632, v4 at 76800 and up).
+constexpr int64_t kSpreadMinWeights = 65536;
 
 enum class Epi : int { Fc1 = 0, Fc2Fwd = 1, Fc2Bwd = 2, Da = 3, Coef = 4 };
 
@@ -339,7 +340,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
       float acc[kTileN];
 #pragma unroll
       for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
-      for (int64_t i = lane; i < I; i += 32) {
+      // 4 weights in flight per lane: the loop is bound by L2 latency, not bandwidth
+      int64_t i = lane;
+      for (; i + 3 * 32 < I; i += 4 * 32) {
+        float wv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) wv[u] = __ldg(w + i + u * 32);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+#pragma unroll
+          for (int b = 0; b < kTileN; ++b) acc[b] += wv[u] * in_s[b * I + i + u * 32];
+        }
+      }
+      for (; i < I; i += 32) {
         const float wv = __ldg(w + i);
 #pragma unroll
         for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
@@ -357,7 +370,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
 #pragma unroll
     for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
     if (o < O) {
-      for (int64_t i = warp; i < I; i += kWarps) {
+      // 8 weights in flight per lane (latency-bound loop, as in the row mode)
+      int64_t i = warp;
+      for (; i + 7 * kWarps < I; i += 8 * kWarps) {
+        float wv[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) wv[u] = __ldg(g.w + (i + u * kWarps) * O + o);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+#pragma unroll
+          for (int b = 0; b < kTileN; ++b) acc[b] += wv[u] * in_s[b * I + i + u * kWarps];
+        }
+      }
+      for (; i < I; i += kWarps) {
         const float wv = __ldg(g.w + i * O + o);
 #pragma unroll
         for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];

@@ -21,7 +21,7 @@ echo "build rc=$build_rc ($((t1 - t0)) s)"
 [ $build_rc -ne 0 ] && { tail -40 "$OUT/build.log"; exit 1; }
 XDIST=""
 python3 -c "import xdist" 2>/dev/null && XDIST="-n 4"
-(cd se_module && timeout 200 python3 -m pytest test.py -q -x $XDIST -p no:cacheprovider 2>&1 | tail -25 > "$OUT/test.log")
+(cd se_module && timeout 100 python3 -m pytest test.py -q -x $XDIST -p no:cacheprovider 2>&1 | tail -25 > "$OUT/test.log")
 test_rc=$?
 t2=$(date +%s)
 echo "tests rc=$test_rc ($((t2 - t1)) s)"
@@ -36,7 +36,7 @@ if [ "$MODE" = probe ]; then
   echo "=== probe rows"; grep "^model=" "$OUT/probe.log" | sed 's/model=//'
   echo "=== bench quick"; grep -A20 "issue 20 bars" "$OUT/bench_quick.log"
 else
-  timeout 300 python3 bench.py --only effnet --out "$OUT/effnet" > "$OUT/bench.log" 2>&1
+  timeout 150 python3 bench.py --only effnet --out "$OUT/effnet" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"
   t3=$(date +%s)
   tail -5 "$OUT/bench.log" | head -2
