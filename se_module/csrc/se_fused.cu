@@ -41,7 +41,7 @@
 //       (evict-first) so the output does not push that data out.
 //   v3  v2 + programmatic dependent launch (sm_90+): kernels 2 and 3 are launched
 //       while their predecessor drains, and wait in griddepcontrol.wait.
-//   v4  v3 + the MLP spread over the GPU where the weights are large (spread_mlp()):
+//   v4  v3 + the MLP spread over the GPU where the weights are large (2 S C >= 65536, spread_mlp()):
 //       one block per sample reads all of w1 and w2 on one SM, so many channels over
 //       a small image (EfficientNet's last stages: C = 1152, S = 48) left the MLP
 //       bound by one SM's L2 bandwidth, N times over. Instead each of fc1, fc2 (and
@@ -340,19 +340,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
       float acc[kTileN];
 #pragma unroll
       for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
-      // 4 weights in flight per lane: the loop is bound by L2 latency, not bandwidth
-      int64_t i = lane;
-      for (; i + 3 * 32 < I; i += 4 * 32) {
-        float wv[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) wv[u] = __ldg(w + i + u * 32);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-#pragma unroll
-          for (int b = 0; b < kTileN; ++b) acc[b] += wv[u] * in_s[b * I + i + u * 32];
-        }
-      }
-      for (; i < I; i += 32) {
+      for (int64_t i = lane; i < I; i += 32) {
         const float wv = __ldg(w + i);
 #pragma unroll
         for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
@@ -370,19 +358,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
 #pragma unroll
     for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
     if (o < O) {
-      // 8 weights in flight per lane (latency-bound loop, as in the row mode)
-      int64_t i = warp;
-      for (; i + 7 * kWarps < I; i += 8 * kWarps) {
-        float wv[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) wv[u] = __ldg(g.w + (i + u * kWarps) * O + o);
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-#pragma unroll
-          for (int b = 0; b < kTileN; ++b) acc[b] += wv[u] * in_s[b * I + i + u * kWarps];
-        }
-      }
-      for (; i < I; i += kWarps) {
+      for (int64_t i = warp; i < I; i += kWarps) {
         const float wv = __ldg(g.w + i * O + o);
 #pragma unroll
         for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];

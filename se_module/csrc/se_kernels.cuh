@@ -34,14 +34,10 @@ constexpr int kThreads = 256;
 // NCHW rows up to this long are reduced by one warp per (row, split); longer
 // rows by a whole block per (row, split).
 constexpr int64_t kWarpTeamMaxL = 4096;
-// Rows up to this long (EfficientNet's 7 x 7 .. 14 x 14 images) by a team of 8
-// lanes, 4 rows per warp: a whole warp on a 49-element row leaves most lanes with
-// one element and a 5-step shuffle per row, and the reduction ran latency-bound.
-constexpr int64_t kSmallTeamMaxL = 256;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int max_vec(kc::DType dt) { return dt == kc::DType::F32 ? 4 : 8; }
-inline int nchw_team(const Dims& d) { return d.l > kWarpTeamMaxL ? kThreads : d.l > kSmallTeamMaxL ? 32 : 8; }
+inline int nchw_team(const Dims& d) { return d.l > kWarpTeamMaxL ? kThreads : 32; }
 
 // ------------------------------------------------------------------ PDL
 // griddepcontrol and the PDL launch come from kc/launch.cuh (common/).
@@ -116,7 +112,7 @@ struct ReduceArgs {
 };
 
 // NCHW: rows r = n * C + c, each L contiguous elements.
-// A team (TEAM = 8: a quarter warp; 32: one warp; kThreads: the whole block) owns one unit
+// A team (TEAM = 32: one warp; TEAM = kThreads: the whole block) owns one unit
 // (row, split). Lanes read consecutive VEC-vectors (coalesced), 4 independent
 // vectors in flight per lane, then the team reduces with kc::warp_reduce_sum /
 // kc::block_reduce_sum (fixed order: deterministic). Shared memory: 32 * 2 floats.
@@ -129,17 +125,10 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_kernel(ReduceArgs<T> a) 
   launch_dependents();
   int64_t unit;
   int lane;
-  bool valid = true;
-  if constexpr (TEAM <= 32) {
-    unit = int64_t(blockIdx.x) * (kThreads / TEAM) + threadIdx.x / TEAM;
-    lane = threadIdx.x % TEAM;
-    if constexpr (TEAM == 32) {
-      if (unit >= a.n * a.c * a.splits) return;  // the whole warp leaves together
-    } else {
-      // teams past the end stay (with nothing to read) for the warp-wide shuffles
-      valid = unit < a.n * a.c * a.splits;
-      if (!valid) unit = 0;
-    }
+  if constexpr (TEAM == 32) {
+    unit = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+    lane = threadIdx.x & 31;
+    if (unit >= a.n * a.c * a.splits) return;  // the whole warp leaves together
   } else {
     unit = blockIdx.x;
     lane = threadIdx.x;
@@ -147,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_kernel(ReduceArgs<T> a) 
   const int64_t row = unit / a.splits;
   const int sp = int(unit - row * a.splits);
   const int64_t begin = int64_t(sp) * a.chunk;
-  const int64_t len = valid ? min(a.chunk, a.l - begin) : 0;
+  const int64_t len = min(a.chunk, a.l - begin);
   const int64_t base = row * a.l + begin;
   const T* xr = a.x + base;
   const T* gr = kSumGX ? a.g + base : nullptr;
@@ -186,10 +175,10 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_kernel(ReduceArgs<T> a) 
     }
   }
 
-  if constexpr (TEAM <= 32) {
-    if constexpr (kSumX) sx = kc::warp_reduce_sum<TEAM>(sx);
-    if constexpr (kSumGX) sgx = kc::warp_reduce_sum<TEAM>(sgx);
-    if (lane != 0 || !valid) return;
+  if constexpr (TEAM == 32) {
+    if constexpr (kSumX) sx = kc::warp_reduce_sum<32>(sx);
+    if constexpr (kSumGX) sgx = kc::warp_reduce_sum<32>(sgx);
+    if (lane != 0) return;
   } else {
     float v[NS];
     if constexpr (kSumX && kSumGX) {
@@ -333,11 +322,7 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
       constexpr int VEC = kVec ? MV : 1;
       if (d.layout == Layout::NCHW) {
         const int64_t units = d.n * d.c * p.splits;
-        if (nchw_team(d) == 8) {
-          const int64_t blocks = ceil_div(units, kThreads / 8);
-          KC_CUDA_TRY(check_grid(blocks));
-          reduce_rows_kernel<T, VEC, 8, kSumX, kSumGX, kWriteGS><<<unsigned(blocks), kThreads, 0, stream>>>(a);
-        } else if (nchw_team(d) == 32) {
+        if (nchw_team(d) == 32) {
           const int64_t blocks = ceil_div(units, kThreads / 32);
           KC_CUDA_TRY(check_grid(blocks));
           reduce_rows_kernel<T, VEC, 32, kSumX, kSumGX, kWriteGS><<<unsigned(blocks), kThreads, 0, stream>>>(a);
@@ -379,36 +364,19 @@ struct WgradArgs {
 // Weight gradients, one output per thread, summed over n in order (deterministic):
 //   dw1[j, c] = sum_n dz1[n, j] p[n, c]     db1[j] = sum_n dz1[n, j]
 //   dw2[c, j] = sum_n dz2[n, c] a[n, j]     db2[c] = sum_n dz2[n, c]
-// sum_n u[n * su] * v[n * sv], added in order of n; 4 pairs loaded ahead of the adds
-// (the loop is bound by load latency at large N), the order of the adds unchanged.
-__device__ __forceinline__ float dot_n(const float* u, int64_t su, const float* v, int64_t sv, int64_t n_total) {
-  float acc = 0.f;
-  int64_t n = 0;
-  for (; n + 3 < n_total; n += 4) {
-    float pu[4], pv[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      pu[k] = u[(n + k) * su];
-      pv[k] = v[(n + k) * sv];
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) acc += pu[k] * pv[k];
-  }
-  for (; n < n_total; ++n) acc += u[n * su] * v[n * sv];
-  return acc;
-}
-
 __device__ __forceinline__ void wgrad_block(const WgradArgs& w, int64_t block) {
   const int64_t o = block * kThreads + threadIdx.x;
   const int64_t sc = w.s * w.c;
   float acc = 0.f;
   if (o < sc) {
     const int64_t j = o / w.c, c = o - (o / w.c) * w.c;
-    w.dw1[o] = dot_n(w.dz1 + j, w.s, w.p + c, w.c, w.n);
+    for (int64_t n = 0; n < w.n; ++n) acc += w.dz1[n * w.s + j] * w.p[n * w.c + c];
+    w.dw1[o] = acc;
   } else if (o < 2 * sc) {
     const int64_t q = o - sc;
     const int64_t c = q / w.s, j = q - (q / w.s) * w.s;
-    w.dw2[q] = dot_n(w.dz2 + c, w.c, w.a + j, w.s, w.n);
+    for (int64_t n = 0; n < w.n; ++n) acc += w.dz2[n * w.c + c] * w.a[n * w.s + j];
+    w.dw2[q] = acc;
   } else if (o < 2 * sc + w.s) {
     const int64_t j = o - 2 * sc;
     for (int64_t n = 0; n < w.n; ++n) acc += w.dz1[n * w.s + j];
