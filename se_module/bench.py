@@ -47,6 +47,52 @@ SIZE_SWEEP = [(8, 64, s, s, 16) for s in (56, 112, 224, 448)]
 EFFNET = [(32, 240, 28, 28, 10), (32, 672, 14, 14, 28), (64, 96, 56, 56, 4)]
 VERSION_SHAPES = [(1, 64, 112, 112, 16), (8, 64, 112, 112, 16), (8, 64, 448, 448, 16), (32, 672, 14, 14, 28)]
 
+
+# ---------------------------------------------------------------- EfficientNet SE shapes
+# torchvision's EfficientNet (torchvision/models/efficientnet.py): per MBConv stage
+# (expand ratio, kernel, stride, in channels, out channels, layers) before width/depth
+# scaling; the SE sits after the depthwise conv with C = expanded channels and
+# S = max(1, block input channels // 4). test.py checks the result against
+# torchvision's modules (hooks on its SqueezeExcitation) where torchvision imports.
+_MBCONV = [(1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
+           (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1)]
+EFFNET_MODELS = {"b0": (1.0, 1.0, 224, 128), "b4": (1.4, 1.8, 380, 32)}  # width, depth, resolution, train batch
+
+
+def _make_divisible(v, d=8):
+    n = max(d, int(v + d / 2) // d * d)
+    return n + d if n < 0.9 * v else n
+
+
+def _conv_out(h, k, s):
+    return (h + 2 * ((k - 1) // 2) - k) // s + 1
+
+
+def effnet_se_shapes(model):
+    """(C, S, H, W) of every SE block of torchvision's efficientnet_<model>, in order."""
+    import math
+
+    width, depth, res, _ = EFFNET_MODELS[model]
+    h = _conv_out(res, 3, 2)  # stem
+    out = []
+    for e, k, s, cin, cout, n in _MBCONV:
+        cin, cout = _make_divisible(cin * width), _make_divisible(cout * width)
+        for i in range(int(math.ceil(n * depth))):
+            ci = cin if i == 0 else cout
+            h = _conv_out(h, k, s if i == 0 else 1)
+            out.append((_make_divisible(ci * e), max(1, ci // 4), h, h))
+    return out
+
+
+def effnet_bench_shapes(models=("b0", "b4"), batches=None):
+    """Distinct (N, C, H, W, S) bench rows: each model's SE shapes at its training batch and at 1."""
+    rows = []
+    for m in models:
+        for n in (batches or (EFFNET_MODELS[m][3], 1)):
+            for c, s, h, w in dict.fromkeys(effnet_se_shapes(m)):
+                rows.append((m, (n, c, h, w, s)))
+    return rows
+
 ROUNDS, ROUND_REP = 5, 10  # interleaved timing rounds per shape (measure_shape), repeats per round
 
 COLS = ["shape", "staged_us", "fused_us", "eager_us", "compile_us", "floor_us", "eager/fused", "compile/fused",
@@ -153,7 +199,7 @@ def versions_table(bw):
             r["pool_v1_us"] = bench.time_us(lambda: ops.global_avg_pool(x, 1))
             r["pool_v2_us"] = bench.time_us(lambda: ops.global_avg_pool(x, 2))
         r["pool_floor_us"] = bench.floor_us(x.numel() * x.element_size(), bw)
-        for v in (1, 2, 3):
+        for v in (1, 2, 3, 4):
             ours.version = v
             fwd, fb = fwd_and_fwdbwd(ours, params, x, g)
             r[f"fwd_v{v}_us"] = bench.graph_us(fwd)
@@ -162,7 +208,7 @@ def versions_table(bw):
         del tv, ours, x, g
         torch.cuda.empty_cache()
     cols = ["shape", "pool_v1_us", "pool_v2_us", "pool_floor_us", "fwd_v1_us", "fwd_v2_us", "fwd_v3_us",
-            "fb_v1_us", "fb_v2_us", "fb_v3_us"]
+            "fwd_v4_us", "fb_v1_us", "fb_v2_us", "fb_v3_us", "fb_v4_us"]
     return rows, cols
 
 
@@ -198,11 +244,76 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+EFF_COLS = ["model", "config", "pass", "shape", "fused_gpu_us", "eager_gpu_us", "eager/fused_gpu", "fused_us",
+            "eager_us", "eager/fused", "floor_us", "floor%", "l2_floor_us", "l2_floor%"]
+
+
+def effnet_table(bw, quick=False, rep=15):
+    """Every SE shape of torchvision's EfficientNet-B0 (224) and B4 (380): training batch
+    (forward and forward + backward, grad mode) and batch 1 (forward, no_grad), in fp32
+    NCHW and bf16 channels_last; GPU time (CUDA-graph replay) and host-inclusive time
+    (time_us), ours against torchvision eager. Floors: DRAM, 3 passes over x forward and
+    7 forward + backward; L2-resident, 2 and 5 passes (x read from DRAM once, and g once
+    in the backward), given where x (forward) or x and g (backward) fit in the L2."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    shapes = effnet_bench_shapes(("b0",), batches=(128,)) if quick else effnet_bench_shapes()
+    for model, shape in shapes:
+        for dtype, cl, config in ((torch.float32, False, "fp32 NCHW"), (torch.bfloat16, True, "bf16 CL")):
+            tv, ours, x, g = setup(shape, dtype, cl)
+            xbytes = x.numel() * x.element_size()
+            passes = [("fwd", 3, 2 if xbytes <= l2 else None)]
+            if shape[0] > 1:
+                passes.append(("fb", 7, 5 if 2 * xbytes <= l2 else None))
+            for pas, dram_passes, l2_passes in passes:
+                r = {"model": model, "config": config, "pass": "forward" if pas == "fwd" else "fwd+bwd",
+                     "shape": shape_str(shape)}
+                for name, f, params in (("fused", ours, list(ours.parameters())), ("eager", tv, list(tv.parameters()))):
+                    fwd, fb = fwd_and_fwdbwd(f, params, x, g)
+                    fn = fb if pas == "fb" else fwd
+                    if shape[0] == 1:  # inference
+                        fn = lambda f=f: f(x.detach())  # noqa: E731
+                        with torch.no_grad():
+                            r[f"{name}_gpu_us"] = bench.graph_us(fn)
+                            r[f"{name}_us"] = bench.time_us(fn, warmup=3, rep=rep)
+                    else:
+                        r[f"{name}_gpu_us"] = bench.graph_us(fn)
+                        r[f"{name}_us"] = bench.time_us(fn, warmup=3, rep=rep)
+                r["eager/fused_gpu"] = r["eager_gpu_us"] / r["fused_gpu_us"]
+                r["eager/fused"] = r["eager_us"] / r["fused_us"]
+                r["floor_us"] = bench.floor_us(dram_passes * xbytes, bw)
+                r["floor%"] = 100 * r["floor_us"] / r["fused_gpu_us"]
+                r["l2_floor_us"] = bench.floor_us(l2_passes * xbytes, bw) if l2_passes else None
+                r["l2_floor%"] = 100 * r["l2_floor_us"] / r["fused_gpu_us"] if l2_passes else None
+                rows.append(r)
+            del tv, ours, x, g
+            torch.cuda.empty_cache()
+        print(f"  effnet {model} {shape_str(shape)} done", flush=True)
+    train = [r for r in rows if r["pass"] == "fwd+bwd"]
+    summary = []
+    if train:
+        worst = min(train, key=lambda r: r["eager/fused_gpu"])
+        summary.append({"bar": f"min fwd+bwd GPU eager/fused ({worst['model']} {worst['config']} {worst['shape']})",
+                        "measured": worst["eager/fused_gpu"], "target": 1.3,
+                        "met": "yes" if worst["eager/fused_gpu"] >= 1.3 else "NO"})
+        bf = [r["l2_floor%"] for r in train if r["config"] == "bf16 CL" and r["l2_floor%"] is not None]
+        if bf:
+            m = median(bf)
+            summary.append({"bar": "bf16 CL fwd+bwd % of L2-resident floor (median over L2-resident shapes)",
+                            "measured": m, "target": 40.0, "met": "yes" if m >= 40 else "NO"})
+    slower = [r for r in rows if r["eager/fused_gpu"] < 1.0]
+    summary.append({"bar": "rows slower than eager (GPU time)", "measured": len(slower), "target": 0,
+                    "met": "yes" if not slower else "NO"})
+    return rows, summary
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_out/se_module")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
-    ap.add_argument("--quick", action="store_true", help="seed sweeps only")
+    ap.add_argument("--quick", action="store_true", help="smoke run: seed sweeps only; EfficientNet: B0 at batch 128")
+    ap.add_argument("--only", choices=["effnet"], default=None,
+                    help="effnet: only the EfficientNet-B0/B4 SE-shape table (issue 20)")
     ap.add_argument("--compile-budget", type=float, default=200.0,
                     help="seconds after which later shapes skip torch.compile (bench must end well inside 5 min)")
     models.add_args(ap)
@@ -224,6 +335,27 @@ def main(argv=None):
     meta["copy_gbs"] = round(bw, 1)
     meta["eager"] = EAGER_NAME
 
+    if a.only == "effnet" or a.quick:
+        erows, esummary = effnet_table(bw, quick=a.quick)
+        etext = ("### EfficientNet-B0 (224) / B4 (380) SE shapes: ours vs torchvision eager\n\n"
+                 + bench.format_table(erows, EFF_COLS) + "\n\n### issue 20 bars\n\n"
+                 + bench.format_table(esummary, ["bar", "measured", "target", "met"]))
+        if a.only == "effnet":
+            head = (f"## se_module EfficientNet SE shapes: {meta['device']}, {meta['date']}\n\n"
+                    f"torch {meta['torch']}, CUDA {meta['cuda']}, {meta['sms']} SMs, copy bandwidth {bw:.0f} GB/s. "
+                    f"Eager = {EAGER_NAME}. *_gpu_us: CUDA-graph replay (GPU time); *_us: host-inclusive "
+                    f"(CUDA events, L2 flushed, median). torch.compile not timed here (a static-shape compile per "
+                    f"row costs minutes). Wall time {time.time() - t_start:.0f} s.\n")
+            stem = Path(a.out)
+            stem.parent.mkdir(parents=True, exist_ok=True)
+            text = head + "\n" + etext + "\n"
+            stem.with_suffix(".md").write_text(text)
+            import json
+            stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": erows, "summary": esummary},
+                                                            indent=1, default=str))
+            print(text)
+            return 0
+    # (room for --models, the shared end-to-end benchmark: H3)
     shapes = list(dict.fromkeys(BATCH_SWEEP + SIZE_SWEEP + ([] if a.quick else EFFNET)))
     measured, compile_times = {}, []
     for s in shapes:
@@ -301,6 +433,8 @@ def main(argv=None):
             f"work captured in a CUDA graph and replayed (GPU time alone). floor% = floor / fused. torch.compile: "
             f"{len(compile_times)} static-shape compiles, {sum(compile_times):.0f} s. Bench wall time "
             f"{time.time() - t_start:.0f} s.\n")
+    if a.quick:
+        sections.append(etext)
     text = head + "\n" + "\n\n".join(sections) + "\n"
     stem = Path(a.out)
     stem.parent.mkdir(parents=True, exist_ok=True)

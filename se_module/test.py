@@ -370,7 +370,7 @@ def test_bad_inputs_raise_and_process_stays_usable(device):
         (lambda: T.se_block(x, w1, b1, w2.t(), b2, 1, 3), r"w2 \(fc2.weight\) must be"),
         (lambda: T.se_block(x, w1, b1, w2, b2[:1], 1, 3), r"b2 \(fc2.bias\) must be"),
         (lambda: T.se_block(x, w1, b1, w2, b2, 7, 3), "activation must be 0"),
-        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2 or 3"),
+        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3 or 4"),
         (lambda: T.se_block(x[:, :, :0], w1, b1, w2, b2, 1, 3), "at least 1"),
         (lambda: T.se_block_backward(g[:1], x, w1, b1, w2, b2, 1, 3), "grad must have x's shape"),
         (lambda: T.global_avg_pool(x, 3), "version must be 1"),
@@ -414,7 +414,7 @@ def test_deterministic(device, layout):
 # --------------------------------------------------------------------------- CUDA only
 
 @requires_cuda
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", ["nchw", "cl"])
 def test_cuda_versions_agree_bitwise(version, layout):
     """versions differ in traversal order and launch mode only, never in arithmetic."""
@@ -427,6 +427,37 @@ def test_cuda_versions_agree_bitwise(version, layout):
     ref = grads_of(lambda *a: se_ref(*a), [t.double() for t in (x, *w)], g.double())
     for a, b, name in zip(ours, ref, NAMES):
         close(a, b, 2e-5, name)
+
+
+# v4's spread MLP (2 S C >= 65536 weights): N not a multiple of the sample tile (4),
+# N = 1, S over 32 (several column chunks), C not a multiple of 32, H * W = 1, and
+# both unrolled loops' remainders (I not a multiple of 4 x 32 or 8 x 8).
+SPREAD = [(5, 600, 3, 3, 60), (1, 1152, 2, 3, 48), (6, 1152, 7, 7, 48), (2, 410, 1, 1, 90), (9, 300, 5, 5, 130)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("shape", SPREAD, ids=lambda s: "x".join(map(str, s)))
+def test_cuda_spread_mlp(layout, shape):
+    """v4 (gemv kernels over sample tiles and output chunks) against float64, against
+    v3 (one block per sample: a different summation order, so close, not equal), and
+    bitwise against itself (deterministic); bf16 within 2x PyTorch's own bf16 error."""
+    act = "relu" if shape[0] % 2 else "silu"
+    x, w, g = make(*shape, device="cuda", layout=layout)
+    ours = grads_of(lambda *t: ops.se_block(*t, activation=act, version=4), [x, *w], g)
+    again = grads_of(lambda *t: ops.se_block(*t, activation=act, version=4), [x, *w], g)
+    v3 = grads_of(lambda *t: ops.se_block(*t, activation=act, version=3), [x, *w], g)
+    ref = grads_of(lambda *a: se_ref(*a, act=act), [t.double() for t in (x, *w)], g.double())
+    for a, b, c, r, name in zip(ours, again, v3, ref, NAMES):
+        assert torch.equal(a, b), f"{name} not deterministic"
+        close(a, r, 2e-5, f"{name} v4")
+        close(a, c.double(), 2e-5, f"{name} v4 vs v3")
+    xb, wb, gb = make(*shape, device="cuda", dtype=torch.bfloat16, layout=layout)
+    ours = grads_of(lambda *t: ops.se_block(*t, activation=act, version=4), [xb, *wb], gb)
+    ref = grads_of(lambda *a: se_ref(*a, act=act), [t.double() for t in (xb, *wb)], gb.double())
+    theirs = torch_lowp_grads(xb, wb, gb, act)
+    for o, r, t, name in zip(ours, ref, theirs, NAMES):
+        testing.assert_lowp_close(o, r, t, name=f"{name} bf16 v4")
 
 
 CUDA_BIG = [
@@ -495,7 +526,7 @@ def test_cuda_64bit_indexing():
 
 @requires_cuda
 @pytest.mark.skipif(SAN, reason="KC_SANITIZE=1: sanitize.sh turns the caching allocator off, which graph capture needs")
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_cuda_graph_capture(version):
     m = SqueezeExcitation(32, 8, version=version).cuda()
     static_x = testing.fresh(4, 32, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last)
@@ -638,6 +669,31 @@ def test_torchvision_state_dict_and_convert():
     model = nn.Sequential(TV(32, 8), nn.Identity())
     convert(model)
     assert isinstance(model[0], SqueezeExcitation)
+
+
+@requires_tv
+@no_sanitize
+@pytest.mark.parametrize("model", ["b0", "b4"])
+def test_bench_effnet_shapes_match_torchvision(model):
+    """bench.py's table of EfficientNet SE shapes (C, S, H, W) equals what torchvision's
+    SqueezeExcitation modules see (forward hooks, one image at the model's resolution)."""
+    import importlib.util
+
+    import torchvision
+
+    spec = importlib.util.spec_from_file_location("se_bench", os.path.join(os.path.dirname(__file__), "bench.py"))
+    b = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(b)
+    m = getattr(torchvision.models, f"efficientnet_{model}")(weights=None).eval()
+    seen = []
+    for mod in m.modules():
+        if isinstance(mod, torchvision.ops.SqueezeExcitation):
+            mod.register_forward_hook(lambda mod, i, o: seen.append(
+                (i[0].shape[1], mod.fc1.out_channels, i[0].shape[2], i[0].shape[3])))
+    res = b.EFFNET_MODELS[model][2]
+    with torch.no_grad():
+        m(torch.zeros(1, 3, res, res))
+    assert seen == b.effnet_se_shapes(model)
 
 
 def _effnet(device, dtype, train):

@@ -16,9 +16,9 @@ TORCH_LIBRARY(se_module, m) {
   m.def("excitation(Tensor x, Tensor s) -> Tensor");
   m.def("excitation_backward(Tensor grad, Tensor x, Tensor s) -> (Tensor, Tensor)");
   // the fused block; activation: 0 = ReLU, 1 = SiLU
-  m.def("se_block(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, int version=3) -> Tensor");
+  m.def("se_block(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, int version=4) -> Tensor");
   m.def("se_block_backward(Tensor grad, Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, "
-        "int version=3) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "int version=4) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 // se_module_C.se_block: torch.ops.se_module.se_block through the C++ dispatcher

@@ -91,7 +91,7 @@ inline void check_activation(int64_t act) {
 }
 
 inline void check_fused_version(int64_t v) {
-  TORCH_CHECK(v >= 1 && v <= 3, "version must be 1, 2 or 3 (see se_fused.cu), got ", fmt(v));
+  TORCH_CHECK(v >= 1 && v <= 4, "version must be 1, 2, 3 or 4 (see se_fused.cu), got ", fmt(v));
 }
 
 inline void check_pool_version(int64_t v) {

@@ -215,7 +215,7 @@ at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::T
   if (p.d.n == 0) return new_like_x(p, x_);
   const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
   at::Tensor out = new_like_x(p, x_);
-  at::Tensor ws = workspace(se::fused_forward_workspace(p.d, plan), x_);
+  at::Tensor ws = workspace(se::fused_forward_workspace(p.d, f.S, plan), x_);
   KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), f.w1.const_data_ptr<float>(),
                                      f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(),
                                      f.b2.const_data_ptr<float>(), out.mutable_data_ptr(),

@@ -41,6 +41,22 @@
 //       (evict-first) so the output does not push that data out.
 //   v3  v2 + programmatic dependent launch (sm_90+): kernels 2 and 3 are launched
 //       while their predecessor drains, and wait in griddepcontrol.wait.
+//   v4  v3 + the MLP spread over the GPU where the weights are large (2 S C >= 65536, spread_mlp()):
+//       one block per sample reads all of w1 and w2 on one SM, so many channels over
+//       a small image (EfficientNet's last stages: C = 1152, S = 48) left the MLP
+//       bound by one SM's L2 bandwidth, N times over. Instead each of fc1, fc2 (and
+//       in the backward the two transposed products) is one gemv_kernel launch over
+//       (tile of kTileN samples, chunk of outputs) blocks: the weights of a chunk are
+//       read once per tile of samples, and the grid fills the GPU at any N.
+//       Forward 4 kernels, backward 6; below the threshold v4 is v3.
+//
+// gemv_kernel (v4) assumptions: kThreads threads; grid (output chunks, sample tiles);
+// dynamic shared memory kTileN * I floats (the tile's inputs) + kWarps * kTileN * 32
+// floats (column-mode partials); outputs of samples past N are computed on zeros and
+// not stored. Two access modes, chosen by which way the weight matrix is contiguous:
+//   Row: W(o, i) = w[o * I + i]: a warp per output, lanes over i (coalesced), warp sum;
+//   Col: W(o, i) = w[i * O + o]: lanes over 32 consecutive outputs (coalesced), warps
+//        over slices of i, the 8 warps' partials added in order through shared memory.
 #include "se_kernels.cuh"
 
 namespace se {
@@ -241,18 +257,195 @@ cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, MlpArgs m, const La
   return dev::launch(kernel, dim3(unsigned(d.n)), dim3(kThreads), smem, stream, o.pdl, m);
 }
 
+
+// ------------------------------------------------------------------ v4: the spread MLP
+constexpr int kTileN = 4;              // samples per gemv block: each weight read once per tile
+constexpr int kWarps = kThreads / 32;
+// Below this many weight floats (2 S C) one block per sample reads them fast enough,
+// and v3's single MLP launch is cheaper than v4's two (forward) or four (backward)
+// (H100 probe, EfficientNet shapes: v3 ahead at 2SC = 19200 and 37632, v4 at 76800 and up).
+constexpr int64_t kSpreadMinWeights = 65536;
+
+enum class Epi : int { Fc1 = 0, Fc2Fwd = 1, Fc2Bwd = 2, Da = 3, Coef = 4 };
+
+struct GemvArgs {
+  const float* in;     // [N, I]; Fc1: the reduction's partials [N, splits, I], summed and scaled here
+  int splits;
+  float in_scale;      // Fc1: 1 / L
+  const float* w;      // Row: [O, I]; Col: [I, O]
+  const float* bias;   // [O] (Fc1, Fc2*)
+  int64_t n, i_dim, o_dim;
+  int rows_per_warp;   // Row mode: outputs per warp (the block covers kWarps * rows_per_warp)
+  float* out;          // [N, O]: Fc1 a, Fc2* s, Da dz1, Coef dp / L
+  float* out2;         // Fc1: z1 [N, S] (may be null); Fc2Bwd: dz2 [N, C]
+  const float* aux;    // Fc2Bwd: partials of sum g x [N, splits, C]; Da: z1 [N, S]
+  float* pool_out;     // Fc1 (backward): p [N, C], written by the first output chunk's blocks
+  float out_scale;     // Coef: 1 / L
+};
+
+template <Act ACT, Epi EPI>
+__device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int64_t o, float v) {
+  const int64_t k = n * g.o_dim + o;
+  if constexpr (EPI == Epi::Fc1) {
+    const float z = v + g.bias[o];
+    g.out[k] = act_f<ACT>(z);
+    if (g.out2 != nullptr) g.out2[k] = z;
+  } else if constexpr (EPI == Epi::Fc2Fwd) {
+    g.out[k] = sigmoidf_(v + g.bias[o]);
+  } else if constexpr (EPI == Epi::Fc2Bwd) {
+    const float s = sigmoidf_(v + g.bias[o]);
+    float gs = 0.f;
+    for (int sp = 0; sp < g.splits; ++sp) gs += g.aux[(n * g.splits + sp) * g.o_dim + o];
+    g.out[k] = s;
+    g.out2[k] = gs * s * (1.f - s);
+  } else if constexpr (EPI == Epi::Da) {
+    g.out[k] = v * act_grad<ACT>(g.aux[k]);
+  } else {
+    g.out[k] = v * g.out_scale;
+  }
+}
+
+template <Act ACT, Epi EPI, bool ROW>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
+  extern __shared__ float4 sm4[];
+  float* in_s = reinterpret_cast<float*>(sm4);  // [kTileN, I]
+  const int64_t n0 = int64_t(blockIdx.y) * kTileN;
+  const int nb = int(min(int64_t(kTileN), g.n - n0));
+  const int64_t I = g.i_dim, O = g.o_dim;
+  dev::grid_dependency_wait();
+  dev::launch_dependents();
+  for (int64_t e = threadIdx.x; e < kTileN * I; e += kThreads) {
+    const int b = int(e / I);
+    const int64_t i = e - b * I;
+    float v = 0.f;
+    if (b < nb) {
+      if constexpr (EPI == Epi::Fc1) {
+        for (int sp = 0; sp < g.splits; ++sp) v += g.in[((n0 + b) * g.splits + sp) * I + i];
+        v *= g.in_scale;
+        if (g.pool_out != nullptr && blockIdx.x == 0) g.pool_out[(n0 + b) * I + i] = v;
+      } else {
+        v = g.in[(n0 + b) * I + i];
+      }
+    }
+    in_s[e] = v;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if constexpr (ROW) {
+    const int64_t o_base = int64_t(blockIdx.x) * kWarps * g.rows_per_warp + int64_t(warp) * g.rows_per_warp;
+    for (int r = 0; r < g.rows_per_warp; ++r) {
+      const int64_t o = o_base + r;
+      if (o >= O) break;  // the whole warp leaves together
+      const float* w = g.w + o * I;
+      float acc[kTileN];
+#pragma unroll
+      for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
+      for (int64_t i = lane; i < I; i += 32) {
+        const float wv = __ldg(w + i);
+#pragma unroll
+        for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
+      }
+#pragma unroll
+      for (int b = 0; b < kTileN; ++b) {
+        const float v = kc::warp_reduce_sum<32>(acc[b]);  // every lane active: o is warp-uniform
+        if (lane == 0 && b < nb) gemv_epilogue<ACT, EPI>(g, n0 + b, o, v);
+      }
+    }
+  } else {
+    float* part = in_s + kTileN * I;  // [kWarps, kTileN, 32]
+    const int64_t o = int64_t(blockIdx.x) * 32 + lane;
+    float acc[kTileN];
+#pragma unroll
+    for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
+    if (o < O) {
+      for (int64_t i = warp; i < I; i += kWarps) {
+        const float wv = __ldg(g.w + i * O + o);
+#pragma unroll
+        for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kTileN; ++b) part[(warp * kTileN + b) * 32 + lane] = acc[b];
+    __syncthreads();
+    if (warp == 0 && o < O) {
+      for (int b = 0; b < nb; ++b) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v += part[(w * kTileN + b) * 32 + lane];
+        gemv_epilogue<ACT, EPI>(g, n0 + b, o, v);
+      }
+    }
+  }
+}
+
+size_t gemv_smem(int64_t i_dim, bool row) {
+  return (size_t(kTileN) * size_t(i_dim) + (row ? 0 : size_t(kWarps) * kTileN * 32)) * sizeof(float);
+}
+
+// Whether v4's spread MLP runs for this shape (and fits: the largest input row staged).
+bool spread_mlp(const Dims& d, int64_t S, const LaunchOpts& o) {
+  if (!o.spread || 2 * S * d.c < kSpreadMinWeights) return false;
+  if (dev::ceil_div(d.n, kTileN) > 65535) return false;  // grid.y
+  const size_t need = gemv_smem(d.c > S ? d.c : S, false);
+  return need <= size_t(o.max_smem);
+}
+
+template <Act ACT, Epi EPI, bool ROW>
+cudaError_t launch_gemv(GemvArgs g, const LaunchOpts& o, cudaStream_t stream) {
+  const size_t smem = gemv_smem(g.i_dim, ROW);
+  auto kernel = gemv_kernel<ACT, EPI, ROW>;
+  if (smem > 48 * 1024) {
+    KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  }
+  const int64_t tiles = dev::ceil_div(g.n, kTileN);
+  int64_t chunks;
+  if constexpr (ROW) {
+    // 4 outputs per warp where that still gives two blocks per SM, else 1 (small N and O)
+    g.rows_per_warp = dev::ceil_div(g.o_dim, kWarps * 4) * tiles >= 2 * int64_t(o.num_sms) ? 4 : 1;
+    chunks = dev::ceil_div(g.o_dim, kWarps * g.rows_per_warp);
+  } else {
+    chunks = dev::ceil_div(g.o_dim, 32);
+  }
+  KC_CUDA_TRY(dev::check_grid(chunks));
+  return dev::launch(kernel, dim3(unsigned(chunks), unsigned(tiles)), dim3(kThreads), smem, stream, o.pdl, g);
+}
+
+template <Epi EPI, bool ROW>
+cudaError_t launch_gemv_act(Act act, const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
+  return act == Act::SiLU ? launch_gemv<Act::SiLU, EPI, ROW>(g, o, stream)
+                          : launch_gemv<Act::ReLU, EPI, ROW>(g, o, stream);
+}
+
+GemvArgs gemv_args(const Dims& d, const float* in, const float* w, const float* bias, int64_t i_dim, int64_t o_dim,
+                   float* out) {
+  GemvArgs g{};
+  g.in = in;
+  g.splits = 1;
+  g.in_scale = 1.f;
+  g.w = w;
+  g.bias = bias;
+  g.n = d.n;
+  g.i_dim = i_dim;
+  g.o_dim = o_dim;
+  g.rows_per_warp = 1;
+  g.out = out;
+  g.out_scale = 1.f;
+  return g;
+}
+
 }  // namespace
 
 size_t fused_mlp_smem_bytes(int64_t C, int64_t S, bool backward) {
   return size_t(backward ? 3 : 1) * size_t(C + S) * sizeof(float);
 }
 
-int64_t fused_forward_workspace(const Dims& d, const ReducePlan& p) {
-  return d.n * p.splits * d.c + d.n * d.c;
+int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p) {
+  return d.n * p.splits * d.c + d.n * d.c + d.n * S;  // part, s, a (v4)
 }
 
 int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p) {
-  return 2 * d.n * p.splits * d.c + 4 * d.n * d.c + 2 * d.n * S;
+  return 2 * d.n * p.splits * d.c + 4 * d.n * d.c + 3 * d.n * S;  // ..., a, dz1, z1 (v4)
 }
 
 cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const float* w1, const float* b1,
@@ -262,6 +455,16 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
   float* part = ws;
   float* s = ws + d.n * p.splits * d.c;
   KC_CUDA_TRY((dev::launch_reduce<true, false, false>(x, nullptr, nullptr, nullptr, dt, d, p, part, nullptr, stream)));
+  if (spread_mlp(d, S, o)) {
+    float* a = s + d.n * d.c;
+    GemvArgs f1 = gemv_args(d, part, w1, b1, d.c, S, a);  // a = act(w1 p + b1)
+    f1.splits = p.splits;
+    f1.in_scale = 1.f / float(d.l);
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc1, true>(act, f1, o, stream)));
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd, true>(act, gemv_args(d, a, w2, b2, S, d.c, s), o, stream)));
+    return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
+                                          nullptr, stream);
+  }
   MlpArgs m = mlp_args(part, p.splits, d, S, w1, b1, w2, b2, s);
   const size_t smem = fused_mlp_smem_bytes(d.c, S, false);
   KC_CUDA_TRY(act == Act::SiLU ? launch_mlp(mlp_forward_kernel<Act::SiLU>, d, smem, m, o, stream)
@@ -284,8 +487,28 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   float* dz2 = pool + nc;
   float* a = dz2 + nc;
   float* dz1 = a + d.n * S;
+  float* z1 = dz1 + d.n * S;
   // one pass over (x, grad): sum x and sum grad * x per (n, c)
   KC_CUDA_TRY((dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream)));
+  if (spread_mlp(d, S, o)) {
+    GemvArgs f1 = gemv_args(d, part_x, w1, b1, d.c, S, a);  // p, z1, a
+    f1.splits = p.splits;
+    f1.in_scale = 1.f / float(d.l);
+    f1.out2 = z1;
+    f1.pool_out = pool;
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc1, true>(act, f1, o, stream)));
+    GemvArgs f2 = gemv_args(d, a, w2, b2, S, d.c, s);  // s, dz2 = (sum g x) s (1 - s)
+    f2.out2 = dz2;
+    f2.aux = part_gx;
+    f2.splits = p.splits;
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Bwd, true>(act, f2, o, stream)));
+    GemvArgs da = gemv_args(d, dz2, w2, nullptr, d.c, S, dz1);  // dz1 = (w2^T dz2) act'(z1); w2 is [C, S] = [I, O]
+    da.aux = z1;
+    KC_CUDA_TRY((launch_gemv_act<Epi::Da, false>(act, da, o, stream)));
+    GemvArgs cf = gemv_args(d, dz1, w1, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1 is [S, C] = [I, O]
+    cf.out_scale = 1.f / float(d.l);
+    KC_CUDA_TRY((launch_gemv_act<Epi::Coef, false>(act, cf, o, stream)));
+  } else {
   MlpArgs m = mlp_args(part_x, p.splits, d, S, w1, b1, w2, b2, s);
   m.part_gx = part_gx;
   m.coef_out = coef;
@@ -296,6 +519,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   const size_t smem = fused_mlp_smem_bytes(d.c, S, true);
   KC_CUDA_TRY(act == Act::SiLU ? launch_mlp(mlp_backward_kernel<Act::SiLU>, d, smem, m, o, stream)
                                : launch_mlp(mlp_backward_kernel<Act::ReLU>, d, smem, m, o, stream));
+  }
   dev::WgradArgs wg{dz1, pool, dz2, a, dw1, db1, dw2, db2, d.n, d.c, S};
   return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms, &wg,
                                      stream);

@@ -296,11 +296,15 @@ __global__ void __launch_bounds__(kThreads) reduce_cols_kernel(ReduceArgs<T> a) 
   }
 }
 
-// NHWC tiling: vector columns per tile and number of tiles.
+// NHWC tiling: vector columns per tile and number of tiles. At most kNhwcMaxTc
+// vector columns per tile (balanced across the tiles), so that a block always
+// walks several rows at once: with a whole row per tile (up to 256 vector columns),
+// many channels over a small image left one row per block step and few blocks.
+constexpr int kNhwcMaxTc = 32;
 inline void nhwc_tiles(int64_t c, int vec, int* tc, int* col_tiles) {
   const int64_t cv = ceil_div(c, vec);
-  *tc = int(cv < kThreads ? cv : kThreads);
-  *col_tiles = int(ceil_div(cv, *tc));
+  *col_tiles = int(ceil_div(cv, kNhwcMaxTc));
+  *tc = int(ceil_div(cv, *col_tiles));
 }
 
 template <bool kSumX, bool kSumGX, bool kWriteGS>

@@ -47,6 +47,7 @@ struct LaunchOpts {
   bool streaming;  // v2+: outputs stored with .cs (evict-first), so they do not push inputs out of L2
   bool pdl;        // v3+: programmatic dependent launch (sm_90+): next kernel launches while this one drains
   int max_smem;    // bytes of shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+  bool spread;     // v4+: the MLP spread over (sample tile, output chunk) blocks where the weights are large
 };
 LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem);
 
@@ -76,7 +77,7 @@ cudaError_t excitation_backward(const void* grad, const void* x, const float* s,
 
 // ---------------------------------------------------------------- fused (se_fused.cu)
 // out = x * sigmoid(w2 @ act(w1 @ mean_l(x) + b1) + b2), broadcast over l.
-int64_t fused_forward_workspace(const Dims& d, const ReducePlan& p);  // floats
+int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p);  // floats
 cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const float* w1,
                        const float* b1, const float* w2, const float* b2, void* out, float* ws,
                        LaunchOpts o, cudaStream_t stream);
@@ -92,6 +93,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
 
 // Dynamic shared memory the fused MLP kernels need (bytes), and the most any
 // block may have on the current device; the glue rejects shapes above it.
+// (The per-sample MLP's need; the spread MLP of v4 is taken only where it fits.)
 size_t fused_mlp_smem_bytes(int64_t C, int64_t S, bool backward);
 
 }  // namespace se

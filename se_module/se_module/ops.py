@@ -27,7 +27,7 @@ _C = import_extension("se_module", Path(__file__).resolve().parent.parent)
 _ops = torch.ops.se_module
 
 #: fused-kernel version used when none is given (see csrc/se_fused.cu)
-DEFAULT_VERSION = 3
+DEFAULT_VERSION = 4
 ACTIVATIONS = {"relu": 0, "silu": 1}
 
 
