@@ -236,4 +236,4 @@ def test_bench_timers_run_the_op():
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q", *sys.argv[1:]]))
+    sys.exit(testing.main(__file__, ["-q", *sys.argv[1:]]))
