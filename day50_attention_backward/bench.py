@@ -159,10 +159,8 @@ def main():
     with open(args.out + ".md", "w") as f:
         f.write(text)
     meta["variants"] = vrows
-    bench.write_report(rows, sorted({c for r in rows for c in r}), args.out,
-                       "day50 attention backward TFLOP/s", meta,
-                       plot_cols=["fused bwd TF/s", "flash bwd TF/s", "cudnn bwd TF/s", "efficient bwd TF/s"],
-                       label_col="shape")
+    bench.write_report(rows, sorted({c for r in rows for c in r}), args.out, "day50 attention TFLOP/s", meta)
+    bench.plot_attention(rows, args.out + ".png", f"day50 attention, bf16, B={B}, H={H}", meta)
     print(text)
 
 

@@ -216,7 +216,7 @@ def plot_rows(rows: list[dict], plot_cols: list[str], path: str | Path, title: s
                 label=c, color=cmap(j % 10))
     ax.set_yticks(range(n))
     ax.set_yticklabels(labels, fontsize=8)
-    ax.invert_yaxis()  # first row at the top, as in the table
+    ax.set_ylim(n - 0.5, -0.5)  # first row at the top, as in the table
     ax.set_ylabel(label_col or "row")
     if floor_col is not None:
         ax.set_xlabel(f"% of the hardware floor ({floor_col} / time; 100% = at the floor, longer is faster)")
@@ -256,7 +256,7 @@ def plot_attention(rows: list[dict], path: str | Path, title: str, meta: dict | 
     passes = [p for p in passes if any(f"{n} {p} TF/s" in r for r in rows for n in names)]
     ncol = max(1, len(panels))
     fig, axes = plt.subplots(len(passes) or 1, ncol, figsize=(3.6 * ncol, 3.2 * max(1, len(passes))),
-                             squeeze=False, sharey="row")
+                             squeeze=False)
     cmap = plt.get_cmap("tab10")
     for i, p in enumerate(passes):
         for j, pk in enumerate(panels):
@@ -277,9 +277,9 @@ def plot_attention(rows: list[dict], path: str | Path, title: str, meta: dict | 
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, 0.93))
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, 0.925))
     fig.suptitle(_figure_title(title, meta), fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.86))
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
