@@ -71,7 +71,7 @@ for p in "${pkgs[@]}"; do
   if [[ $has_cuda_torch == 0 && $has_nvcc == 1 && ${#cu_roots[@]} -gt 0 ]]; then
     R_CHECK[$p]=ok
     for r in "${cu_roots[@]}"; do
-      $PY -m kernel_common.build check-cuda "$r" 2>&1 | tee -a "$LOGS/$p.nvcc.log" | sed 's/^/ /'
+      $PY -m kernel_common.build check-cuda "$r" 2>&1 | tee -a "$LOGS/$p.nvcc.log" | sed -u 's/^/ /'
       [[ ${PIPESTATUS[0]} == 0 ]] || { R_CHECK[$p]=FAILED; failed=1; }
     done
   fi
