@@ -82,6 +82,9 @@ def main():
     p.add_argument("--variants", action="store_true", help="also time every fused-backward tiling variant")
     args = p.parse_args()
     args.warmup, args.rep, args.max_ms = (2, 5, 150.0) if args.quick else (3, 15, 600.0)
+    if not torch.cuda.is_available():
+        print("bench.py needs a CUDA GPU")
+        return 1
     meta = bench.device_meta()
     mm = bench.matmul_tflops(torch.bfloat16)
     meta["bf16_matmul_tflops"] = round(mm, 1)
@@ -165,4 +168,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
