@@ -235,6 +235,22 @@ def test_bench_timers_run_the_op():
     assert len(flushes) == 4  # a given flush runs before each timed repeat, instead of the default
 
 
+def test_check_cache_key(tmp_path):
+    """The nvcc check's cache key changes with the source, any header, the command line
+    and the compiler version, and with nothing else."""
+    src, hdr = tmp_path / "a.cu", tmp_path / "a.cuh"
+    src.write_text("int a;"); hdr.write_text("int h;")
+    key = lambda cmd=("nvcc", "-O3"), ver="13.0": build._check_key(src, list(cmd), [hdr], ver)
+    k0 = key()
+    assert key() == k0
+    assert key(cmd=("nvcc", "-O2")) != k0 and key(ver="13.2") != k0
+    hdr.write_text("int h2;")
+    k1 = key()
+    assert k1 != k0
+    src.write_text("int b;")
+    assert key() != k1
+
+
 def _synthetic_rows():
     rows = []
     for i, shape in enumerate(["4096x768", "8192x1000", "1x3"]):

@@ -228,16 +228,16 @@ def _nvcc_version(nvcc: str) -> str:
     return subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
 
 
-def _check_key(cu: Path, cmd: list[str], headers: list[Path], nvcc_version: str) -> str:
-    """What decides an nvcc check's result: the source, every header it may include
+def _check_key(src: Path, cmd: list[str], headers: list[Path], tool_version: str) -> str:
+    """What decides a compile check's result: the source, every header it may include
     (all of csrc/ and kc/: a superset, so an edit to any header rechecks), the command
-    line and nvcc's version."""
+    line and the compiler's version (and torch's, for the glue's torch headers)."""
     import hashlib
 
     h = hashlib.sha256()
-    for part in (nvcc_version, "\0".join(cmd)):
+    for part in (tool_version, "\0".join(cmd)):
         h.update(part.encode()); h.update(b"\0")
-    for f in [cu, *headers]:
+    for f in [src, *headers]:
         h.update(str(f).encode()); h.update(f.read_bytes())
     return h.hexdigest()
 
@@ -247,8 +247,8 @@ def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print, jo
     (torch's COMMON_NVCC_FLAGS plus ours), `jobs` at a time (default: one per core),
     and syntax-check the *_cuda.cpp glue with the host compiler against torch's
     headers. A compile whose source, headers, flags and nvcc version are unchanged
-    since it last passed is not redone (key stored beside its .o under
-    build/nvcc-check). Returns True when all pass."""
+    since it last passed is not redone (a key stored under build/nvcc-check).
+    Returns True when all pass."""
     import torch
     from concurrent.futures import ThreadPoolExecutor
     from torch.utils import cpp_extension
@@ -267,28 +267,6 @@ def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print, jo
     headers = sorted(p for d in [root / "csrc", Path(include_dir())] for p in d.rglob("*")
                      if p.suffix in (".h", ".cuh", ".hpp", ".inl"))
 
-    def one(cu: Path, arch: str):
-        obj = out_dir / f"{cu.stem}.sm{arch}.o"
-        cmd = [nvcc, "-c", str(cu), "-o", str(obj),
-               f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-warn-spills",
-               *_torch_nvcc_flags(), *args["nvcc"], *incs]
-        key = _check_key(cu, cmd, headers, version)
-        stamp = obj.with_suffix(".key")
-        if obj.exists() and stamp.exists() and stamp.read_text() == key:
-            return cu, arch, True, "ok (unchanged)", ""
-        stamp.unlink(missing_ok=True)
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode == 0:
-            stamp.write_text(key)
-        return cu, arch, r.returncode == 0, "ok" if r.returncode == 0 else "FAILED", r.stdout + r.stderr
-
-    tasks = [(cu, arch) for cu in sorted((root / "csrc").glob("*.cu")) for arch in archs]
-    with ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1)) as pool:
-        for cu, arch, good, status, out in pool.map(lambda t: one(*t), tasks):
-            log(f"  nvcc sm_{arch} {cu.relative_to(root)}: {status}")
-            if not good:
-                ok = False
-                log(out)
     # torch-side CUDA glue: syntax only (no CUDA torch libraries to link here)
     cuda_home = Path(nvcc).resolve().parent.parent
     torch_incs = [f"-I{p}" for p in cpp_extension.include_paths()]
@@ -299,17 +277,42 @@ def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print, jo
         stub.mkdir(parents=True, exist_ok=True)
         (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
         torch_incs.append(f"-I{out_dir / 'stub'}")
+    cxx = os.environ.get("CXX", "c++")
+    cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout + torch.__version__
+
+    # (label, source, command, stamp, tool version): every compile the check runs
+    tasks = []
+    for cu in sorted((root / "csrc").glob("*.cu")):
+        for arch in archs:
+            obj = out_dir / f"{cu.stem}.sm{arch}.o"
+            cmd = [nvcc, "-c", str(cu), "-o", str(obj),
+                   f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-warn-spills",
+                   *_torch_nvcc_flags(), *args["nvcc"], *incs]
+            tasks.append((f"nvcc sm_{arch} {cu.relative_to(root)}", cu, cmd, obj.with_suffix(".key"), version))
     for cpp in sorted((root / "csrc").glob("*_cuda.cpp")):
-        cxx = os.environ.get("CXX", "c++")
         cmd = [cxx, "-fsyntax-only", "-std=c++17", str(cpp), "-DKC_WITH_CUDA", *incs, *torch_incs,
                f"-I{cuda_home / 'include'}", "-I/usr/local/cuda/include",
                f"-I{sysconfig_include()}", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+        tasks.append((f"c++ -fsyntax-only {cpp.relative_to(root)}", cpp, cmd,
+                      out_dir / f"{cpp.stem}.syntax.key", cxx_version))
+
+    def one(task):
+        label, src, cmd, stamp, tool_version = task
+        key = _check_key(src, cmd, headers, tool_version)
+        if stamp.exists() and stamp.read_text() == key:
+            return label, True, "ok (unchanged)", ""
+        stamp.unlink(missing_ok=True)
         r = subprocess.run(cmd, capture_output=True, text=True)
-        status = "ok" if r.returncode == 0 else "FAILED"
-        log(f"  c++ -fsyntax-only {cpp.relative_to(root)}: {status}")
-        if r.returncode != 0:
-            ok = False
-            log(r.stdout + r.stderr)
+        if r.returncode == 0:
+            stamp.write_text(key)
+        return label, r.returncode == 0, "ok" if r.returncode == 0 else "FAILED", r.stdout + r.stderr
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1)) as pool:
+        for label, good, status, out in pool.map(one, tasks):
+            log(f"  {label}: {status}")
+            if not good:
+                ok = False
+                log(out)
     return ok
 
 
