@@ -430,5 +430,100 @@ def test_models_timing_cuda():
     assert rows[0]["eager speedup"] == 1 and rows[0]["GPU-only speedup"] == 1
 
 
+def test_check_cache_key(tmp_path):
+    """The nvcc check's cache key changes with the source, any header, the command line
+    and the compiler version, and with nothing else."""
+    src, hdr = tmp_path / "a.cu", tmp_path / "a.cuh"
+    src.write_text("int a;"); hdr.write_text("int h;")
+    key = lambda cmd=("nvcc", "-O3"), ver="13.0": build._check_key(src, list(cmd), [hdr], ver)
+    k0 = key()
+    assert key() == k0
+    assert key(cmd=("nvcc", "-O2")) != k0 and key(ver="13.2") != k0
+    hdr.write_text("int h2;")
+    k1 = key()
+    assert k1 != k0
+    src.write_text("int b;")
+    assert key() != k1
+
+
+def _synthetic_rows():
+    rows = []
+    for i, shape in enumerate(["4096x768", "8192x1000", "1x3"]):
+        rows.append({"shape": shape, "ours": 10.0 + i, "torch": 20.0 + i, "compile": None, "floor": 5.0})
+    return rows
+
+
+def test_report_plot_is_readable(tmp_path):
+    """write_report's PNG: written, one bar group per shape, % of floor on a labelled x
+    axis, shapes on a labelled y axis, device and date in the title."""
+    testing.optional_import("matplotlib")
+    from kernel_common import bench
+    import matplotlib.pyplot as plt
+
+    seen = {}
+    real_close = plt.close
+    plt.close = lambda fig=None: seen.setdefault("fig", fig)  # keep the figure to inspect it
+    try:
+        bench.write_report(_synthetic_rows(), ["shape", "ours", "torch", "compile", "floor"], tmp_path / "r", "t",
+                           {"device": "DEV", "date": "2026-11-23"}, plot_cols=["ours", "torch", "compile", "floor"],
+                           label_col="shape")
+    finally:
+        plt.close = real_close
+    assert (tmp_path / "r.json").exists() and (tmp_path / "r.png").stat().st_size > 0
+    ax = seen["fig"].axes[0]
+    assert "% of the hardware floor" in ax.get_xlabel() and ax.get_ylabel() == "shape"
+    assert "DEV" in ax.get_title() and "2026-11-23" in ax.get_title()
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["4096x768", "8192x1000", "1x3"]
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert widths[-1] == pytest.approx(50.0) and widths[0] == pytest.approx(100 * 5 / 22)  # floor / time
+    real_close(seen["fig"])
+
+
+def test_attention_plot_is_readable(tmp_path):
+    testing.optional_import("matplotlib")
+    from kernel_common import bench
+    import matplotlib.pyplot as plt
+
+    rows = [{"N": n, "d": d, "causal": c, "fused bwd TF/s": 100.0 + n / 100, "flash bwd TF/s": 150.0,
+             "cudnn bwd TF/s": 200.0} for n in (1024, 2048, 4096) for d in (64, 128) for c in (False, True)]
+    seen = {}
+    real_close = plt.close
+    plt.close = lambda fig=None: seen.setdefault("fig", fig)
+    try:
+        assert bench.plot_attention(rows, tmp_path / "a.png", "attn", {"device": "DEV", "date": "D"})
+    finally:
+        plt.close = real_close
+    fig = seen["fig"]
+    assert (tmp_path / "a.png").stat().st_size > 0
+    assert len(fig.axes) == 4  # one panel per (d, causal); only bwd columns given
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "sequence length N" and len(ax.get_lines()) == 3
+    assert fig.axes[0].get_ylabel() == "bwd TFLOP/s" and "DEV" in fig._suptitle.get_text()
+    real_close(fig)
+
+
+def test_report_without_matplotlib(tmp_path, monkeypatch, capsys):
+    from kernel_common import bench
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as when it is not installed
+    bench.write_report(_synthetic_rows(), ["shape", "ours"], tmp_path / "r", "t", {}, plot_cols=["ours", "floor"],
+                       label_col="shape")
+    assert (tmp_path / "r.json").exists() and not (tmp_path / "r.png").exists()
+    assert "matplotlib is not installed" in capsys.readouterr().out
+
+
+def test_optional_import_skips_on_any_failure(monkeypatch):
+    import types
+
+    broken = types.ModuleType("kc_broken_dep")
+    monkeypatch.setitem(sys.modules, "kc_broken_dep", None)
+    with pytest.raises(pytest.skip.Exception, match="kc_broken_dep"):
+        testing.optional_import("kc_broken_dep")
+    ok, why = testing.optional_available("kc_broken_dep")
+    assert not ok and "kc_broken_dep" in why
+    monkeypatch.setitem(sys.modules, "kc_broken_dep", broken)
+    assert testing.optional_import("kc_broken_dep") is broken
+
+
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q", *sys.argv[1:]]))
+    sys.exit(testing.main(__file__, ["-q", *sys.argv[1:]]))

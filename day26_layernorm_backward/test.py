@@ -624,4 +624,4 @@ def test_cuda_tests_are_not_silently_skipped_on_a_gpu_machine():
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, *sys.argv[1:]]))
+    sys.exit(testing.main(__file__))

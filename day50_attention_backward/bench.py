@@ -89,6 +89,9 @@ def main():
             attention=lambda q, k, v, causal, scale: da.attention(q, k, v, causal=causal, scale=scale))})
         return
     args.warmup, args.rep, args.max_ms = (2, 5, 150.0) if args.quick else (3, 15, 600.0)
+    if not torch.cuda.is_available():
+        print("bench.py needs a CUDA GPU")
+        return 1
     meta = bench.device_meta()
     mm = bench.matmul_tflops(torch.bfloat16)
     meta["bf16_matmul_tflops"] = round(mm, 1)
@@ -166,12 +169,10 @@ def main():
     with open(args.out + ".md", "w") as f:
         f.write(text)
     meta["variants"] = vrows
-    bench.write_report(rows, sorted({c for r in rows for c in r}), args.out,
-                       "day50 attention backward TFLOP/s", meta,
-                       plot_cols=["fused bwd TF/s", "flash bwd TF/s", "cudnn bwd TF/s", "efficient bwd TF/s"],
-                       label_col="shape")
+    bench.write_report(rows, sorted({c for r in rows for c in r}), args.out, "day50 attention TFLOP/s", meta)
+    bench.plot_attention(rows, args.out + ".png", f"day50 attention, bf16, B={B}, H={H}", meta)
     print(text)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

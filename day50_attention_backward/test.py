@@ -705,4 +705,4 @@ def test_cuda_fused_backward_allocates_no_n_by_n():
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, *sys.argv[1:]]))
+    sys.exit(testing.main(__file__))

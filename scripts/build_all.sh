@@ -16,6 +16,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1   # progress lines as they happen, also through tee/pipes
 MODE=install; BENCH=0; ONLY=()
 for a in "$@"; do
   case "$a" in
@@ -70,7 +71,7 @@ for p in "${pkgs[@]}"; do
   if [[ $has_cuda_torch == 0 && $has_nvcc == 1 && ${#cu_roots[@]} -gt 0 ]]; then
     R_CHECK[$p]=ok
     for r in "${cu_roots[@]}"; do
-      $PY -m kernel_common.build check-cuda "$r" 2>&1 | tee -a "$LOGS/$p.nvcc.log" | sed 's/^/ /'
+      $PY -m kernel_common.build check-cuda "$r" 2>&1 | tee -a "$LOGS/$p.nvcc.log" | sed -u 's/^/ /'
       [[ ${PIPESTATUS[0]} == 0 ]] || { R_CHECK[$p]=FAILED; failed=1; }
     done
   fi
@@ -95,10 +96,11 @@ try:
     s = r if r.tag == "testsuite" else r.find("testsuite")
     print(s.get("tests"), s.get("failures"), s.get("errors"), s.get("skipped"))
 except Exception:
-    print(0, 0, 1, 0)
+    print(0, 0, 0, 0)  # no report: the run died before pytest wrote it (rc says so)
 PYEOF
 )
-  R_PASS[$p]=$((n_t - n_f - n_e - n_s)); R_FAIL[$p]=$((n_f + n_e)); R_SKIP[$p]=$n_s
+  R_PASS[$p]=$((n_t - n_f - n_e - n_s)); ((R_PASS[$p] < 0)) && R_PASS[$p]=0
+  R_FAIL[$p]=$((n_f + n_e)); R_SKIP[$p]=$n_s
   if [[ $rc != 0 || ${R_PASS[$p]} == 0 ]]; then failed=1; [[ ${R_FAIL[$p]} == 0 ]] && R_FAIL[$p]="rc=$rc"; fi
   if [[ $BENCH == 1 && -f $p/bench.py ]]; then
     if (cd "$p" && $PY bench.py --out "$LOGS/$p" 2>&1 | tee "$LOGS/$p.bench.log"); then R_BENCH[$p]=ok; else R_BENCH[$p]=FAILED; failed=1; fi

@@ -39,13 +39,9 @@ try:  # a hung test fails with every thread's stack instead of stalling the whol
     pytestmark = pytest.mark.timeout(600 if SAN else 240)
 except ImportError:
     pass
-try:
-    import torchvision  # noqa: F401
-
-    HAS_TV = True
-except ImportError:
-    HAS_TV = False
-requires_tv = pytest.mark.skipif(not HAS_TV, reason="torchvision is not installed")
+# any failure to load counts (a torchvision built for another torch imports, then its ops fail)
+HAS_TV, _TV_WHY = testing.optional_available("torchvision")
+requires_tv = pytest.mark.skipif(not HAS_TV, reason=_TV_WHY or "torchvision is not installed")
 no_sanitize = pytest.mark.skipif(SAN, reason="KC_SANITIZE=1: only our kernels run under compute-sanitizer")
 
 T = torch.ops.se_module
@@ -797,4 +793,4 @@ def test_torch_compile_fullgraph(device):
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, *sys.argv[1:]]))
+    sys.exit(testing.main(__file__))

@@ -9,7 +9,8 @@
   (bytes read + bytes written per second for a large device-to-device copy; a
   large bf16 matrix product on random data).
 - floor_us(bytes, gbs) and flops_floor_us(flops, tflops): the time no version can beat.
-- Report: rows -> printed table, JSON and (with matplotlib) a PNG bar plot.
+- Report: rows -> printed table, JSON and (with matplotlib) a PNG: % of the floor per
+  shape beside the peers (plot_rows), or attention's TFLOP/s against N (plot_attention).
 The end-to-end model benchmark (a training step with a day's ops swapped in) is in models.py.
 """
 from __future__ import annotations
@@ -168,10 +169,138 @@ def format_table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(out)
 
 
+def _pyplot():
+    """matplotlib's pyplot on the file-only backend, or None (with a message) when
+    matplotlib is missing: it is the bench extra, not a requirement."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no PNG written (pip install matplotlib, or the package's [bench] extra)")
+        return None
+    return plt
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _figure_title(title: str, meta: dict) -> str:
+    where = ", ".join(str(meta[k]) for k in ("device", "date") if meta.get(k))
+    return f"{title}\n{where}" if where else title
+
+
+def plot_rows(rows: list[dict], plot_cols: list[str], path: str | Path, title: str, meta: dict | None = None,
+              label_col: str | None = None, floor_col: str | None = None, value_label: str | None = None):
+    """One PNG a person can read: a horizontal group of bars per row (shape), one bar
+    per series in plot_cols. With floor_col (a time no kernel can beat, same unit as
+    the series) each bar is floor / time in % (100% = at the hardware floor; longer is
+    faster); otherwise the values themselves, `value_label` naming their unit.
+    Returns the path, or None without matplotlib."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    meta = meta or {}
+    series = [c for c in plot_cols if c != floor_col]
+    labels = [str(r.get(label_col, i)) if label_col else str(i) for i, r in enumerate(rows)]
+
+    def val(r, c):
+        v = _num(r.get(c))
+        if floor_col is None:
+            return v
+        f = _num(r.get(floor_col))
+        return 100.0 * f / v if v and f else None
+
+    n, k = len(rows), max(1, len(series))
+    h = 0.8 / k
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.16 * n * k + 0.1 * n))
+    cmap = plt.get_cmap("tab10")
+    for j, c in enumerate(series):
+        ys = [i + (j - (k - 1) / 2) * h for i in range(n)]
+        xs = [val(r, c) for r in rows]
+        ax.barh([y for y, x in zip(ys, xs) if x is not None], [x for x in xs if x is not None], h,
+                label=c, color=cmap(j % 10))
+    ax.set_yticks(range(n))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_ylim(n - 0.5, -0.5)  # first row at the top, as in the table
+    ax.set_ylabel(label_col or "row")
+    if floor_col is not None:
+        ax.set_xlabel(f"% of the hardware floor ({floor_col} / time; 100% = at the floor, longer is faster)")
+        ax.axvline(100, color="k", lw=0.8, ls="--")
+    else:
+        ax.set_xlabel(value_label or "value")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(_figure_title(title, meta), fontsize=10)
+    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+ATTENTION_PEERS = {"flash": "FA2 (SDPA flash)", "cudnn": "cuDNN (SDPA)", "efficient": "SDPA mem-efficient"}
+
+
+def plot_attention(rows: list[dict], path: str | Path, title: str, meta: dict | None = None,
+                   ours: str = "fused", peers: dict[str, str] | None = None, passes=("fwd", "bwd")):
+    """Attention's PNG: TFLOP/s against sequence length N, one panel per
+    (dtype, head dim d, causal) and pass (fwd / bwd), ours beside the peers.
+    Rows carry N, d, causal (and dtype, else meta["dtype"], else bf16) and
+    "<name> <pass> TF/s" columns. Returns the path, or None without matplotlib."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    meta = meta or {}
+    peers = ATTENTION_PEERS if peers is None else peers
+    names = {ours: f"ours ({ours})", **peers}
+
+    def key(r):
+        return (str(r.get("dtype", meta.get("dtype", "bf16"))), int(r["d"]), bool(r.get("causal", False)))
+
+    panels = sorted({key(r) for r in rows if "N" in r and "d" in r})
+    passes = [p for p in passes if any(f"{n} {p} TF/s" in r for r in rows for n in names)]
+    ncol = max(1, len(panels))
+    fig, axes = plt.subplots(len(passes) or 1, ncol, figsize=(3.6 * ncol, 3.2 * max(1, len(passes))),
+                             squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for i, p in enumerate(passes):
+        for j, pk in enumerate(panels):
+            ax = axes[i][j]
+            sel = sorted((r for r in rows if "N" in r and "d" in r and key(r) == pk), key=lambda r: r["N"])
+            for c, (name, label) in enumerate(names.items()):
+                pts = [(r["N"], _num(r.get(f"{name} {p} TF/s"))) for r in sel]
+                pts = [(x, y) for x, y in pts if y is not None]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", lw=2.2 if name == ours else 1.2, color=cmap(c), label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted({r["N"] for r in sel}))
+            ax.set_xticklabels([str(r) for r in sorted({r["N"] for r in sel})], fontsize=8)
+            ax.set_title(f"{p}: {pk[0]}, d={pk[1]}, {'causal' if pk[2] else 'full'}", fontsize=9)
+            ax.set_xlabel("sequence length N")
+            if j == 0:
+                ax.set_ylabel(f"{p} TFLOP/s")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, 0.925))
+    fig.suptitle(_figure_title(title, meta), fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_report(rows: list[dict], cols: list[str], path_stem: str | Path, title: str,
-                 meta: dict | None = None, plot_cols: list[str] | None = None, label_col: str | None = None):
-    """Write <stem>.json (meta + rows) and, when matplotlib is present and
-    plot_cols is given, <stem>.png (grouped bars of plot_cols per row)."""
+                 meta: dict | None = None, plot_cols: list[str] | None = None, label_col: str | None = None,
+                 floor_col: str | None = None, value_label: str | None = None):
+    """Write <stem>.json (meta + rows) and, when plot_cols is given, <stem>.png
+    (plot_rows: % of floor per row beside the peers when a floor column is there,
+    floor_col or the plot column whose name starts with "floor"; else the values).
+    Without matplotlib the PNG is skipped with a message."""
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(meta or {})
@@ -179,24 +308,6 @@ def write_report(rows: list[dict], cols: list[str], path_stem: str | Path, title
         json.dump({"title": title, "meta": meta, "columns": cols, "rows": rows}, f, indent=1, default=str)
     if not plot_cols:
         return
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    labels = [str(r.get(label_col, i)) for i, r in enumerate(rows)]
-    n = len(plot_cols)
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) * n / 2 + 2), 4))
-    w = 0.8 / n
-    for j, c in enumerate(plot_cols):
-        ys = [r.get(c) if isinstance(r.get(c), (int, float)) else 0 for r in rows]
-        ax.bar([i + j * w for i in range(len(rows))], ys, w, label=c)
-    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(rows))])
-    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
-    ax.set_title(f"{title} ({meta.get('device', '')}, {meta.get('date', '')})", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=110)
-    plt.close(fig)
+    if floor_col is None:
+        floor_col = next((c for c in plot_cols if c.startswith("floor")), None)
+    plot_rows(rows, plot_cols, stem.with_suffix(".png"), title, meta, label_col, floor_col, value_label)

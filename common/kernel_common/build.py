@@ -123,21 +123,42 @@ def make_extension(pkg: str, root: str | os.PathLike):
                         extra_compile_args={"cxx": args["cxx"]})
 
 
+NEEDS_NO_ISOLATION = (
+    "This package builds a PyTorch extension against the torch already installed, which an\n"
+    "isolated build cannot see. Install torch first (e.g. pip install -r requirements.txt,\n"
+    "or requirements-gpu.txt on a GPU machine), then run, in this folder:\n\n"
+    "    pip install --no-build-isolation .\n"
+)
+
+
 def setup_day(pkg: str, root: str | os.PathLike, description: str, version: str = "0.1.0"):
-    """Everything a day's setup.py needs: `setup_day("day26_layernorm", __file__-dir, "...")`."""
+    """Everything a day's setup.py needs: `setup_day("day26_layernorm", __file__-dir, "...")`.
+
+    Metadata lives in the day's pyproject.toml; this adds the extension and the
+    dependencies: torch and kernel_common, the latter by path to ../common when the
+    day sits in this repo, so one `pip install --no-build-isolation .` installs both.
+    Without torch (a plain `pip install .` builds in an isolated env) it stops at once,
+    saying what to type."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        sys.stderr.write("\n" + NEEDS_NO_ISOLATION + "\n")
+        raise SystemExit(1)
     from setuptools import setup
     from torch.utils.cpp_extension import BuildExtension
 
     root = Path(root).resolve()
     os.chdir(root)
+    common = (root.parent / "common").resolve()
+    kc_req = f"kernel_common @ {common.as_uri()}" if (common / "kernel_common").is_dir() else "kernel_common"
+    meta = {} if (root / "pyproject.toml").exists() else dict(
+        name=pkg, version=version, description=description, python_requires=">=3.10")
     setup(
-        name=pkg,
-        version=version,
-        description=description,
+        **meta,
         packages=[pkg],
         ext_modules=[make_extension(pkg, root)],
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
-        python_requires=">=3.10",
+        install_requires=["torch>=2.11", kc_req],
     )
 
 
@@ -203,11 +224,33 @@ def _torch_nvcc_flags() -> list[str]:
     return list(cpp_extension.COMMON_NVCC_FLAGS)
 
 
-def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print) -> bool:
+def _nvcc_version(nvcc: str) -> str:
+    return subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+
+
+def _check_key(src: Path, cmd: list[str], headers: list[Path], tool_version: str) -> str:
+    """What decides a compile check's result: the source, every header it may include
+    (all of csrc/ and kc/: a superset, so an edit to any header rechecks), the command
+    line and the compiler's version (and torch's, for the glue's torch headers)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for part in (tool_version, "\0".join(cmd)):
+        h.update(part.encode()); h.update(b"\0")
+    for f in [src, *headers]:
+        h.update(str(f).encode()); h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print, jobs: int | None = None) -> bool:
     """Compile every csrc/*.cu of `root` with nvcc for each arch in `archs`
-    (torch's COMMON_NVCC_FLAGS plus ours), and syntax-check the *_cuda.cpp glue
-    with the host compiler against torch's headers. Returns True when all pass."""
+    (torch's COMMON_NVCC_FLAGS plus ours), `jobs` at a time (default: one per core),
+    and syntax-check the *_cuda.cpp glue with the host compiler against torch's
+    headers. A compile whose source, headers, flags and nvcc version are unchanged
+    since it last passed is not redone (a key stored under build/nvcc-check).
+    Returns True when all pass."""
     import torch
+    from concurrent.futures import ThreadPoolExecutor
     from torch.utils import cpp_extension
 
     root = Path(root).resolve()
@@ -220,17 +263,10 @@ def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print) ->
     incs = [f"-I{d}" for d in args["include_dirs"]]
     out_dir = root / "build" / "nvcc-check"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for cu in sorted((root / "csrc").glob("*.cu")):
-        for arch in archs:
-            cmd = [nvcc, "-c", str(cu), "-o", str(out_dir / f"{cu.stem}.sm{arch}.o"),
-                   f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-warn-spills",
-                   *_torch_nvcc_flags(), *args["nvcc"], *incs]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            status = "ok" if r.returncode == 0 else "FAILED"
-            log(f"  nvcc sm_{arch} {cu.relative_to(root)}: {status}")
-            if r.returncode != 0:
-                ok = False
-                log(r.stdout + r.stderr)
+    version = _nvcc_version(nvcc)
+    headers = sorted(p for d in [root / "csrc", Path(include_dir())] for p in d.rglob("*")
+                     if p.suffix in (".h", ".cuh", ".hpp", ".inl"))
+
     # torch-side CUDA glue: syntax only (no CUDA torch libraries to link here)
     cuda_home = Path(nvcc).resolve().parent.parent
     torch_incs = [f"-I{p}" for p in cpp_extension.include_paths()]
@@ -241,17 +277,42 @@ def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print) ->
         stub.mkdir(parents=True, exist_ok=True)
         (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
         torch_incs.append(f"-I{out_dir / 'stub'}")
+    cxx = os.environ.get("CXX", "c++")
+    cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout + torch.__version__
+
+    # (label, source, command, stamp, tool version): every compile the check runs
+    tasks = []
+    for cu in sorted((root / "csrc").glob("*.cu")):
+        for arch in archs:
+            obj = out_dir / f"{cu.stem}.sm{arch}.o"
+            cmd = [nvcc, "-c", str(cu), "-o", str(obj),
+                   f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-warn-spills",
+                   *_torch_nvcc_flags(), *args["nvcc"], *incs]
+            tasks.append((f"nvcc sm_{arch} {cu.relative_to(root)}", cu, cmd, obj.with_suffix(".key"), version))
     for cpp in sorted((root / "csrc").glob("*_cuda.cpp")):
-        cxx = os.environ.get("CXX", "c++")
         cmd = [cxx, "-fsyntax-only", "-std=c++17", str(cpp), "-DKC_WITH_CUDA", *incs, *torch_incs,
                f"-I{cuda_home / 'include'}", "-I/usr/local/cuda/include",
                f"-I{sysconfig_include()}", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+        tasks.append((f"c++ -fsyntax-only {cpp.relative_to(root)}", cpp, cmd,
+                      out_dir / f"{cpp.stem}.syntax.key", cxx_version))
+
+    def one(task):
+        label, src, cmd, stamp, tool_version = task
+        key = _check_key(src, cmd, headers, tool_version)
+        if stamp.exists() and stamp.read_text() == key:
+            return label, True, "ok (unchanged)", ""
+        stamp.unlink(missing_ok=True)
         r = subprocess.run(cmd, capture_output=True, text=True)
-        status = "ok" if r.returncode == 0 else "FAILED"
-        log(f"  c++ -fsyntax-only {cpp.relative_to(root)}: {status}")
-        if r.returncode != 0:
-            ok = False
-            log(r.stdout + r.stderr)
+        if r.returncode == 0:
+            stamp.write_text(key)
+        return label, r.returncode == 0, "ok" if r.returncode == 0 else "FAILED", r.stdout + r.stderr
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1)) as pool:
+        for label, good, status, out in pool.map(one, tasks):
+            log(f"  {label}: {status}")
+            if not good:
+                ok = False
+                log(out)
     return ok
 
 
@@ -268,10 +329,11 @@ def _main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check-cuda", help="nvcc compile check of a day's .cu files")
     c.add_argument("root")
+    c.add_argument("-j", "--jobs", type=int, default=None, help="compiles at a time (default: one per core)")
     sub.add_parser("info", help="print the build decisions for this machine")
     a = p.parse_args(argv)
     if a.cmd == "check-cuda":
-        return 0 if check_cuda_sources(a.root) else 1
+        return 0 if check_cuda_sources(a.root, jobs=a.jobs) else 1
     print(f"cuda build: {cuda_build_enabled()}  arch list: {arch_list()}  nvcc: {nvcc_path()}  debug: {debug_enabled()}")
     return 0
 

@@ -8,10 +8,15 @@ day's package.
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("KC_POISON_OUTPUTS", "1")
 
-import pytest  # noqa: E402
+try:
+    import pytest  # noqa: E402
+except ImportError:  # `python test.py` in an env without the test extra: say what to install
+    raise SystemExit("The tests need pytest:  pip install pytest   "
+                     "(or, in a package folder: pip install --no-build-isolation '.[test]')") from None
 import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
@@ -119,3 +124,38 @@ def strided_view(t: torch.Tensor) -> torch.Tensor:
     v = buf[..., ::2]
     v.copy_(t)
     return v
+
+
+def optional_import(name: str):
+    """Import an optional dependency (torchvision, transformers, ...) for a test, or
+    skip the test with the reason when it cannot be used: any failure counts, not only
+    ImportError (a torchvision whose compiled ops do not match torch imports but raises
+    RuntimeError "operator torchvision::nms does not exist")."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001  (any failure to load means: not usable here)
+        pytest.skip(f"{name} is not usable here: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def optional_available(name: str) -> tuple[bool, str]:
+    """(True, "") when `name` imports, else (False, why): for skipif marks at module level."""
+    import importlib
+
+    try:
+        importlib.import_module(name)
+        return True, ""
+    except Exception as e:  # noqa: BLE001
+        return False, f"{name} is not usable here: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def main(test_file: str, argv: list[str] | None = None) -> int:
+    """What each test.py's `if __name__ == "__main__":` block calls: run pytest on the
+    file with the command line's arguments. `--jit` (build the extension from source
+    on import) is taken out of them: the test.py acts on it before its imports."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--jit" in args:
+        args.remove("--jit")
+        os.environ["KC_JIT"] = "1"
+    return pytest.main([test_file, *args])
