@@ -51,6 +51,9 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& x, std::vector<int64_t> nshape,
                                const OptTensor& weight, const OptTensor& bias, double eps, int64_t version) {
+    // mean and rstd take no gradient: without this the engine would build (and fill) zero
+    // tensors for their undefined gradients on every backward, host time for nothing.
+    ctx->set_materialize_grads(false);
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, mean, rstd] = call_layer_norm_fwd(x, nshape, weight, bias, eps, version);
     ctx->save_for_backward({x, present(weight) ? *weight : Tensor(), mean, rstd});

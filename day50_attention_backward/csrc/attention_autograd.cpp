@@ -45,6 +45,9 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                std::optional<double> scale, std::string backend) {
+    // An unused output (lse, usually) has no gradient: the backward takes it as absent
+    // instead of the engine building and filling a zero tensor on every call.
+    ctx->set_materialize_grads(false);
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, lse] = call_attention_forward(q, k, v, causal, scale, backend);
     ctx->save_for_backward({q, k, v, out, lse});
