@@ -9,3 +9,19 @@ _ROOT = Path(__file__).resolve().parent
 for _d in sorted(_ROOT.iterdir()):
     if (_d / "test.py").is_file() and str(_d) not in sys.path:
         sys.path.insert(0, str(_d))
+
+# A package named like its folder (se_module/se_module): importlib mode names that
+# folder's test.py "se_module.test" and would stand an empty module in for the parent
+# "se_module" unless the real package is imported first. kernel_common.testing first:
+# it sets KC_POISON_OUTPUTS before any extension loads. A package that cannot load
+# (not built) is left for its test.py to report.
+import importlib  # noqa: E402
+
+import kernel_common.testing  # noqa: E402,F401
+
+for _d in sorted(_ROOT.iterdir()):
+    if (_d / "test.py").is_file() and (_d / _d.name / "__init__.py").is_file():
+        try:
+            importlib.import_module(_d.name)
+        except Exception:  # noqa: BLE001
+            pass
