@@ -9,7 +9,7 @@ TFLOP/s of our fused and naive paths and of SDPA's flash, cuDNN, efficient and
 math backends. FLOPs: forward 4*B*H*Nq*Nk*d, backward 2.5x that, halved when
 causal (the issue's convention). The floor is the backward's FLOPs over the
 measured dense bf16 matmul rate. Writes STEM.md (tables), STEM.json, STEM.png.
---variants also times every tiling variant of the fused backward (DAY50_BWD_VARIANT).
+--variants also times every tiling variant of the fused backward (the private knob ops.bwd_variant).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import day50_attention as da  # noqa: E402
+from day50_attention.ops import bwd_variant  # noqa: E402
 from kernel_common import bench, models  # noqa: E402
 
 B, H = 4, 16
@@ -138,11 +139,10 @@ def main():
                     r["bnhd copy+bwd ms"] = None if tcp is None else tcp / 1e3
                 if args.variants:
                     for var in (0, 1, 2):
-                        os.environ["DAY50_BWD_VARIANT"] = str(var)
-                        _, t_b = ours(q, k, v, do, causal, "fused", args)
+                        with bwd_variant(var):
+                            _, t_b = ours(q, k, v, do, causal, "fused", args)
                         vrows.append({"shape": r["shape"], "variant": var, "bwd ms": t_b / 1e3,
                                       "bwd TF/s": tf(fb, t_b), "flash bwd TF/s": r.get("flash bwd TF/s")})
-                    os.environ["DAY50_BWD_VARIANT"] = "0"
                 rows.append(r)
                 print(f"   {r['shape']}: fused bwd {r.get('fused bwd TF/s') or 0:.0f} TF/s, "
                       f"flash {r.get('flash bwd TF/s') or 0:.0f}, ratio {r.get('fused/flash bwd') or 0:.2f}",

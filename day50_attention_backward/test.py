@@ -303,6 +303,19 @@ def test_double_backward_is_a_clear_error(device):
         torch.autograd.grad(gq.sum(), qs)
 
 
+def test_library_reads_no_environment():
+    """The fused backward's tiling variant is a private knob (ops.bwd_variant), not an
+    environment variable: no source of the extension reads the environment."""
+    from pathlib import Path
+
+    for f in (Path(__file__).resolve().parent / "csrc").iterdir():
+        assert "getenv" not in f.read_text(), f.name
+    from day50_attention import ops
+    with pytest.raises(RuntimeError, match="variant must be"):
+        with ops.bwd_variant(7):
+            pass
+
+
 def test_cpu_autocast_keeps_lse_float32():
     """Under torch.autocast("cpu", bfloat16) (a model's training step), the CPU op still
     computes in fp32: lse stays float32 and the backward accepts it."""

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "attention.h"
+#include "attention_knobs.h"
 #include "attention_checks.h"
 #include "kc/torch_utils.h"
 
@@ -85,11 +86,6 @@ day50::FusedParams fused_params(const Tensor& q, const Tensor& k, const Tensor& 
   return p;
 }
 
-// Tiling variant of the fused backward (bench/tuning only): DAY50_BWD_VARIANT.
-int bwd_variant() {
-  const char* e = std::getenv("DAY50_BWD_VARIANT");
-  return e != nullptr ? std::atoi(e) : 0;
-}
 
 std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                                   std::optional<double> scale_opt, c10::string_view backend_s) {
@@ -146,7 +142,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     Tensor dq_accum = at::empty({B * H * Nq * d}, q.options().dtype(at::kFloat));
     p.dsum = dsum.data_ptr<float>();
     p.dq_accum = dq_accum.data_ptr<float>();
-    p.variant = bwd_variant();
+    p.variant = day50::fused_bwd_variant();  // 0 unless a benchmark set the private knob
     // Grouped-query attention: how the group's dk, dv are summed (flash_bwd.cu); an
     // fp32 workspace of partial sums only when the group is split over CTAs.
     const day50::FusedBwdPlan plan = day50::fused_backward_plan(p);

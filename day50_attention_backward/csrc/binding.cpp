@@ -5,6 +5,7 @@
 #include <torch/python.h>
 
 #include "attention_autograd.h"
+#include "attention_knobs.h"
 
 TORCH_LIBRARY(day50, m) {
   // Returns (out, lse): out (B, H, Nq, d) like F.scaled_dot_product_attention,
@@ -23,10 +24,22 @@ TORCH_LIBRARY(day50, m) {
 // Importing the module runs the registrations above. attention_forward here is
 // torch.ops.day50.attention_forward called from C++ (the host fast path that
 // kernel_common.fastpath.entry takes for plain tensors; same op, same autograd).
+namespace day50 {
+int& fused_bwd_variant() {
+  static int variant = 0;
+  return variant;
+}
+}  // namespace day50
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "day50 attention ops (registered as torch.ops.day50.*)";
   m.def("attention_forward", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                 std::optional<double> scale, const std::string& backend) {
     return day50::call_attention_forward(q, k, v, causal, scale, backend);
+  });
+  // Private (bench.py --variants): day50_attention.ops.bwd_variant() is the way to use it.
+  m.def("_set_bwd_variant", [](int v) {
+    TORCH_CHECK(v >= 0 && v <= 2, "day50: fused backward variant must be 0, 1 or 2");
+    day50::fused_bwd_variant() = v;
   });
 }

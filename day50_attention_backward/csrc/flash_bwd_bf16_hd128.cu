@@ -1,5 +1,5 @@
 // Fused backward main kernel for __nv_bfloat16, head dims up to 128 (see flash_bwd.cuh).
-// Tiling variants (FusedParams::variant, env DAY50_BWD_VARIANT; see README "version log"):
+// Tiling variants (FusedParams::variant, the private knob ops.bwd_variant; see README "version log"):
 //   0 (default): 8 warps (128 keys per block), 64-query tiles   -- fastest measured
 //   1          : 4 warps (64 keys per block), 32-query tiles   -- the first version
 //   2          : 8 warps, 32-query tiles

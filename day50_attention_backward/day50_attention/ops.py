@@ -19,6 +19,7 @@ backend (CUDA only; the CPU has one implementation):
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -55,6 +56,18 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool 
 def matmul(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0):
     """The naive path's tiled batched matmul: alpha * op(a) @ op(b) for 3-D a, b."""
     return torch.ops.day50.matmul(a, b, trans_a, trans_b, alpha)
+
+
+@contextlib.contextmanager
+def bwd_variant(variant: int):
+    """Private, for bench.py --variants: the fused backward's tiling variant inside the block
+    (0 = the default tiling, 1 and 2 the earlier ones; csrc/flash_bwd_*.cu), back to 0 after.
+    Not thread-safe, not for models."""
+    _C._set_bwd_variant(int(variant))
+    try:
+        yield
+    finally:
+        _C._set_bwd_variant(0)
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -1,0 +1,12 @@
+// The private tuning knob of day50's fused backward (plain C++: the binding, built
+// without CUDA too, owns it). Library code reads no environment variables: the
+// tiling variant of the fused backward (0 = the default tiling; see flash_bwd_*.cu
+// and the README's version log) is set only through the extension's private
+// _set_bwd_variant (day50_attention.ops.bwd_variant(), for bench.py --variants).
+#pragma once
+
+namespace day50 {
+
+int& fused_bwd_variant();  // defined in binding.cpp
+
+}  // namespace day50
