@@ -213,6 +213,92 @@ def test_custom_scale_and_distinct_qkv(device):
         check_lowp([got[0], *got[2:]], [refb[0], *refb[2:]], theirs)
 
 
+# ------------------------------------------------------------ fused forward versions
+# Version 1: mma.sync (flash_fwd.cu), every CUDA GPU. Version 2: TMA + wgmma (hopper_fwd.cu),
+# compute capability 9.0 with an sm_90a build (every build whose arch list has 9.0); "auto"
+# picks 2 where it applies. Each version pinned here (ops.fwd_version), forward only: the
+# backward does not depend on the forward's version.
+HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+FWD_VERSIONS = [pytest.param(1, marks=requires_cuda),
+                pytest.param(2, marks=pytest.mark.skipif(not HOPPER, reason="version 2 needs a compute "
+                                                         "capability 9.0 GPU (H100, H200)"))]
+# odd N, Nq != Nk both ways (fewer keys than one 128-key tile, and many tiles), d 40 / 64 / 96 / 128
+VERSION_SHAPES = [(1, 1, 1, 1, 64), (2, 3, 17, 17, 64), (1, 2, 128, 128, 128), (1, 2, 17, 300, 64),
+                  (1, 2, 300, 17, 128), (1, 2, 1000, 1000, 64), (1, 1, 1000, 333, 128), (1, 2, 77, 130, 96),
+                  (1, 2, 77, 130, 40), (2, 2, 257, 513, 128), (1, 1, 640, 640, 96)]
+if SANITIZE:
+    VERSION_SHAPES = [(1, 1, 1, 1, 64), (1, 2, 17, 300, 64), (1, 1, 130, 129, 96)]
+
+
+def check_forward(out, lse, q, k, v, causal, name, scale=None):
+    """out within 2x PyTorch's own same-precision error of the float64 reference; lse to fp32."""
+    do = torch.zeros_like(q)
+    ref = reference(q, k, v, do, causal, scale)
+    theirs = torch_same_precision(q, k, v, do, causal, scale)
+    if theirs is None:
+        testing.assert_close_to_ref(out, ref[0], name=name + ":out", scale=4.0)
+    else:
+        testing.assert_lowp_close(out, ref[0], theirs[0], name=name + ":out")
+    testing.assert_close(lse, ref[1], 2e-4, 2e-4, name + ":lse")
+
+
+@pytest.mark.parametrize("version", FWD_VERSIONS)
+@pytest.mark.parametrize("shape", VERSION_SHAPES, ids=sid)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", LOWP, ids=["f16", "bf16"])
+def test_fused_forward_versions(dtype, causal, shape, version):
+    q, k, v, _ = inputs(shape, dtype, "cuda", seed=11)
+    with da.ops.fwd_version(version):
+        out, lse = da.attention_forward(q, k, v, causal, None, "fused")
+    check_forward(out, lse, q, k, v, causal, f"v{version}")
+
+
+@pytest.mark.parametrize("version", FWD_VERSIONS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fused_forward_versions_gqa_scale_layouts(causal, version):
+    """Grouped-query heads, a custom scale, and q, k, v read by strides as (B, N, H, d)
+    transposed views (the copy engine's tensor maps take the strides as they are)."""
+    g = torch.Generator().manual_seed(5)
+    q = testing.fresh(2, 8, 300, 128, dtype=torch.bfloat16, device="cuda", gen=g)
+    k = testing.fresh(2, 2, 257, 128, dtype=torch.bfloat16, device="cuda", gen=g)
+    v = testing.fresh(2, 2, 257, 128, dtype=torch.bfloat16, device="cuda", gen=g)
+    qs, ks, vs = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    with da.ops.fwd_version(version):
+        out, lse = da.attention_forward(qs, ks, vs, causal, 0.3, "fused")
+        out_c, lse_c = da.attention_forward(q, k, v, causal, 0.3, "fused")
+    check_forward(out, lse, q, k, v, causal, f"v{version}:gqa", scale=0.3)
+    assert torch.equal(out, out_c) and torch.equal(lse, lse_c)  # same kernel, same order of sums
+
+
+@requires_cuda
+def test_fused_forward_zero_stride_falls_back():
+    """k and v broadcast over the batch (stride 0): auto gives the right result (version 2
+    where the driver takes a tensor map with a zero stride, else version 1); version 2 pinned
+    gives the right result or a clear error, and the process stays usable."""
+    g = torch.Generator().manual_seed(6)
+    q = testing.fresh(3, 2, 130, 64, dtype=torch.bfloat16, device="cuda", gen=g)
+    k1 = testing.fresh(1, 2, 200, 64, dtype=torch.bfloat16, device="cuda", gen=g)
+    v1 = testing.fresh(1, 2, 200, 64, dtype=torch.bfloat16, device="cuda", gen=g)
+    k, v = k1.expand(3, -1, -1, -1), v1.expand(3, -1, -1, -1)
+    out, lse = da.attention_forward(q, k, v, False, None, "fused")
+    check_forward(out, lse, q, k.contiguous(), v.contiguous(), False, "auto:stride0")
+    if HOPPER:
+        try:
+            with da.ops.fwd_version(2):
+                out2, lse2 = da.attention_forward(q, k, v, False, None, "fused")
+            check_forward(out2, lse2, q, k.contiguous(), v.contiguous(), False, "v2:stride0")
+        except RuntimeError as e:
+            assert "not supported" in str(e).lower(), e
+        out3, _ = da.attention_forward(q, k, v, False, None, "fused")
+        assert torch.equal(out3, out)
+
+
+def test_fwd_version_knob_is_checked():
+    with pytest.raises(RuntimeError, match="forward version"):
+        with da.ops.fwd_version(3):
+            pass
+
+
 # ----------------------------------------------------------------------------- layouts
 def layouts(t, kind):
     if kind == "bnhd":  # (B, N, H, d).transpose(1, 2): innermost stride 1, row stride H*d

@@ -13,7 +13,8 @@ Policy:
 - CUDA is built when torch is a CUDA build and nvcc is found (torch's CUDA_HOME);
   otherwise the CPU part alone. KC_FORCE_CPU=1 forces CPU-only.
 - Architectures: TORCH_CUDA_ARCH_LIST if set, else the visible GPUs, else
-  DEFAULT_ARCH_LIST (includes sm_90 and PTX).
+  DEFAULT_ARCH_LIST (includes 9.0 and PTX); 9.0 is compiled as sm_90a (gencode_flags),
+  and -DKC_HAS_SM90A tells host code that sm_90a kernels exist.
 - DEBUG=1: -O0 -g -lineinfo (and -DKC_DEBUG, which turns on device asserts).
 - The same sources and flags serve setup.py (make_extension), the JIT loader
   (load_jit: edit a .cu, rerun `python test.py --jit`) and the nvcc check that CI
@@ -30,7 +31,7 @@ import sys
 from pathlib import Path
 
 DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
-CHECK_ARCHS = ("90", "80")  # nvcc compile check targets on machines without a CUDA torch
+CHECK_ARCHS = ("90a", "80")  # nvcc compile check targets on machines without a CUDA torch (90a: see gencode_flags)
 
 
 def include_dir() -> str:
@@ -77,6 +78,33 @@ def arch_list() -> str:
     return DEFAULT_ARCH_LIST
 
 
+def gencode_flags(archs: str | None = None) -> list[str]:
+    """nvcc -gencode flags for an arch list ("8.0;9.0+PTX"). Compute capability 9.0 is
+    built as sm_90a, the Hopper-specific target (wgmma, setmaxnreg need it; its code runs
+    on 9.0 GPUs only, which is what a 9.0 cubin does anyway); "+PTX" adds the portable
+    compute_XY PTX (plain compute_90 for 9.0) so newer GPUs can JIT the rest. torch adds
+    no arch flags of its own when these are present."""
+    flags = []
+    for entry in (archs if archs is not None else arch_list()).replace(" ", ";").split(";"):
+        if not entry:
+            continue
+        ptx = entry.endswith("+PTX")
+        base = entry[:-4] if ptx else entry
+        num = base.replace(".", "")
+        cubin = "90a" if num in ("90", "90a") else num
+        flags.append(f"-gencode=arch=compute_{cubin},code=sm_{cubin}")
+        if ptx:
+            plain = num.rstrip("a")
+            flags.append(f"-gencode=arch=compute_{plain},code=compute_{plain}")
+    return flags
+
+
+def arch_macros(gencode: list[str]) -> list[str]:
+    """-DKC_HAS_SM90A when the build holds sm_90a code: host code may then pick kernels
+    that exist only there (on a 9.0 GPU, the driver loads the sm_90a cubin)."""
+    return ["-DKC_HAS_SM90A"] if any("code=sm_90a" in f for f in gencode) else []
+
+
 def cxx_flags() -> list[str]:
     flags = ["-std=c++17"]
     flags += ["-O0", "-g", "-DKC_DEBUG"] if debug_enabled() else ["-O3"]
@@ -96,12 +124,15 @@ def _sources(root: Path, with_cuda: bool) -> list[str]:
     return cpp + cu
 
 
-def _common_args(root: Path, with_cuda: bool) -> dict:
+def _common_args(root: Path, with_cuda: bool, gencode: list[str] | None = None) -> dict:
+    """Flags of a build. gencode: the -gencode flags (gencode_flags()) for a real CUDA build;
+    None for the compile check, which adds one arch per compile itself."""
     macros = ["-DKC_WITH_CUDA"] if with_cuda else []
+    macros += arch_macros(gencode or [])
     return dict(
         include_dirs=[include_dir(), str(root / "csrc")],
         cxx=cxx_flags() + macros,
-        nvcc=nvcc_flags() + macros,
+        nvcc=nvcc_flags() + macros + (gencode or []),
     )
 
 
@@ -111,7 +142,7 @@ def make_extension(pkg: str, root: str | os.PathLike):
 
     root = Path(root).resolve()
     with_cuda = cuda_build_enabled()
-    args = _common_args(root, with_cuda)
+    args = _common_args(root, with_cuda, gencode_flags() if with_cuda else None)
     rel = [os.path.relpath(s, root) for s in _sources(root, with_cuda)]
     if with_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
@@ -175,7 +206,7 @@ def load_jit(pkg: str, root: str | os.PathLike, verbose: bool = False):
     with_cuda = cuda_build_enabled()
     if with_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
-    args = _common_args(root, with_cuda)
+    args = _common_args(root, with_cuda, gencode_flags() if with_cuda else None)
     build_dir = root / "build" / ("jit-debug" if debug_enabled() else "jit")
     build_dir.mkdir(parents=True, exist_ok=True)
     mod = load(
@@ -285,9 +316,9 @@ def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print, jo
     for cu in sorted((root / "csrc").glob("*.cu")):
         for arch in archs:
             obj = out_dir / f"{cu.stem}.sm{arch}.o"
-            cmd = [nvcc, "-c", str(cu), "-o", str(obj),
-                   f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-warn-spills",
-                   *_torch_nvcc_flags(), *args["nvcc"], *incs]
+            gencode = [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+            cmd = [nvcc, "-c", str(cu), "-o", str(obj), *gencode, "-Xptxas", "-warn-spills",
+                   *_torch_nvcc_flags(), *args["nvcc"], *arch_macros(gencode), *incs]
             tasks.append((f"nvcc sm_{arch} {cu.relative_to(root)}", cu, cmd, obj.with_suffix(".key"), version))
     for cpp in sorted((root / "csrc").glob("*_cuda.cpp")):
         cmd = [cxx, "-fsyntax-only", "-std=c++17", str(cpp), "-DKC_WITH_CUDA", *incs, *torch_incs,

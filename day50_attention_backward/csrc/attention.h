@@ -79,6 +79,8 @@ struct FusedParams {
   float scale = 1.f;
   bool causal = false;
   kc::DType dtype = kc::DType::BF16;
+  int fwd_version = 0;  // fused forward: 0 auto (2 where it applies, else 1), 1 mma.sync (flash_fwd.cu),
+                        // 2 Hopper TMA + wgmma (hopper_fwd.cu; sm_90a builds on compute capability 9.0)
   int variant = 0;  // backward tiling variant (0 = default); see flash_bwd.cu
   // Backward, grouped-query attention only (H > Hk), as fused_backward_plan says:
   int64_t heads_per_cta = 1;     // q heads of a group one CTA of the dK/dV kernel sums in registers (divides H / Hk)
@@ -100,7 +102,14 @@ struct FusedBwdPlan {
 };
 FusedBwdPlan fused_backward_plan(const FusedParams& p);
 
+// Runs version p.fwd_version (see FusedParams); cudaErrorNotSupported when version 2
+// was asked for and cannot run these inputs here.
 cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream);
+// Version 2 alone: whether it can run p on the current device (an sm_90a build, a
+// compute capability 9.0 GPU, fp16/bf16, d a multiple of 8 up to 128), and the launch
+// (cudaErrorNotSupported when it cannot, e.g. a stride the copy engine refuses).
+bool hopper_forward_applies(const FusedParams& p);
+cudaError_t hopper_attention_forward(const FusedParams& p, cudaStream_t stream);
 // p.heads_per_cta and p.dkv_partial as fused_backward_plan(p) says.
 cudaError_t fused_attention_backward(const FusedParams& p, cudaStream_t stream);
 

@@ -101,6 +101,7 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
     day50::FusedParams p = fused_params(qq, kk, vv, causal, scale);
     p.o = out.data_ptr();
     p.lse = lse.data_ptr<float>();
+    p.fwd_version = day50::fused_fwd_version();  // 0 (auto) unless a benchmark or test pinned one
     KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, stream));
   } else {
     Tensor ws = at::empty({B * H * Nq * Nk}, q.options().dtype(lse.scalar_type()));

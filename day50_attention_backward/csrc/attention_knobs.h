@@ -8,5 +8,9 @@
 namespace day50 {
 
 int& fused_bwd_variant();  // defined in binding.cpp
+// The fused forward's version (FusedParams::fwd_version: 0 auto, 1 mma.sync, 2 Hopper),
+// set only through the extension's private _set_fwd_version (day50_attention.ops.fwd_version(),
+// for bench.py's version ladder and the tests that pin a version).
+int& fused_fwd_version();
 
 }  // namespace day50

@@ -29,6 +29,10 @@ int& fused_bwd_variant() {
   static int variant = 0;
   return variant;
 }
+int& fused_fwd_version() {
+  static int version = 0;
+  return version;
+}
 }  // namespace day50
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -41,5 +45,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_bwd_variant", [](int v) {
     TORCH_CHECK(v >= 0 && v <= 2, "day50: fused backward variant must be 0, 1 or 2");
     day50::fused_bwd_variant() = v;
+  });
+  // Private (bench.py --versions, tests): day50_attention.ops.fwd_version().
+  m.def("_set_fwd_version", [](int v) {
+    TORCH_CHECK(v >= 0 && v <= 2, "day50: fused forward version must be 0 (auto), 1 (mma.sync) or 2 (Hopper)");
+    day50::fused_fwd_version() = v;
   });
 }

@@ -219,6 +219,10 @@ cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream) {
   if (!fused_layout_ok(p.q) || !fused_layout_ok(p.k) || !fused_layout_ok(p.v)) return cudaErrorMisalignedAddress;
   if (p.B * p.H == 0 || p.Nq == 0) return cudaSuccess;
   if (p.Hk <= 0 || p.H % p.Hk != 0) return cudaErrorInvalidValue;
+  if (p.fwd_version != 1) {
+    const cudaError_t e = hopper_attention_forward(p, stream);
+    if (e != cudaErrorNotSupported || p.fwd_version == 2) return e;
+  }
   switch (p.dtype) {
     case kc::DType::F16: return flash::dispatch_fwd<__half>(p, stream);
     case kc::DType::BF16: return flash::dispatch_fwd<__nv_bfloat16>(p, stream);

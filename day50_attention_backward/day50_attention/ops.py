@@ -70,6 +70,19 @@ def bwd_variant(variant: int):
         _C._set_bwd_variant(0)
 
 
+@contextlib.contextmanager
+def fwd_version(version: int):
+    """Private, for bench.py's version ladder and tests: pin the fused forward's version
+    (0 = auto: 2 where it applies, else 1; 1 = mma.sync, csrc/flash_fwd.cu; 2 = Hopper
+    TMA + wgmma, csrc/hopper_fwd.cu, an error where it cannot run), back to 0 after.
+    Not thread-safe, not for models."""
+    _C._set_fwd_version(int(version))
+    try:
+        yield
+    finally:
+        _C._set_fwd_version(0)
+
+
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 

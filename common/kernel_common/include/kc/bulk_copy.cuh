@@ -11,6 +11,7 @@
 //   bulk_copy_g2s(dst, src, bytes, bar)
 //                                copy `bytes` (a multiple of 16; dst and src
 //                                16-byte aligned); completes `bytes` of the phase
+//   mbar_arrive(bar)            a plain arrival (consumers releasing a buffer)
 //   mbar_wait(bar, parity)       wait until the phase with this parity completed
 //                                (phase k of a barrier has parity k & 1); after it
 //                                every thread may read the copied bytes
@@ -62,6 +63,16 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsign
                    smem_u32(dst)),
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
+#else
+  __trap();
+#endif
+}
+
+// mbar_arrive(bar): a plain arrival (a consumer releasing a buffer to its producer);
+// the barrier's phase completes when `count` threads (mbar_init) have arrived.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 #else
   __trap();
 #endif

@@ -1,0 +1,77 @@
+// kc/tma.cuh: tiles of a strided tensor copied global -> shared by the copy engine
+// (TMA, sm_90+) through a tensor map, completing on a shared-memory mbarrier
+// (kc/bulk_copy.cuh has the barrier calls).
+//
+// Host:   kc::make_tensor_map(&map, dtype, rank, ptr, dims, strides, box, swizzle)
+//         describes a tensor of `rank` <= 5 dims (dims[0] the contiguous one; strides
+//         in BYTES for dims 1.., multiples of 16; ptr 16-byte aligned) and the box one
+//         copy moves. Returns cudaErrorInvalidValue when the driver refuses the
+//         description (e.g. a zero stride), so callers can fall back to another kernel.
+//         The map is passed to the kernel by value as a `const __grid_constant__`
+//         parameter (or a member of one).
+// Device: kc::tma_load_4d(dst, &map, bar, c0, c1, c2, c3) copies the box whose first
+//         element is at coordinates (c0, c1, c2, c3) (c0 along dims[0]) to `dst`
+//         (aligned as the swizzle needs: 1024 bytes for 128-byte swizzle), completing
+//         box-bytes on `bar`. Elements outside the tensor are written as zeros, and
+//         still count towards the bytes: a box always delivers its full size.
+//         kc::tma_prefetch_map(&map) warms the map's cache line (optional).
+// With CU_TENSOR_MAP_SWIZZLE_128B and a 128-byte box row, row r of the box lands at
+// dst + 128 r with its 16-byte chunk c stored at chunk c ^ (r % 8): the layout
+// wgmma's 128-byte-swizzle descriptors read (kc/wgmma.cuh).
+#pragma once
+
+#include <cstdint>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include "kc/bulk_copy.cuh"
+
+namespace kc {
+
+// The driver's cuTensorMapEncodeTiled, found once through the runtime (no -lcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+inline cudaError_t make_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, int rank, const void* ptr,
+                                   const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box,
+                                   CUtensorMapSwizzle swizzle) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = encode(map, dtype, cuuint32_t(rank), const_cast<void*>(ptr), dims, strides_bytes, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                            int c2, int c3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+}  // namespace kc

@@ -1,0 +1,349 @@
+// hopper_fwd.cu: fused attention forward for Hopper (sm_90a): TMA + wgmma + warp
+// specialization. Version 2 of the fused forward (flash_fwd.cu, mma.sync, is version 1;
+// naive.cu the step-by-step one). Same contract as flash_fwd.cu: O (contiguous) and lse.
+//
+// CTA: 3 warpgroups, one tile of kBlockM = 128 query rows of one (batch, head).
+//   warpgroup 0, the producer: one thread issues every copy. Q once, then K and V
+//     tiles (kBlockN = 128 keys) into a ring of kStages shared-memory stages, each
+//     stage guarded by "full" barriers (the copy engine completes them) and an
+//     "empty" barrier (all consumer threads arrive when done reading). Its other
+//     threads exit at once; it gives most of its registers to the consumers.
+//   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
+//     S = Q K^T        wgmma, A = Q and B = K both from shared memory (K-major)
+//     online softmax   in registers, fp32, exp2 with the scale folded in
+//     O += P V         wgmma, A = P from registers (the S accumulators packed to 16 bits
+//                      are already in the A-operand layout), B = V from shared memory
+//                      (MN-major: V's rows are the product's K dimension)
+//   Overlap inside a warpgroup: the next tile's Q K^T is issued before the current P V,
+//   and the softmax of the next tile runs while P V is still on the tensor cores. The
+//   two consumer warpgroups overlap each other as well (one's softmax under the other's
+//   products), left to the warp schedulers.
+// Shared memory: tiles are stored as 128-byte-wide "panels" (64 columns of d each),
+//   128-byte swizzled as TMA writes them and wgmma reads them (kc/tma.cuh, kc/wgmma.cuh);
+//   d = 96 uses two panels, the second half filled with zeros by the copy engine.
+//   d = 128: Q 32 KB + 2 stages x (K 32 KB + V 32 KB) = 160 KB.
+// Tails: the tensor maps know N and d, so rows beyond Nq or Nk and columns beyond d
+//   arrive as zeros; keys >= Nk are masked to -inf; rows >= Nq are not stored.
+// Causal (top-left aligned): a query tile reads key tiles up to its last row, the
+//   diagonal one first (so only the first steps need masking); tiles are scheduled
+//   longest first.
+// Grouped-query attention: q head h reads kv head h / (H / Hk) through the map's head
+//   coordinate; consecutive CTAs (blockIdx.x = b * H + h) of a group share K, V in L2.
+#include "attention.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "flash_common.cuh"
+#include "kc/bulk_copy.cuh"
+#include "kc/check.cuh"
+#include "kc/tma.cuh"
+#include "kc/types.h"
+#include "kc/wgmma.cuh"
+
+namespace day50 {
+namespace hopper {
+namespace {
+
+constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+struct Args {
+  CUtensorMap q, k, v;  // (d, N, heads, batch) maps, boxes of 64 x kBlockM / kBlockN
+  void* o;
+  float* lse;
+  int H, group, Nq, Nk, d;
+  float scale_log2;  // softmax scale * log2(e)
+};
+
+// Byte offsets inside the (1024-byte aligned) dynamic shared memory.
+template <int kD>
+struct Layout {
+  static constexpr int kPanels = (kD + 63) / 64;           // 128-byte column panels
+  static constexpr int kQPanel = kBlockM * 128, kKVPanel = kBlockN * 128;
+  static constexpr int kQBytes = kPanels * kQPanel, kKVBytes = kPanels * kKVPanel;
+  static constexpr int kQ = 0, kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
+  static constexpr int kNumBars = 1 + 3 * kStages;         // q_full, k_full[], v_full[], empty[]
+  static constexpr int kBytes = kBars + 8 * kNumBars + 1024;  // + slack to align the base
+};
+
+template <typename T, int kD, bool kCausal>
+__global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_constant__ Args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<kD>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::kBars);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = bars + 1 + kStages;
+  uint64_t* empty = bars + 1 + 2 * kStages;
+
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, hk = h / a.group;
+  const int q0 = int(gridDim.y - 1 - blockIdx.y) * kBlockM;
+  const int kend = kCausal ? min(a.Nk, q0 + kBlockM) : a.Nk;
+  const int n_blocks = (kend + kBlockN - 1) / kBlockN;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    kc::mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      kc::mbar_init(&k_full[s], 1);
+      kc::mbar_init(&v_full[s], 1);
+      kc::mbar_init(&empty[s], kConsumers * 128);
+    }
+    kc::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    kc::warpgroup_reg_dealloc<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      kc::tma_prefetch_map(&a.q);
+      kc::tma_prefetch_map(&a.k);
+      kc::tma_prefetch_map(&a.v);
+      kc::mbar_arrive_expect_tx(q_full, L::kQBytes);
+      for (int p = 0; p < L::kPanels; ++p) kc::tma_load_4d(sm + L::kQ + p * L::kQPanel, &a.q, q_full, p * 64, q0, h, b);
+      for (int it = 0; it < n_blocks; ++it) {
+        const int j = n_blocks - 1 - it, s = it % kStages;
+        if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
+        kc::mbar_arrive_expect_tx(&k_full[s], L::kKVBytes);
+        for (int p = 0; p < L::kPanels; ++p)
+          kc::tma_load_4d(sm + L::kK + s * L::kKVBytes + p * L::kKVPanel, &a.k, &k_full[s], p * 64, j * kBlockN, hk, b);
+        kc::mbar_arrive_expect_tx(&v_full[s], L::kKVBytes);
+        for (int p = 0; p < L::kPanels; ++p)
+          kc::tma_load_4d(sm + L::kV + s * L::kKVBytes + p * L::kKVPanel, &a.v, &v_full[s], p * 64, j * kBlockN, hk, b);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------ consumers
+  kc::warpgroup_reg_alloc<kConsumerRegs>();
+  using Qk = kc::WgmmaOp<T, kBlockN>;
+  using Pv = kc::WgmmaOp<T, kD>;
+  const int cw = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  // Descriptors of the operands at k-step 0, stage 0; later steps add byte offsets / 16.
+  const uint64_t dq = kc::gmma_desc_sw128(sm + L::kQ + cw * 64 * 128, 16, 1024);
+  const uint64_t dk = kc::gmma_desc_sw128(sm + L::kK, 16, 1024);
+  const uint64_t dv = kc::gmma_desc_sw128(sm + L::kV, L::kKVPanel, 1024);
+
+  float o[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+  float s[kBlockN / 2];
+  uint32_t pa[kBlockN / 16][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
+
+  auto issue_qk = [&](int it) {
+    const int st = it % kStages;
+    kc::mbar_wait(&k_full[st], (it / kStages) & 1);
+    kc::fence_operands(s);
+    kc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      Qk::template ss<0, 0>(s, dq + ((kk / 4) * L::kQPanel + (kk % 4) * 32) / 16,
+                            dk + (st * L::kKVBytes + (kk / 4) * L::kKVPanel + (kk % 4) * 32) / 16, kk > 0);
+    kc::wgmma_commit();
+  };
+  auto issue_pv = [&](int it) {
+    const int st = it % kStages;
+    kc::mbar_wait(&v_full[st], (it / kStages) & 1);
+    kc::fence_operands(o);
+    kc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) Pv::template rs<1>(o, pa[kk], dv + (st * L::kKVBytes + kk * 16 * 128) / 16, 1);
+    kc::wgmma_commit();
+  };
+  // Scores of step `it` (in s) -> unnormalised probabilities (in s), running max and
+  // sum updated; corr = the factor O must be multiplied by.
+  auto softmax = [&](int it) {
+    const int k0 = (n_blocks - 1 - it) * kBlockN;
+    const bool need_mask = k0 + kBlockN > a.Nk || (kCausal && k0 + kBlockN - 1 > q0 + cw * 64);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int c = 0; c < kBlockN / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[4 * c + e] * a.scale_log2;
+        if (need_mask) {
+          const int col = k0 + 8 * c + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
+          if (col >= a.Nk || (kCausal && col > row)) x = -INFINITY;
+        }
+        s[4 * c + e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float base = mx[r] == -INFINITY ? 0.f : mx[r];  // a row with no key yet stays at 0
+      corr[r] = flash::fast_exp2(m[r] - base);
+      m[r] = mx[r];
+      l[r] *= corr[r];
+      mx[r] = base;
+    }
+#pragma unroll
+    for (int c = 0; c < kBlockN / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pexp = flash::fast_exp2(s[4 * c + e] - mx[e >> 1]);
+        s[4 * c + e] = pexp;
+        l[e >> 1] += pexp;
+      }
+    }
+  };
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pa[kk][i] = flash::pack2<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+  };
+  auto rescale_o = [&]() {
+#pragma unroll
+    for (int c = 0; c < kD / 8; ++c) {
+      o[4 * c + 0] *= corr[0];
+      o[4 * c + 1] *= corr[0];
+      o[4 * c + 2] *= corr[1];
+      o[4 * c + 3] *= corr[1];
+    }
+  };
+  auto release = [&](int it) { kc::mbar_arrive(&empty[it % kStages]); };
+
+  kc::mbar_wait(q_full, 0);
+  issue_qk(0);
+  kc::wgmma_wait<0>();
+  kc::fence_operands(s);
+  softmax(0);
+  pack_p();
+  for (int it = 1; it < n_blocks; ++it) {
+    issue_qk(it);       // S of the next tile ...
+    issue_pv(it - 1);   // ... and O += P V of this one, both in flight
+    kc::wgmma_wait<1>();
+    kc::fence_operands(s);
+    softmax(it);        // runs while P V is on the tensor cores
+    kc::wgmma_wait<0>();
+    kc::fence_operands(o);
+    release(it - 1);
+    rescale_o();
+    pack_p();
+  }
+  issue_pv(n_blocks - 1);
+  kc::wgmma_wait<0>();
+  kc::fence_operands(o);
+  release(n_blocks - 1);
+
+  // epilogue: O / l and lse = (m + log2 l) ln 2, rows < Nq, columns < d
+  T* O = static_cast<T*>(a.o) + int64_t(bh) * a.Nq * a.d;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = row0 + 8 * r;
+    if (row >= a.Nq) continue;
+    const float inv = 1.f / l[r];
+#pragma unroll
+    for (int c = 0; c < kD / 8; ++c) {
+      const int col = 8 * c + 2 * t;
+      if (col < a.d)
+        *reinterpret_cast<uint32_t*>(O + int64_t(row) * a.d + col) =
+            flash::pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+    }
+    if (t == 0) a.lse[int64_t(bh) * a.Nq + row] = (m[r] + __log2f(l[r])) * kLn2;
+  }
+#else
+  __trap();
+#endif
+}
+
+template <typename T>
+constexpr CUtensorMapDataType map_type() {
+  return std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+template <typename T>
+cudaError_t make_map(CUtensorMap* map, const View4& x, int64_t heads, int64_t n, const FusedParams& p, int box_rows) {
+  const uint64_t es = sizeof(T);
+  const uint64_t dims[4] = {uint64_t(p.d), uint64_t(n), uint64_t(heads), uint64_t(p.B)};
+  const uint64_t strides[3] = {uint64_t(x.sr) * es, uint64_t(x.sh) * es, uint64_t(x.sb) * es};
+  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  return kc::make_tensor_map(map, map_type<T>(), 4, x.ptr, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+template <typename T, int kD, bool kCausal>
+cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
+  Args a;
+  if (make_map<T>(&a.q, p.q, p.H, p.Nq, p, kBlockM) != cudaSuccess ||
+      make_map<T>(&a.k, p.k, p.Hk, p.Nk, p, kBlockN) != cudaSuccess ||
+      make_map<T>(&a.v, p.v, p.Hk, p.Nk, p, kBlockN) != cudaSuccess)
+    return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
+  a.o = p.o;
+  a.lse = p.lse;
+  a.H = int(p.H);
+  a.group = int(p.H / p.Hk);
+  a.Nq = int(p.Nq);
+  a.Nk = int(p.Nk);
+  a.d = int(p.d);
+  a.scale_log2 = p.scale * kLog2e;
+  auto kernel = hopper_fwd_kernel<T, kD, kCausal>;
+  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
+  const int64_t n_qt = (p.Nq + kBlockM - 1) / kBlockM;
+  kernel<<<dim3(unsigned(p.B * p.H), unsigned(n_qt)), kThreads, Layout<kD>::kBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T, bool kCausal>
+cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
+  if (p.d <= 64) return launch<T, 64, kCausal>(p, stream);
+  if (p.d <= 96) return launch<T, 96, kCausal>(p, stream);
+  return launch<T, 128, kCausal>(p, stream);
+}
+
+template <typename T>
+cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
+  return p.causal ? dispatch<T, true>(p, stream) : dispatch<T, false>(p, stream);
+}
+
+// Compute capability 9.0 exactly (the sm_90a code runs nowhere else), per device, once.
+bool device_is_sm90() {
+  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (cached[dev] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cached[dev] = (major == 9 && minor == 0) ? 1 : 2;
+  }
+  return cached[dev] == 1;
+}
+
+}  // namespace
+}  // namespace hopper
+
+bool hopper_forward_applies(const FusedParams& p) {
+#if defined(KC_HAS_SM90A)
+  return (p.dtype == kc::DType::F16 || p.dtype == kc::DType::BF16) && p.d > 0 && p.d % 8 == 0 &&
+         p.d <= kFusedMaxHeadDim && p.Nq < (int64_t(1) << 31) && p.Nk < (int64_t(1) << 31) &&
+         p.B * p.H < (int64_t(1) << 31) && (p.Nq + hopper::kBlockM - 1) / hopper::kBlockM <= 65535 &&
+         hopper::device_is_sm90();
+#else
+  (void)p;
+  return false;  // this build has no sm_90a code
+#endif
+}
+
+cudaError_t hopper_attention_forward(const FusedParams& p, cudaStream_t stream) {
+  if (!hopper_forward_applies(p)) return cudaErrorNotSupported;
+  switch (p.dtype) {
+    case kc::DType::F16: return hopper::dispatch<__half>(p, stream);
+    case kc::DType::BF16: return hopper::dispatch<__nv_bfloat16>(p, stream);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace day50
