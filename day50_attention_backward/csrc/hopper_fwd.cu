@@ -10,25 +10,30 @@
 //     threads exit at once; it gives most of its registers to the consumers.
 //   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
 //     S = Q K^T        wgmma, A = Q and B = K both from shared memory (K-major)
-//     online softmax   in registers, fp32, exp2 with the scale folded in
+//     online softmax   in registers, fp32: the row max of the raw scores, then
+//                      exp2(x * scale * log2(e) - max * scale * log2(e)), one FFMA + EX2 each
 //     O += P V         wgmma, A = P from registers (the S accumulators packed to 16 bits
 //                      are already in the A-operand layout), B = V from shared memory
 //                      (MN-major: V's rows are the product's K dimension)
 //   Overlap inside a warpgroup: the next tile's Q K^T is issued before the current P V,
-//   and the softmax of the next tile runs while P V is still on the tensor cores. The
-//   two consumer warpgroups overlap each other as well (one's softmax under the other's
-//   products), left to the warp schedulers.
+//   and the softmax of the next tile runs while P V is still on the tensor cores.
+//   Overlap between the two ("pingpong"): they take turns issuing their products, so
+//   one's softmax runs under the other's matrix work.
 // Shared memory: tiles are stored as 128-byte-wide "panels" (64 columns of d each),
 //   128-byte swizzled as TMA writes them and wgmma reads them (kc/tma.cuh, kc/wgmma.cuh);
 //   d = 96 uses two panels, the second half filled with zeros by the copy engine.
-//   d = 128: Q 32 KB + 2 stages x (K 32 KB + V 32 KB) = 160 KB.
+//   d = 128: Q 32 KB + 3 stages x (K 32 KB + V 32 KB) = 224 KB.
 // Tails: the tensor maps know N and d, so rows beyond Nq or Nk and columns beyond d
 //   arrive as zeros; keys >= Nk are masked to -inf; rows >= Nq are not stored.
 // Causal (top-left aligned): a query tile reads key tiles up to its last row, the
 //   diagonal one first (so only the first steps need masking); tiles are scheduled
 //   longest first.
+// Grid: (query tiles, B * H), query tiles fastest, so the CTAs resident at one time
+//   work on one or two heads and K, V come from DRAM about once per head.
 // Grouped-query attention: q head h reads kv head h / (H / Hk) through the map's head
-//   coordinate; consecutive CTAs (blockIdx.x = b * H + h) of a group share K, V in L2.
+//   coordinate; the heads of a group are launched one after another and share K, V in L2.
+// Falls back to version 1 (hopper_forward_applies): scale <= 0 (the max is taken on raw
+//   scores), B * H > 65535 (grid y), or a layout the copy engine refuses.
 #include "attention.h"
 
 #include <cmath>
@@ -45,9 +50,10 @@ namespace day50 {
 namespace hopper {
 namespace {
 
-constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+constexpr int kBlockM = 128, kBlockN = 128;
 constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+constexpr int kTurnBar = 1;  // named barriers 1 and 2: the consumers' turns (pingpong)
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 struct Args {
@@ -58,12 +64,14 @@ struct Args {
   float scale_log2;  // softmax scale * log2(e)
 };
 
-// Byte offsets inside the (1024-byte aligned) dynamic shared memory.
+// Byte offsets inside the (1024-byte aligned) dynamic shared memory: Q, then kStages
+// stages of K and of V (3 stages: d = 128 fills 225 KB of the 227 KB a block may have).
 template <int kD>
 struct Layout {
   static constexpr int kPanels = (kD + 63) / 64;           // 128-byte column panels
   static constexpr int kQPanel = kBlockM * 128, kKVPanel = kBlockN * 128;
   static constexpr int kQBytes = kPanels * kQPanel, kKVBytes = kPanels * kKVPanel;
+  static constexpr int kStages = 3;
   static constexpr int kQ = 0, kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
   static constexpr int kNumBars = 1 + 3 * kStages;         // q_full, k_full[], v_full[], empty[]
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;  // + slack to align the base
@@ -73,6 +81,7 @@ template <typename T, int kD, bool kCausal>
 __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD>;
+  constexpr int kStages = L::kStages;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::kBars);
@@ -81,8 +90,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
   uint64_t* v_full = bars + 1 + kStages;
   uint64_t* empty = bars + 1 + 2 * kStages;
 
-  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, hk = h / a.group;
-  const int q0 = int(gridDim.y - 1 - blockIdx.y) * kBlockM;
+  // Query tiles of one head are neighbours in launch order (blockIdx.x), so the CTAs
+  // running at once read the same K and V from L2; the longest causal rows go first.
+  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, hk = h / a.group;
+  const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBlockM;
   const int kend = kCausal ? min(a.Nk, q0 + kBlockM) : a.Nk;
   const int n_blocks = (kend + kBlockN - 1) / kBlockN;
   const int wg = threadIdx.x / 128;
@@ -168,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
     for (int c = 0; c < kBlockN / 8; ++c) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = s[4 * c + e] * a.scale_log2;
+        float x = s[4 * c + e];  // raw q.k: the max commutes with the (positive) scale
         if (need_mask) {
           const int col = k0 + 8 * c + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
           if (col >= a.Nk || (kCausal && col > row)) x = -INFINITY;
@@ -181,8 +192,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float base = mx[r] == -INFINITY ? 0.f : mx[r];  // a row with no key yet stays at 0
-      corr[r] = flash::fast_exp2(m[r] - base);
+      // exp(scale (x - max)) = exp2(x scale_log2 - max scale_log2): one FFMA per score
+      const float base = mx[r] == -INFINITY ? 0.f : mx[r] * a.scale_log2;  // a row with no key yet stays at 0
+      corr[r] = flash::fast_exp2(m[r] * a.scale_log2 - base);
       m[r] = mx[r];
       l[r] *= corr[r];
       mx[r] = base;
@@ -191,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
     for (int c = 0; c < kBlockN / 8; ++c) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pexp = flash::fast_exp2(s[4 * c + e] - mx[e >> 1]);
+        const float pexp = flash::fast_exp2(fmaf(s[4 * c + e], a.scale_log2, -mx[e >> 1]));
         s[4 * c + e] = pexp;
         l[e >> 1] += pexp;
       }
@@ -214,25 +226,38 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
   };
   auto release = [&](int it) { kc::mbar_arrive(&empty[it % kStages]); };
 
+  // Pingpong: the two consumer warpgroups take turns issuing their products (named
+  // barriers kTurnBar + cw), so one's softmax runs while the other's products occupy the
+  // tensor cores. Each warpgroup takes n_blocks + 1 turns; warpgroup 0 goes first, and
+  // warpgroup 1 leaves out its last hand-over so that every arrival is waited for.
+  auto wait_turn = [&] { kc::named_barrier_sync(kTurnBar + cw, 256); };
+  auto pass_turn = [&] { kc::named_barrier_arrive(kTurnBar + 1 - cw, 256); };
+  if (cw == 1) pass_turn();
   kc::mbar_wait(q_full, 0);
+  wait_turn();
   issue_qk(0);
+  pass_turn();
   kc::wgmma_wait<0>();
   kc::fence_operands(s);
   softmax(0);
   pack_p();
   for (int it = 1; it < n_blocks; ++it) {
+    wait_turn();
     issue_qk(it);       // S of the next tile ...
     issue_pv(it - 1);   // ... and O += P V of this one, both in flight
+    pass_turn();
     kc::wgmma_wait<1>();
     kc::fence_operands(s);
-    softmax(it);        // runs while P V is on the tensor cores
+    softmax(it);        // runs while P V (and the other warpgroup's products) are on the tensor cores
     kc::wgmma_wait<0>();
     kc::fence_operands(o);
     release(it - 1);
     rescale_o();
     pack_p();
   }
+  wait_turn();
   issue_pv(n_blocks - 1);
+  if (cw == 0) pass_turn();
   kc::wgmma_wait<0>();
   kc::fence_operands(o);
   release(n_blocks - 1);
@@ -253,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
         *reinterpret_cast<uint32_t*>(O + int64_t(row) * a.d + col) =
             flash::pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
     }
-    if (t == 0) a.lse[int64_t(bh) * a.Nq + row] = (m[r] + __log2f(l[r])) * kLn2;
+    if (t == 0) a.lse[int64_t(bh) * a.Nq + row] = (m[r] * a.scale_log2 + __log2f(l[r])) * kLn2;
   }
 #else
   __trap();
@@ -292,7 +317,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   auto kernel = hopper_fwd_kernel<T, kD, kCausal>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
   const int64_t n_qt = (p.Nq + kBlockM - 1) / kBlockM;
-  kernel<<<dim3(unsigned(p.B * p.H), unsigned(n_qt)), kThreads, Layout<kD>::kBytes, stream>>>(a);
+  kernel<<<dim3(unsigned(n_qt), unsigned(p.B * p.H)), kThreads, Layout<kD>::kBytes, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -329,7 +354,7 @@ bool hopper_forward_applies(const FusedParams& p) {
 #if defined(KC_HAS_SM90A)
   return (p.dtype == kc::DType::F16 || p.dtype == kc::DType::BF16) && p.d > 0 && p.d % 8 == 0 &&
          p.d <= kFusedMaxHeadDim && p.Nq < (int64_t(1) << 31) && p.Nk < (int64_t(1) << 31) &&
-         p.B * p.H < (int64_t(1) << 31) && (p.Nq + hopper::kBlockM - 1) / hopper::kBlockM <= 65535 &&
+         p.B * p.H <= 65535 && p.scale > 0.f &&
          hopper::device_is_sm90();
 #else
   (void)p;

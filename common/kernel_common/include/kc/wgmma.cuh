@@ -91,4 +91,18 @@ __device__ __forceinline__ void warpgroup_reg_dealloc() {
 #endif
 }
 
+// Named barriers (ids 1..15; 0 is __syncthreads) among `threads` threads, a multiple of
+// 32: sync waits until `threads` threads have reached the barrier by sync or arrive;
+// arrive counts this thread and goes on. Two warpgroups take turns with them
+// ("pingpong"): each syncs on its own barrier before issuing its wgmma batch and arrives
+// on the other's after, so the batches alternate and one warpgroup's non-matrix work
+// runs while the other's products occupy the tensor cores.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace kc
