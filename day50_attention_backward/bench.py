@@ -1,8 +1,8 @@
 """Benchmark of day50_attention on the GPU: forward and backward, bf16, B=4, H=16.
 
     python bench.py --out STEM [--quick] [--variants]
-    python bench.py --forward [--quick] [--out STEM]  # the forward's version ladder, bf16 and fp16
-                                                      # (writes STEM_forward.md/.json/.png)
+    python bench.py --forward --backward [--quick] [--out STEM]   # the version ladders, bf16 and fp16
+                                                      # (writes STEM_fwd.* and STEM_bwd.*: md, json, png)
     python bench.py --models [--quick] [--out STEM]   # only GPT-2's training step with day50's attention
                                                       # (kernel_common.models; writes STEM_models.md/.json)
 
@@ -12,9 +12,10 @@ math backends. FLOPs: forward 4*B*H*Nq*Nk*d, backward 2.5x that, halved when
 causal (the issue's convention). The floor is the backward's FLOPs over the
 measured dense bf16 matmul rate. Writes STEM.md (tables), STEM.json, STEM.png.
 --variants also times every tiling variant of the fused backward (the private knob ops.bwd_variant).
---forward: the forward issue's grid (bf16 and fp16, B=4, H=16, N 1024-8192, d 64 and 128, causal
-and not) for each version of our fused forward (ops.fwd_version: 1 mma.sync, 2 Hopper) beside
-SDPA's flash and cuDNN backends, plus grouped-query rows (16 q heads over 4 and 1 kv heads).
+--forward / --backward: the Hopper issues' grid (bf16 and fp16, B=4, H=16, N 1024-8192, d 64 and
+128, causal and not) for each version of our fused forward (ops.fwd_version) or backward main
+kernel (ops.bwd_version): 1 mma.sync, 2 Hopper; beside SDPA's flash and cuDNN backends, plus
+grouped-query rows (16 q heads over 4 and 1 kv heads).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import day50_attention as da  # noqa: E402
-from day50_attention.ops import bwd_variant, fwd_version  # noqa: E402
+from day50_attention.ops import bwd_variant, bwd_version, fwd_version  # noqa: E402
 from kernel_common import bench, models  # noqa: E402
 
 B, H = 4, 16
@@ -83,65 +84,73 @@ def sdpa(q, k, v, do, causal, name, args):
         return None, None
 
 
-def forward_ladder(args):
-    """Forward TF/s of each fused-forward version and of SDPA flash / cuDNN, side by side."""
+def ladder(args, pas):
+    """TF/s of each version of our fused forward (pas = "fwd") or backward main kernel
+    ("bwd"), beside SDPA's flash and cuDNN backends, bf16 and fp16, one run."""
     meta = bench.device_meta()
-    print(f"== forward ladder: {meta['device']} {meta['date']} torch {meta['torch']}", flush=True)
+    print(f"== {pas} ladder: {meta['device']} {meta['date']} torch {meta['torch']}", flush=True)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     versions = (1, 2) if hopper else (1,)
+    pin = fwd_version if pas == "fwd" else bwd_version
+    mult = 1.0 if pas == "fwd" else 2.5
+
+    def ours_t(q, k, v, do, causal):
+        if pas == "fwd":
+            return timed(lambda: da.attention_forward(q, k, v, causal, None, "fused"), args)
+        out, lse = da.attention_forward(q, k, v, causal, None, "fused")
+        return timed(lambda: da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused"), args)
+
+    def peer_t(q, k, v, do, causal, name, gqa=False):
+        try:
+            with sdpa_kernel(SDPA[name]):
+                if pas == "fwd":
+                    with torch.no_grad():
+                        return timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                            enable_gqa=gqa), args)
+                qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+                out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal, enable_gqa=gqa)
+                return timed(lambda: torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True), args)
+        except RuntimeError:
+            return None
+
+    def row(r, q, k, v, do, causal, fl, gqa=False):
+        for ver in versions:
+            with pin(ver):
+                try:
+                    r[f"v{ver} {pas} TF/s"] = tf(fl, ours_t(q, k, v, do, causal))
+                except RuntimeError:  # version 2 pinned where it does not apply
+                    r[f"v{ver} {pas} TF/s"] = None
+        for name in ("flash", "cudnn"):
+            r[f"{name} {pas} TF/s"] = tf(fl, peer_t(q, k, v, do, causal, name, gqa))
+        best = r.get(f"v{versions[-1]} {pas} TF/s")
+        for name in ("flash", "cudnn"):
+            if best and r.get(f"{name} {pas} TF/s"):
+                r[f"ours/{name}"] = best / r[f"{name} {pas} TF/s"]
+        return r
+
     rows = []
     for dtype, dname in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         for n in (1024, 2048, 4096, 8192):
             for d in (64, 128):
                 for causal in (False, True):
                     g = torch.Generator(device="cuda").manual_seed(n + d)
-                    q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
-                    ff = flops(n, d, causal)
-                    r = {"shape": f"{dname} N={n} d={d}{' causal' if causal else ''}", "dtype": dname, "N": n,
-                         "d": d, "causal": causal}
-                    for ver in versions:
-                        with fwd_version(ver):
-                            r[f"v{ver} fwd TF/s"] = tf(ff, timed(
-                                lambda: da.attention_forward(q, k, v, causal, None, "fused"), args))
-                    with torch.no_grad():
-                        for name in ("flash", "cudnn"):
-                            try:
-                                with sdpa_kernel(SDPA[name]):
-                                    t = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), args)
-                            except RuntimeError:
-                                t = None
-                            r[f"{name} fwd TF/s"] = tf(ff, t)
-                    best = r.get(f"v{versions[-1]} fwd TF/s")
-                    for name in ("flash", "cudnn"):
-                        if best and r.get(f"{name} fwd TF/s"):
-                            r[f"ours/{name}"] = best / r[f"{name} fwd TF/s"]
+                    q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+                    r = row({"shape": f"{dname} N={n} d={d}{' causal' if causal else ''}", "dtype": dname, "N": n,
+                             "d": d, "causal": causal}, q, k, v, do, causal, mult * flops(n, d, causal))
                     rows.append(r)
-                    print("   " + "  ".join(f"{c} {r[c]:.2f}" if isinstance(r.get(c), float) else f"{r[c]}"
+                    print("   " + "  ".join(f"{c} {r[c]:.2f}" if isinstance(r.get(c), float) else f"{c} {r[c]}"
                                             for c in r if c not in ("dtype", "N", "d", "causal")), flush=True)
-                    del q, k, v
+                    del q, k, v, do
     grows = []
     for hkv in (4, 1):  # grouped-query and multi-query, bf16, N = 4096, d = 128
         for causal in (False, True):
             g = torch.Generator(device="cuda").manual_seed(hkv)
-            q = torch.randn(B, H, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+            q, do = (torch.randn(B, H, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
             k, v = (torch.randn(B, hkv, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-            ff = flops(4096, 128, causal)
-            r = {"shape": f"bf16 N=4096 d=128 Hkv={hkv}{' causal' if causal else ''}"}
-            for ver in versions:
-                with fwd_version(ver):
-                    r[f"v{ver} fwd TF/s"] = tf(ff, timed(lambda: da.attention_forward(q, k, v, causal, None, "fused"), args))
-            with torch.no_grad():
-                for name in ("flash", "cudnn"):
-                    try:
-                        with sdpa_kernel(SDPA[name]):
-                            t = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                             enable_gqa=True), args)
-                    except RuntimeError:
-                        t = None
-                    r[f"{name} fwd TF/s"] = tf(ff, t)
-            grows.append(r)
-    vcols = [f"v{v} fwd TF/s" for v in versions]
-    cols = ["shape", *vcols, "flash fwd TF/s", "cudnn fwd TF/s", "ours/flash", "ours/cudnn"]
+            grows.append(row({"shape": f"bf16 N=4096 d=128 Hkv={hkv}{' causal' if causal else ''}"},
+                             q, k, v, do, causal, mult * flops(4096, 128, causal), gqa=True))
+    vcols = [f"v{v} {pas} TF/s" for v in versions]
+    cols = ["shape", *vcols, f"flash {pas} TF/s", f"cudnn {pas} TF/s", "ours/flash", "ours/cudnn"]
     big = [r for r in rows if r["N"] >= 2048]
     summary = []
     for name in ("flash", "cudnn"):
@@ -149,19 +158,20 @@ def forward_ladder(args):
         if vals:
             summary.append(f"ours (v{versions[-1]}) / {name} at N >= 2048: worst {vals[0]:.2f}x, "
                            f"median {vals[len(vals) // 2]:.2f}x, best {vals[-1]:.2f}x")
-    text = (f"# day50 forward ladder: {meta['device']}, {meta['date']}, torch {meta['torch']}, B={B}, H={H}\n\n"
-            "TF/s counts 4*B*H*N*N*d, halved when causal. v1 = mma.sync (flash_fwd.cu), v2 = TMA + wgmma "
-            "(hopper_fwd.cu).\n\n" + "\n".join(f"- {x}" for x in summary) + "\n\n"
+    what = {"fwd": "forward 4*B*H*N*N*d", "bwd": "backward 2.5 x 4*B*H*N*N*d"}[pas]
+    text = (f"# day50 {pas} ladder: {meta['device']}, {meta['date']}, torch {meta['torch']}, B={B}, H={H}\n\n"
+            f"TF/s counts {what}, halved when causal. v1 = mma.sync, v2 = TMA + wgmma "
+            "(Hopper; grouped-query backward runs v1).\n\n" + "\n".join(f"- {x}" for x in summary) + "\n\n"
             + bench.format_table(rows, cols) + "\n\n## Grouped-query (H = 16 q heads)\n\n"
-            + bench.format_table(grows, ["shape", *vcols, "flash fwd TF/s", "cudnn fwd TF/s"]) + "\n")
-    stem = args.out + "_forward"
+            + bench.format_table(grows, cols) + "\n")
+    stem = f"{args.out}_{pas}"
     os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
     with open(stem + ".md", "w") as f:
         f.write(text)
-    bench.write_report(rows + grows, sorted({c for r in rows + grows for c in r}), stem, "day50 forward TFLOP/s", meta)
-    bench.plot_attention(rows, stem + ".png", f"day50 forward, B={B}, H={H}", meta, ours=f"v{versions[-1]}",
+    bench.write_report(rows + grows, sorted({c for r in rows + grows for c in r}), stem, f"day50 {pas} TFLOP/s", meta)
+    bench.plot_attention(rows, stem + ".png", f"day50 {pas}, B={B}, H={H}", meta, ours=f"v{versions[-1]}",
                          peers={"v1": "ours v1 (mma.sync)", "flash": "SDPA flash (FA2)", "cudnn": "SDPA cuDNN"},
-                         passes=("fwd",))
+                         passes=(pas,))
     print(text)
 
 
@@ -171,6 +181,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="fewer repeats, naive and math at small N only")
     p.add_argument("--variants", action="store_true", help="also time every fused-backward tiling variant")
     p.add_argument("--forward", action="store_true", help="only the forward's version ladder (bf16 and fp16)")
+    p.add_argument("--backward", action="store_true", help="only the backward's version ladder (bf16 and fp16)")
     models.add_args(p)
     args = p.parse_args()
     if args.models:  # GPT-2 small's training step with day50's attention in every attention layer
@@ -181,8 +192,11 @@ def main():
     if not torch.cuda.is_available():
         print("bench.py needs a CUDA GPU")
         return 1
-    if args.forward:
-        return forward_ladder(args)
+    if args.forward or args.backward:
+        for pas, on in (("fwd", args.forward), ("bwd", args.backward)):
+            if on:
+                ladder(args, pas)
+        return 0
     meta = bench.device_meta()
     mm = bench.matmul_tflops(torch.bfloat16)
     meta["bf16_matmul_tflops"] = round(mm, 1)

@@ -270,6 +270,71 @@ def test_fused_forward_versions_gqa_scale_layouts(causal, version):
     assert torch.equal(out, out_c) and torch.equal(lse, lse_c)  # same kernel, same order of sums
 
 
+# Backward main kernel: version 1 (flash_bwd.cuh) and version 2 (hopper_bwd.cu: multi-head
+# attention, d 64 or 128), each pinned (ops.bwd_version); the forward is auto.
+BWD_VERSIONS = FWD_VERSIONS
+BWD_SHAPES = [(1, 1, 1, 1, 64), (2, 3, 17, 17, 64), (1, 2, 128, 128, 128), (1, 2, 17, 300, 64),
+              (1, 2, 300, 17, 128), (1, 2, 1000, 1000, 64), (1, 1, 1000, 333, 128), (2, 2, 257, 513, 128),
+              (1, 2, 640, 640, 64)]
+if SANITIZE:
+    BWD_SHAPES = [(1, 1, 1, 1, 64), (1, 2, 17, 300, 64), (1, 1, 200, 129, 128)]
+
+
+@pytest.mark.parametrize("version", BWD_VERSIONS)
+@pytest.mark.parametrize("shape", BWD_SHAPES, ids=sid)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", LOWP, ids=["f16", "bf16"])
+def test_fused_backward_versions(dtype, causal, shape, version):
+    q, k, v, do = inputs(shape, dtype, "cuda", seed=12)
+    ref = reference(q, k, v, do, causal)
+    theirs = torch_same_precision(q, k, v, do, causal)
+    out, lse = da.attention_forward(q, k, v, causal, None, "fused")
+    with da.ops.bwd_version(version):
+        dq, dk, dv = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused")
+    check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs, f"bwd v{version}:")
+
+
+@pytest.mark.parametrize("version", BWD_VERSIONS)
+def test_fused_backward_versions_grad_lse_scale_layouts(version):
+    """The lse gradient (through D = rowsum(dO * O) - grad_lse), a custom scale, and q, k, v,
+    dout as (B, N, H, d) transposed views, against float64 autograd of out and lse."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v, do = (testing.fresh(2, 3, 200, 128, dtype=torch.bfloat16, device="cuda", gen=g) for _ in range(4))
+    glse = testing.fresh(2, 3, 200, dtype=torch.float32, device="cuda", gen=g)
+    qs, ks, vs, dos = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, do))
+    out, lse = da.attention_forward(qs, ks, vs, True, 0.2, "fused")
+    with da.ops.bwd_version(version):
+        dq, dk, dv = da.attention_backward(dos, qs, ks, vs, out, lse, glse, True, 0.2, "fused")
+    q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
+    s = (q64 @ k64.transpose(-2, -1)) * 0.2
+    s = s.masked_fill(torch.ones(200, 200, dtype=torch.bool).triu(1), -math.inf)
+    lse64 = torch.logsumexp(s, -1)
+    o64 = torch.softmax(s, -1) @ v64
+    torch.autograd.backward([o64, lse64], [do.cpu().double(), glse.cpu().double()])
+    for n, a, r in (("dq", dq, q64.grad), ("dk", dk, k64.grad), ("dv", dv, v64.grad)):
+        testing.assert_close_to_ref(a, r, name=f"bwd v{version}:{n}", scale=2.0)
+
+
+@pytest.mark.skipif(not HOPPER, reason="version 2 needs a compute capability 9.0 GPU (H100, H200)")
+def test_fused_backward_version_2_limits():
+    """Version 2 pinned where it does not apply (grouped-query heads, d = 96) is a clear error;
+    auto runs version 1 there."""
+    g = torch.Generator().manual_seed(9)
+    for hk, d in ((2, 64), (4, 96)):
+        q = testing.fresh(1, 4, 50, d, dtype=torch.bfloat16, device="cuda", gen=g)
+        k, v = (testing.fresh(1, hk, 60, d, dtype=torch.bfloat16, device="cuda", gen=g) for _ in range(2))
+        do = testing.fresh(1, 4, 50, d, dtype=torch.bfloat16, device="cuda", gen=g)
+        out, lse = da.attention_forward(q, k, v, False, None, "fused")
+        with da.ops.bwd_version(2), pytest.raises(RuntimeError, match="not supported"):
+            da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused")
+        with da.ops.bwd_version(1):
+            want = da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused")
+        got = da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused")
+        # same kernels: dk, dv bitwise; dq up to the order of its fp32 atomic adds (an ulp of bf16)
+        torch.testing.assert_close(got[0], want[0], rtol=8e-3, atol=8e-3)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+
+
 @requires_cuda
 def test_fused_forward_zero_stride_falls_back():
     """k and v broadcast over the batch (stride 0): auto gives the right result (version 2
@@ -293,9 +358,12 @@ def test_fused_forward_zero_stride_falls_back():
         assert torch.equal(out3, out)
 
 
-def test_fwd_version_knob_is_checked():
+def test_version_knobs_are_checked():
     with pytest.raises(RuntimeError, match="forward version"):
         with da.ops.fwd_version(3):
+            pass
+    with pytest.raises(RuntimeError, match="backward version"):
+        with da.ops.bwd_version(-1):
             pass
 
 

@@ -81,6 +81,8 @@ struct FusedParams {
   kc::DType dtype = kc::DType::BF16;
   int fwd_version = 0;  // fused forward: 0 auto (2 where it applies, else 1), 1 mma.sync (flash_fwd.cu),
                         // 2 Hopper TMA + wgmma (hopper_fwd.cu; sm_90a builds on compute capability 9.0)
+  int bwd_version = 0;  // fused backward's main kernel: 0 auto (2 where it applies, else 1), 1 mma.sync
+                        // (flash_bwd.cuh), 2 Hopper TMA + wgmma (hopper_bwd.cu: multi-head, d 64 / 128)
   int variant = 0;  // backward tiling variant (0 = default); see flash_bwd.cu
   // Backward, grouped-query attention only (H > Hk), as fused_backward_plan says:
   int64_t heads_per_cta = 1;     // q heads of a group one CTA of the dK/dV kernel sums in registers (divides H / Hk)
@@ -110,7 +112,13 @@ cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream);
 // (cudaErrorNotSupported when it cannot, e.g. a stride the copy engine refuses).
 bool hopper_forward_applies(const FusedParams& p);
 cudaError_t hopper_attention_forward(const FusedParams& p, cudaStream_t stream);
-// p.heads_per_cta and p.dkv_partial as fused_backward_plan(p) says.
+// Version 2 of the backward's main kernel (the pre- and post-kernels are version 1's):
+// where it applies (hopper_forward_applies, multi-head attention, d = 64 or 128), and
+// the launch (cudaErrorNotSupported when it cannot run p).
+bool hopper_backward_applies(const FusedParams& p);
+cudaError_t hopper_attention_backward_main(const FusedParams& p, cudaStream_t stream);
+// p.heads_per_cta and p.dkv_partial as fused_backward_plan(p) says. Runs main-kernel
+// version p.bwd_version; cudaErrorNotSupported when 2 was asked for and cannot run p.
 cudaError_t fused_attention_backward(const FusedParams& p, cudaStream_t stream);
 
 }  // namespace day50

@@ -143,6 +143,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     Tensor dq_accum = at::empty({B * H * Nq * d}, q.options().dtype(at::kFloat));
     p.dsum = dsum.data_ptr<float>();
     p.dq_accum = dq_accum.data_ptr<float>();
+    p.bwd_version = day50::fused_bwd_version();  // 0 (auto) unless a benchmark or test pinned one
     p.variant = day50::fused_bwd_variant();  // 0 unless a benchmark set the private knob
     // Grouped-query attention: how the group's dk, dv are summed (flash_bwd.cu); an
     // fp32 workspace of partial sums only when the group is split over CTAs.

@@ -12,5 +12,8 @@ int& fused_bwd_variant();  // defined in binding.cpp
 // set only through the extension's private _set_fwd_version (day50_attention.ops.fwd_version(),
 // for bench.py's version ladder and the tests that pin a version).
 int& fused_fwd_version();
+// The fused backward main kernel's version (FusedParams::bwd_version), likewise through
+// _set_bwd_version (day50_attention.ops.bwd_version()).
+int& fused_bwd_version();
 
 }  // namespace day50

@@ -33,6 +33,10 @@ int& fused_fwd_version() {
   static int version = 0;
   return version;
 }
+int& fused_bwd_version() {
+  static int version = 0;
+  return version;
+}
 }  // namespace day50
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -50,5 +54,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_fwd_version", [](int v) {
     TORCH_CHECK(v >= 0 && v <= 2, "day50: fused forward version must be 0 (auto), 1 (mma.sync) or 2 (Hopper)");
     day50::fused_fwd_version() = v;
+  });
+  // Private (bench.py, tests): day50_attention.ops.bwd_version().
+  m.def("_set_bwd_version", [](int v) {
+    TORCH_CHECK(v >= 0 && v <= 2, "day50: fused backward version must be 0 (auto), 1 (mma.sync) or 2 (Hopper)");
+    day50::fused_bwd_version() = v;
   });
 }

@@ -2,7 +2,8 @@
 //
 //   1. bwd_preprocess_kernel: D = rowsum(dO * O) - grad_lse (fp32), and dq_accum = 0.
 //      One warp per query row; any strides for O and dO.
-//   2. flash_bwd_dkdv_kernel (flash_bwd.cuh): dK, dV, and dQ accumulated by fp32 atomics.
+//   2. the main kernel: dK, dV, and dQ accumulated by fp32 atomics. Version 2
+//      (hopper_bwd.cu) where it applies, else flash_bwd_dkdv_kernel (flash_bwd.cuh).
 //   3. dq_convert_kernel: dQ = scale * dq_accum, stored as T.
 //   4. grouped-query attention with the group split over CTAs only: dkv_reduce_kernel,
 //      dK, dV = the sum of the fp32 partials of the splits, in split order, stored as T.
@@ -108,7 +109,14 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     bwd_preprocess_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
     KC_CUDA_LAUNCH_TRY();
   }
-  KC_CUDA_TRY((p.d <= 64 ? launch_bwd_dkdv<T, 64>(p, stream) : launch_bwd_dkdv<T, 128>(p, stream)));
+  // main kernel: version 2 (hopper_bwd.cu) where it applies, else version 1
+  const cudaError_t v2 = p.bwd_version != 1 ? hopper_attention_backward_main(p, stream) : cudaErrorNotSupported;
+  if (v2 != cudaErrorNotSupported) {
+    KC_CUDA_TRY(v2);
+  } else {
+    if (p.bwd_version == 2) return v2;
+    KC_CUDA_TRY((p.d <= 64 ? launch_bwd_dkdv<T, 64>(p, stream) : launch_bwd_dkdv<T, 128>(p, stream)));
+  }
   if (p.H != p.Hk && p.dkv_partial != nullptr) {
     const int64_t n = p.B * p.Hk * p.Nk * p.d, blocks = (2 * n / 4 + 255) / 256;
     dkv_reduce_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(

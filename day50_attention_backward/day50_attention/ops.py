@@ -83,6 +83,18 @@ def fwd_version(version: int):
         _C._set_fwd_version(0)
 
 
+@contextlib.contextmanager
+def bwd_version(version: int):
+    """Private, for bench.py and tests: pin the fused backward's main kernel (0 = auto: 2 where
+    it applies, else 1; 1 = mma.sync, csrc/flash_bwd.cuh; 2 = Hopper TMA + wgmma,
+    csrc/hopper_bwd.cu, an error where it cannot run), back to 0 after. Not thread-safe."""
+    _C._set_bwd_version(int(version))
+    try:
+        yield
+    finally:
+        _C._set_bwd_version(0)
+
+
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 

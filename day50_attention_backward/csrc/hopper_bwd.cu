@@ -1,0 +1,353 @@
+// hopper_bwd.cu: the fused backward's main kernel for Hopper (sm_90a): TMA + wgmma +
+// warp specialization. Version 2 of the fused backward (flash_bwd.cuh, mma.sync, is
+// version 1). It replaces only the main kernel: flash_bwd.cu's pre-kernel (D = rowsum(dO * O)
+// - grad_lse, dq_accum = 0) and dQ conversion run around it as for version 1.
+//
+// CTA: one block of kBlockN = 128 keys of one (batch, head); 3 warpgroups.
+//   warpgroup 0, the producer: one thread loads K and V once, then Q and dO tiles of
+//     kBlockM = 64 queries into a ring of kStages stages ("full" barriers completed by
+//     the copy engine, "empty" barriers by the consumers); the rest of it exits.
+//   warpgroups 1 and 2, the consumers: 64 keys each; their dK and dV (64 x d, fp32) stay
+//     in registers for the whole kernel. Per query tile, five wgmma products:
+//       S^T  = K Q^T        (64 keys x 64 queries; A = K, B = Q, both K-major in shared memory)
+//       dP^T = V dO^T       (likewise)
+//       P^T  = exp2(S^T scale log2(e) - lse log2(e)), causal mask; dS^T = P^T (dP^T - D)
+//       dV  += P^T dO       (A = P^T from registers: the accumulator layout is the A layout;
+//                            B = dO, MN-major: its rows are the product's K dimension)
+//       dK  += dS^T Q       (A = dS^T from registers, B = Q MN-major)
+//       dQ   = dS K         (M = queries: A = dS read back from shared memory, where the
+//                            warpgroups stored dS^T, so A is MN-major; B = K MN-major)
+//     and dQ is added to the fp32 dq_accum with float2 atomics. d = 128: the two consumer
+//     warpgroups split dQ's columns (64 each, all 128 keys: dS of both is needed, one
+//     named barrier); d = 64: each computes dQ over its own 64 keys (no cross-warpgroup
+//     barrier, twice the atomics, which are cheap at that width).
+// Shared memory (d = 128): K, V 32 KB each, 2 stages of Q and dO (16 KB each), two dS^T
+//   buffers (16 KB each: one is written while the other may still be read) = 160 KB.
+// Tails: tensor maps zero-fill rows past Nq / Nk; queries past Nq get lse = +inf (P = 0),
+//   keys past Nk have K = V = 0 rows (no contribution to dQ) and are not stored.
+// Causal (top-left): a key block starts at the query tile holding its first key.
+// Applies to multi-head attention (H == Hk) with d = 64 or 128; grouped-query attention
+// and other head dims run version 1, whose plan sums a group's dK, dV (flash_bwd.cu).
+#include "attention.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "flash_common.cuh"
+#include "kc/bulk_copy.cuh"
+#include "kc/check.cuh"
+#include "kc/tma.cuh"
+#include "kc/types.h"
+#include "kc/wgmma.cuh"
+
+namespace day50 {
+namespace hopper_bwd {
+namespace {
+
+constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
+constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+constexpr int kDsBar = 1;  // named barriers: 1 (both consumers, d = 128), 2 + w (consumer w alone, d = 64)
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Args {
+  CUtensorMap q, k, v, dout;  // (d, N, heads, batch) maps
+  const float* lse;           // (B, H, Nq), natural log
+  const float* dsum;          // (B, H, Nq): rowsum(dO * O) - grad_lse
+  float* dq_accum;            // (B, H, Nq, d) fp32, zeroed by the pre-kernel
+  void* dk;                   // (B, H, Nk, d), contiguous
+  void* dv;
+  int H, Nq, Nk;
+  float scale, scale_log2;
+};
+
+template <int kD>
+struct Layout {
+  static constexpr int kPanels = kD / 64;
+  static constexpr int kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128;
+  static constexpr int kKVBytes = kPanels * kKVPanel, kQBytes = kPanels * kQPanel;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T: 128 keys x 64 queries, one 128-byte panel
+  static constexpr int kK = 0, kV = kKVBytes, kQ = 2 * kKVBytes, kDo = kQ + kStages * kQBytes,
+                       kDs = kDo + kStages * kQBytes, kBars = kDs + 2 * kDsBytes;
+  static constexpr int kNumBars = 1 + 3 * kStages;  // kv_full, q_full[], do_full[], empty[]
+  static constexpr int kBytes = kBars + 8 * kNumBars + 1024;
+};
+
+template <typename T, int kD, bool kCausal>
+__global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_constant__ Args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<kD>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::kBars);
+  uint64_t* kv_full = bars;
+  uint64_t* q_full = bars + 1;
+  uint64_t* do_full = bars + 1 + kStages;
+  uint64_t* empty = bars + 1 + 2 * kStages;
+
+  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
+  const int k0 = blockIdx.x * kBlockN;
+  const int j_first = kCausal ? k0 / kBlockM : 0;  // causal: the query tile holding key k0
+  const int n_qt = (a.Nq + kBlockM - 1) / kBlockM;
+  const int n_it = n_qt > j_first ? n_qt - j_first : 0;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    kc::mbar_init(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      kc::mbar_init(&q_full[s], 1);
+      kc::mbar_init(&do_full[s], 1);
+      kc::mbar_init(&empty[s], kConsumers * 128);
+    }
+    kc::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------ producer
+    kc::warpgroup_reg_dealloc<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      kc::mbar_arrive_expect_tx(kv_full, 2 * L::kKVBytes);
+      for (int p = 0; p < L::kPanels; ++p) {
+        kc::tma_load_4d(sm + L::kK + p * L::kKVPanel, &a.k, kv_full, p * 64, k0, h, b);
+        kc::tma_load_4d(sm + L::kV + p * L::kKVPanel, &a.v, kv_full, p * 64, k0, h, b);
+      }
+      for (int it = 0; it < n_it; ++it) {
+        const int q0 = (j_first + it) * kBlockM, s = it % kStages;
+        if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
+        kc::mbar_arrive_expect_tx(&q_full[s], L::kQBytes);
+        for (int p = 0; p < L::kPanels; ++p)
+          kc::tma_load_4d(sm + L::kQ + s * L::kQBytes + p * L::kQPanel, &a.q, &q_full[s], p * 64, q0, h, b);
+        kc::mbar_arrive_expect_tx(&do_full[s], L::kQBytes);
+        for (int p = 0; p < L::kPanels; ++p)
+          kc::tma_load_4d(sm + L::kDo + s * L::kQBytes + p * L::kQPanel, &a.dout, &do_full[s], p * 64, q0, h, b);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------ consumers
+  kc::warpgroup_reg_alloc<kConsumerRegs>();
+  using Sq = kc::WgmmaOp<T, kBlockM>;  // 64 x 64 score tiles, and dQ's 64-column blocks
+  using Acc = kc::WgmmaOp<T, kD>;      // dK, dV: 64 keys x d
+  constexpr bool kSplitCols = kD == 128;  // dQ: split columns (d = 128) or keys (d = 64)
+  const int w = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int key_local = 64 * w + 16 * warp + g;  // this thread's keys: key_local and + 8 (within the block)
+
+  // Descriptors at k-step 0 (stage 0, dS buffer 0); steps add byte offsets / 16.
+  const uint64_t d_k = kc::gmma_desc_sw128(sm + L::kK + w * 64 * 128, 16, 1024);    // A of S^T (K-major)
+  const uint64_t d_v = kc::gmma_desc_sw128(sm + L::kV + w * 64 * 128, 16, 1024);    // A of dP^T
+  const uint64_t d_q = kc::gmma_desc_sw128(sm + L::kQ, 16, 1024);                    // B of S^T (K-major)
+  const uint64_t d_do = kc::gmma_desc_sw128(sm + L::kDo, 16, 1024);                  // B of dP^T
+  const uint64_t d_q_mn = kc::gmma_desc_sw128(sm + L::kQ, L::kQPanel, 1024);         // B of dK (MN-major)
+  const uint64_t d_do_mn = kc::gmma_desc_sw128(sm + L::kDo, L::kQPanel, 1024);       // B of dV (MN-major)
+  const uint64_t d_ds = kc::gmma_desc_sw128(sm + L::kDs + (kSplitCols ? 0 : w * 64 * 128), L::kDsBytes, 1024);  // A of dQ
+  const uint64_t d_k_mn = kc::gmma_desc_sw128(
+      sm + L::kK + (kSplitCols ? w * L::kKVPanel : w * 64 * 128), L::kKVPanel, 1024);  // B of dQ (MN-major)
+
+  float dk[kD / 2], dv[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  kc::mbar_wait(kv_full, 0);
+  for (int it = 0; it < n_it; ++it) {
+    const int s = it % kStages, par = (it / kStages) & 1, q0 = (j_first + it) * kBlockM;
+    // lse (log2 units) of this thread's 16 query columns; +inf past Nq, so P = 0 there
+    float lse2[16];
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = q0 + 8 * c + 2 * t + e;
+        lse2[2 * c + e] = q < a.Nq ? a.lse[int64_t(bh) * a.Nq + q] * kLog2e : INFINITY;
+      }
+
+    float sacc[kBlockM / 2], dpacc[kBlockM / 2];
+    kc::mbar_wait(&q_full[s], par);
+    kc::fence_operands(sacc);
+    kc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const int off = (kk % 4) * 32;
+      Sq::template ss<0, 0>(sacc, d_k + ((kk / 4) * L::kKVPanel + off) / 16,
+                            d_q + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
+    }
+    kc::wgmma_commit();
+    kc::mbar_wait(&do_full[s], par);
+    kc::fence_operands(dpacc);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const int off = (kk % 4) * 32;
+      Sq::template ss<0, 0>(dpacc, d_v + ((kk / 4) * L::kKVPanel + off) / 16,
+                            d_do + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
+    }
+    kc::wgmma_commit();
+
+    // P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 above the causal diagonal
+    kc::wgmma_wait<1>();
+    kc::fence_operands(sacc);
+    const bool need_mask = kCausal && q0 < k0 + kBlockN;
+#pragma unroll
+    for (int c = 0; c < kBlockM / 8; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pv = flash::fast_exp2(fmaf(sacc[4 * c + e], a.scale_log2, -lse2[2 * c + (e & 1)]));
+        if (need_mask && k0 + key_local + 8 * (e >> 1) > q0 + 8 * c + 2 * t + (e & 1)) pv = 0.f;
+        sacc[4 * c + e] = pv;
+      }
+    uint32_t pa[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pa[kk][i] = flash::pack2<T>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
+    float dsum[16];  // D of the same columns (loaded here: fewer registers live across the products)
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = q0 + 8 * c + 2 * t + e;
+        dsum[2 * c + e] = q < a.Nq ? a.dsum[int64_t(bh) * a.Nq + q] : 0.f;
+      }
+    // dV += P^T dO
+    kc::fence_operands(dv);
+    kc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) Acc::template rs<1>(dv, pa[kk], d_do_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
+    kc::wgmma_commit();
+
+    // dS^T = P^T (dP^T - D), to registers (A of dK) and to shared memory (A of dQ)
+    kc::wgmma_wait<1>();
+    kc::fence_operands(dpacc);
+    uint32_t dsa[kBlockM / 16][4];
+    unsigned char* ds_buf = sm + L::kDs + (it & 1) * L::kDsBytes;
+#pragma unroll
+    for (int c = 0; c < kBlockM / 8; ++c)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float d0 = sacc[4 * c + 2 * r] * (dpacc[4 * c + 2 * r] - dsum[2 * c]);
+        const float d1 = sacc[4 * c + 2 * r + 1] * (dpacc[4 * c + 2 * r + 1] - dsum[2 * c + 1]);
+        const uint32_t packed = flash::pack2<T>(d0, d1);
+        dsa[c / 2][(c % 2) * 2 + r] = packed;
+        // row = key (128-byte rows of 64 queries), 16-byte chunk c swizzled with key % 8 (= g)
+        const int key = key_local + 8 * r;
+        *reinterpret_cast<uint32_t*>(ds_buf + key * 128 + ((c ^ g) << 4) + 4 * t) = packed;
+      }
+    // dK += dS^T Q
+    kc::fence_operands(dk);
+    kc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) Acc::template rs<1>(dk, dsa[kk], d_q_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
+    kc::wgmma_commit();
+
+    // dQ = dS K: dS^T from both consumers (d = 128) or this one (d = 64)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    if (kSplitCols)
+      kc::named_barrier_sync(kDsBar, 256);
+    else
+      kc::named_barrier_sync(kDsBar + 1 + w, 128);
+    float dq[kBlockM / 2];
+    kc::fence_operands(dq);
+    kc::wgmma_fence();
+    constexpr int kKeySteps = (kSplitCols ? kBlockN : 64) / 16;
+#pragma unroll
+    for (int kk = 0; kk < kKeySteps; ++kk)
+      Sq::template ss<1, 1>(dq, d_ds + ((it & 1) * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16, kk > 0);
+    kc::wgmma_commit();
+    kc::wgmma_wait<0>();
+    kc::fence_operands(dq);
+    kc::fence_operands(dk);
+    kc::fence_operands(dv);
+    kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
+
+    // dq_accum[q0 + row, col] += dq (rows = queries 16 warp + g (+ 8), 64 columns)
+    const int col0 = kSplitCols ? 64 * w : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q = q0 + 16 * warp + g + 8 * r;
+      if (q >= a.Nq) continue;
+      float* dst = a.dq_accum + (int64_t(bh) * a.Nq + q) * kD + col0 + 2 * t;
+#pragma unroll
+      for (int c = 0; c < kBlockM / 8; ++c)
+        atomicAdd(reinterpret_cast<float2*>(dst + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
+    }
+  }
+
+  // dK (times the softmax scale, which dS^T leaves out) and dV, rows < Nk
+  T* DK = static_cast<T*>(a.dk) + int64_t(bh) * a.Nk * kD;
+  T* DV = static_cast<T*>(a.dv) + int64_t(bh) * a.Nk * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = k0 + key_local + 8 * r;
+    if (key >= a.Nk) continue;
+#pragma unroll
+    for (int c = 0; c < kD / 8; ++c) {
+      const int col = 8 * c + 2 * t;
+      *reinterpret_cast<uint32_t*>(DK + int64_t(key) * kD + col) =
+          flash::pack2<T>(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(DV + int64_t(key) * kD + col) = flash::pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+template <typename T>
+cudaError_t make_map(CUtensorMap* map, const View4& x, int64_t heads, int64_t n, const FusedParams& p, int box_rows) {
+  const uint64_t es = sizeof(T);
+  const uint64_t dims[4] = {uint64_t(p.d), uint64_t(n), uint64_t(heads), uint64_t(p.B)};
+  const uint64_t strides[3] = {uint64_t(x.sr) * es, uint64_t(x.sh) * es, uint64_t(x.sb) * es};
+  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  const CUtensorMapDataType dt =
+      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return kc::make_tensor_map(map, dt, 4, x.ptr, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+template <typename T, int kD, bool kCausal>
+cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
+  Args a;
+  if (make_map<T>(&a.q, p.q, p.H, p.Nq, p, kBlockM) != cudaSuccess ||
+      make_map<T>(&a.dout, p.dout, p.H, p.Nq, p, kBlockM) != cudaSuccess ||
+      make_map<T>(&a.k, p.k, p.Hk, p.Nk, p, kBlockN) != cudaSuccess ||
+      make_map<T>(&a.v, p.v, p.Hk, p.Nk, p, kBlockN) != cudaSuccess)
+    return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
+  a.lse = p.lse;
+  a.dsum = p.dsum;
+  a.dq_accum = p.dq_accum;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.H = int(p.H);
+  a.Nq = int(p.Nq);
+  a.Nk = int(p.Nk);
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * kLog2e;
+  auto kernel = hopper_bwd_kernel<T, kD, kCausal>;
+  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
+  const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
+  kernel<<<dim3(unsigned(n_kt), unsigned(p.B * p.H)), kThreads, Layout<kD>::kBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
+  if (p.d == 64) return p.causal ? launch<T, 64, true>(p, stream) : launch<T, 64, false>(p, stream);
+  return p.causal ? launch<T, 128, true>(p, stream) : launch<T, 128, false>(p, stream);
+}
+
+}  // namespace
+}  // namespace hopper_bwd
+
+bool hopper_backward_applies(const FusedParams& p) {
+  return (p.d == 64 || p.d == 128) && p.H == p.Hk && p.B * p.H <= 65535 && p.Nk <= (int64_t(1) << 30) &&
+         p.Nq < (int64_t(1) << 31) && hopper_forward_applies(p);
+}
+
+cudaError_t hopper_attention_backward_main(const FusedParams& p, cudaStream_t stream) {
+  if (!hopper_backward_applies(p)) return cudaErrorNotSupported;
+  switch (p.dtype) {
+    case kc::DType::F16: return hopper_bwd::dispatch<__half>(p, stream);
+    case kc::DType::BF16: return hopper_bwd::dispatch<__nv_bfloat16>(p, stream);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace day50
