@@ -6,7 +6,9 @@
 // CTA: one block of kBlockN = 128 keys of one (batch, head); 3 warpgroups.
 //   warpgroup 0, the producer: one thread loads K and V once, then Q and dO tiles of
 //     kBlockM = 64 queries into a ring of kStages stages ("full" barriers completed by
-//     the copy engine, "empty" barriers by the consumers); the rest of it exits.
+//     the copy engine, "empty" barriers by the consumers); warp 1 stages each tile's lse
+//     and D in shared memory beside them (off the consumers' critical path: read from
+//     global memory there, their latency stalled every tile); the rest of it exits.
 //   warpgroups 1 and 2, the consumers: 64 keys each; their dK and dV (64 x d, fp32) stay
 //     in registers for the whole kernel. Per query tile, five wgmma products:
 //       S^T  = K Q^T        (64 keys x 64 queries; A = K, B = Q, both K-major in shared memory)
@@ -46,6 +48,9 @@ namespace {
 
 constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
 constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
+// 24 registers for the producer, 240 for the consumers: 128 x 24 + 256 x 240 = 64512, the
+// block's allocation at launch (384 threads x 168). setmaxnreg only moves registers within
+// that allocation: asking for more (e.g. 32 + 240) waits forever.
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kDsBar = 1;  // named barriers: 1 (both consumers, d = 128), 2 + w (consumer w alone, d = 64)
 constexpr float kLog2e = 1.4426950408889634f;
@@ -68,7 +73,8 @@ struct Layout {
   static constexpr int kKVBytes = kPanels * kKVPanel, kQBytes = kPanels * kQPanel;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T: 128 keys x 64 queries, one 128-byte panel
   static constexpr int kK = 0, kV = kKVBytes, kQ = 2 * kKVBytes, kDo = kQ + kStages * kQBytes,
-                       kDs = kDo + kStages * kQBytes, kBars = kDs + 2 * kDsBytes;
+                       kDs = kDo + kStages * kQBytes, kRows = kDs + 2 * kDsBytes,  // per stage: lse2, D (64 floats each)
+                       kBars = kRows + kStages * 2 * kBlockM * 4;
   static constexpr int kNumBars = 1 + 3 * kStages;  // kv_full, q_full[], do_full[], empty[]
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;
 };
@@ -95,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   if (threadIdx.x == 0) {
     kc::mbar_init(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      kc::mbar_init(&q_full[s], 1);
+      kc::mbar_init(&q_full[s], 1 + 32);  // the copy thread + the 32 lanes that stage lse and D
       kc::mbar_init(&do_full[s], 1);
       kc::mbar_init(&empty[s], kConsumers * 128);
     }
@@ -105,6 +111,25 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
     kc::warpgroup_reg_dealloc<kProducerRegs>();
+    if (threadIdx.x >= 32 && threadIdx.x < 64) {
+      // warp 1: each query tile's lse (in log2 units; +inf past Nq, so P = 0 there) and D
+      // into shared memory, so the consumers find them there with Q (q_full counts these lanes)
+      const int lane = threadIdx.x - 32;
+      const float* lse = a.lse + int64_t(bh) * a.Nq;
+      const float* dsum = a.dsum + int64_t(bh) * a.Nq;
+      float* rows0 = reinterpret_cast<float*>(sm + L::kRows);
+      for (int it = 0; it < n_it; ++it) {
+        const int q = (j_first + it) * kBlockM + lane, s = it % kStages;
+        if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
+        float* rows = rows0 + s * 2 * kBlockM;
+#pragma unroll
+        for (int i = 0; i < kBlockM; i += 32) {
+          rows[lane + i] = q + i < a.Nq ? lse[q + i] * kLog2e : INFINITY;
+          rows[kBlockM + lane + i] = q + i < a.Nq ? dsum[q + i] : 0.f;
+        }
+        kc::mbar_arrive(&q_full[s]);
+      }
+    }
     if (threadIdx.x == 0) {
       kc::mbar_arrive_expect_tx(kv_full, 2 * L::kKVBytes);
       for (int p = 0; p < L::kPanels; ++p) {
@@ -151,16 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   kc::mbar_wait(kv_full, 0);
   for (int it = 0; it < n_it; ++it) {
     const int s = it % kStages, par = (it / kStages) & 1, q0 = (j_first + it) * kBlockM;
-    // lse (log2 units) of this thread's 16 query columns; +inf past Nq, so P = 0 there
-    float lse2[16];
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int q = q0 + 8 * c + 2 * t + e;
-        lse2[2 * c + e] = q < a.Nq ? a.lse[int64_t(bh) * a.Nq + q] * kLog2e : INFINITY;
-      }
-
+    const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
     float sacc[kBlockM / 2], dpacc[kBlockM / 2];
     kc::mbar_wait(&q_full[s], par);
     kc::fence_operands(sacc);
@@ -185,6 +201,13 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     // P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 above the causal diagonal
     kc::wgmma_wait<1>();
     kc::fence_operands(sacc);
+    float lse2[16];  // this thread's 16 query columns 8 c + 2 t + e
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const float2 x = *reinterpret_cast<const float2*>(rows + 8 * c + 2 * t);
+      lse2[2 * c] = x.x;
+      lse2[2 * c + 1] = x.y;
+    }
     const bool need_mask = kCausal && q0 < k0 + kBlockN;
 #pragma unroll
     for (int c = 0; c < kBlockM / 8; ++c)
@@ -199,14 +222,13 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) pa[kk][i] = flash::pack2<T>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
-    float dsum[16];  // D of the same columns (loaded here: fewer registers live across the products)
+    float dsum[16];  // D of the same columns
 #pragma unroll
-    for (int c = 0; c < 8; ++c)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int q = q0 + 8 * c + 2 * t + e;
-        dsum[2 * c + e] = q < a.Nq ? a.dsum[int64_t(bh) * a.Nq + q] : 0.f;
-      }
+    for (int c = 0; c < 8; ++c) {
+      const float2 x = *reinterpret_cast<const float2*>(rows + kBlockM + 8 * c + 2 * t);
+      dsum[2 * c] = x.x;
+      dsum[2 * c + 1] = x.y;
+    }
     // dV += P^T dO
     kc::fence_operands(dv);
     kc::wgmma_fence();
