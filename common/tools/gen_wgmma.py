@@ -9,7 +9,7 @@ SHAPES, then commit both files:
 """
 from pathlib import Path
 
-SHAPES = (64, 96, 128)  # the N of m64nNk16 (wgmma allows multiples of 8 up to 256)
+SHAPES = (32, 64, 96, 128)  # the N of m64nNk16 (wgmma allows multiples of 8 up to 256)
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 OUT = Path(__file__).resolve().parent.parent / "kernel_common" / "include" / "kc" / "wgmma_ops.cuh"
 

@@ -19,10 +19,12 @@
 //       dK  += dS^T Q       (A = dS^T from registers, B = Q MN-major)
 //       dQ   = dS K         (M = queries: A = dS read back from shared memory, where the
 //                            warpgroups stored dS^T, so A is MN-major; B = K MN-major)
-//     and dQ is added to the fp32 dq_accum with float2 atomics. d = 128: the two consumer
-//     warpgroups split dQ's columns (64 each, all 128 keys: dS of both is needed, one
-//     named barrier); d = 64: each computes dQ over its own 64 keys (no cross-warpgroup
-//     barrier, twice the atomics, which are cheap at that width).
+//     and dQ is added to the fp32 dq_accum with float2 atomics. The two consumer
+//     warpgroups split dQ's columns (d / 2 each, over all 128 keys: both halves of dS^T
+//     are needed, one named barrier), so every dQ element is added once per key block.
+//     (Splitting the keys instead, each warpgroup's dQ over its own 64 keys, needs no
+//     barrier but doubles the atomics; at d = 64 that ran at 0.88-0.97x SDPA flash
+//     against this split's figures in the README: the atomics' L2 traffic was the limit.)
 // Shared memory (d = 128): K, V 32 KB each, 2 stages of Q and dO (16 KB each), two dS^T
 //   buffers (16 KB each: one is written while the other may still be read) = 160 KB.
 // Tails: tensor maps zero-fill rows past Nq / Nk; queries past Nq get lse = +inf (P = 0),
@@ -52,7 +54,7 @@ constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
 // block's allocation at launch (384 threads x 168). setmaxnreg only moves registers within
 // that allocation: asking for more (e.g. 32 + 240) waits forever.
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-constexpr int kDsBar = 1;  // named barriers: 1 (both consumers, d = 128), 2 + w (consumer w alone, d = 64)
+constexpr int kDsBar = 1;  // named barrier 1: both consumers' dS^T is in shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Args {
@@ -152,9 +154,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 
   // ------------------------------------------------------------------------ consumers
   kc::warpgroup_reg_alloc<kConsumerRegs>();
-  using Sq = kc::WgmmaOp<T, kBlockM>;  // 64 x 64 score tiles, and dQ's 64-column blocks
+  using Sq = kc::WgmmaOp<T, kBlockM>;  // 64 x 64 score tiles
   using Acc = kc::WgmmaOp<T, kD>;      // dK, dV: 64 keys x d
-  constexpr bool kSplitCols = kD == 128;  // dQ: split columns (d = 128) or keys (d = 64)
+  using Dq = kc::WgmmaOp<T, kD / 2>;   // this warpgroup's d / 2 columns of dQ
   const int w = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int key_local = 64 * w + 16 * warp + g;  // this thread's keys: key_local and + 8 (within the block)
 
@@ -165,9 +167,13 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   const uint64_t d_do = kc::gmma_desc_sw128(sm + L::kDo, 16, 1024);                  // B of dP^T
   const uint64_t d_q_mn = kc::gmma_desc_sw128(sm + L::kQ, L::kQPanel, 1024);         // B of dK (MN-major)
   const uint64_t d_do_mn = kc::gmma_desc_sw128(sm + L::kDo, L::kQPanel, 1024);       // B of dV (MN-major)
-  const uint64_t d_ds = kc::gmma_desc_sw128(sm + L::kDs + (kSplitCols ? 0 : w * 64 * 128), L::kDsBytes, 1024);  // A of dQ
-  const uint64_t d_k_mn = kc::gmma_desc_sw128(
-      sm + L::kK + (kSplitCols ? w * L::kKVPanel : w * 64 * 128), L::kKVPanel, 1024);  // B of dQ (MN-major)
+  const uint64_t d_ds = kc::gmma_desc_sw128(sm + L::kDs, L::kDsBytes, 1024);  // A of dQ (MN-major)
+  // B of dQ (MN-major): K's columns w d/2 .. : the next panel (d = 128), or 64 bytes into
+  // the 128-byte rows (d = 64; the swizzle is a function of the address, so a start inside
+  // a row reads the same layout, as the K-major k-steps' 32-byte starts do)
+  const int dq_col0 = w * kD / 2;
+  const uint64_t d_k_mn =
+      kc::gmma_desc_sw128(sm + L::kK + (dq_col0 / 64) * L::kKVPanel + (dq_col0 % 64) * 2, L::kKVPanel, 1024);
 
   float dk[kD / 2], dv[kD / 2];
 #pragma unroll
@@ -260,19 +266,15 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     for (int kk = 0; kk < kBlockM / 16; ++kk) Acc::template rs<1>(dk, dsa[kk], d_q_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
     kc::wgmma_commit();
 
-    // dQ = dS K: dS^T from both consumers (d = 128) or this one (d = 64)
+    // dQ = dS K (this warpgroup's columns), once both consumers' dS^T is in shared memory
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    if (kSplitCols)
-      kc::named_barrier_sync(kDsBar, 256);
-    else
-      kc::named_barrier_sync(kDsBar + 1 + w, 128);
-    float dq[kBlockM / 2];
+    kc::named_barrier_sync(kDsBar, 256);
+    float dq[kD / 4];
     kc::fence_operands(dq);
     kc::wgmma_fence();
-    constexpr int kKeySteps = (kSplitCols ? kBlockN : 64) / 16;
 #pragma unroll
-    for (int kk = 0; kk < kKeySteps; ++kk)
-      Sq::template ss<1, 1>(dq, d_ds + ((it & 1) * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16, kk > 0);
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      Dq::template ss<1, 1>(dq, d_ds + ((it & 1) * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16, kk > 0);
     kc::wgmma_commit();
     kc::wgmma_wait<0>();
     kc::fence_operands(dq);
@@ -280,15 +282,15 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     kc::fence_operands(dv);
     kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
 
-    // dq_accum[q0 + row, col] += dq (rows = queries 16 warp + g (+ 8), 64 columns)
-    const int col0 = kSplitCols ? 64 * w : 0;
+    // dq_accum[q0 + row, col] += dq (rows = queries 16 warp + g (+ 8), d / 2 columns)
+    const int col0 = dq_col0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int q = q0 + 16 * warp + g + 8 * r;
       if (q >= a.Nq) continue;
       float* dst = a.dq_accum + (int64_t(bh) * a.Nq + q) * kD + col0 + 2 * t;
 #pragma unroll
-      for (int c = 0; c < kBlockM / 8; ++c)
+      for (int c = 0; c < kD / 16; ++c)
         atomicAdd(reinterpret_cast<float2*>(dst + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
     }
   }
