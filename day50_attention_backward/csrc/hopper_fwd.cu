@@ -37,9 +37,9 @@
 #include "attention.h"
 
 #include <cmath>
-#include <type_traits>
 
 #include "flash_common.cuh"
+#include "hopper_common.cuh"
 #include "kc/bulk_copy.cuh"
 #include "kc/check.cuh"
 #include "kc/tma.cuh"
@@ -54,7 +54,8 @@ constexpr int kBlockM = 128, kBlockN = 128;
 constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kTurnBar = 1;  // named barriers 1 and 2: the consumers' turns (pingpong)
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+constexpr float kLn2 = 0.6931471805599453f;
+using hopper_common::kLog2e;
 
 struct Args {
   CUtensorMap q, k, v;  // (d, N, heads, batch) maps, boxes of 64 x kBlockM / kBlockN
@@ -285,26 +286,12 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
 #endif
 }
 
-template <typename T>
-constexpr CUtensorMapDataType map_type() {
-  return std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-}
-
-template <typename T>
-cudaError_t make_map(CUtensorMap* map, const View4& x, int64_t heads, int64_t n, const FusedParams& p, int box_rows) {
-  const uint64_t es = sizeof(T);
-  const uint64_t dims[4] = {uint64_t(p.d), uint64_t(n), uint64_t(heads), uint64_t(p.B)};
-  const uint64_t strides[3] = {uint64_t(x.sr) * es, uint64_t(x.sh) * es, uint64_t(x.sb) * es};
-  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
-  return kc::make_tensor_map(map, map_type<T>(), 4, x.ptr, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
-}
-
 template <typename T, int kD, bool kCausal>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
-  if (make_map<T>(&a.q, p.q, p.H, p.Nq, p, kBlockM) != cudaSuccess ||
-      make_map<T>(&a.k, p.k, p.Hk, p.Nk, p, kBlockN) != cudaSuccess ||
-      make_map<T>(&a.v, p.v, p.Hk, p.Nk, p, kBlockN) != cudaSuccess)
+  if (hopper_common::make_map<T>(&a.q, p.q, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess ||
+      hopper_common::make_map<T>(&a.k, p.k, p.B, p.Hk, p.Nk, p.d, kBlockN) != cudaSuccess ||
+      hopper_common::make_map<T>(&a.v, p.v, p.B, p.Hk, p.Nk, p.d, kBlockN) != cudaSuccess)
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
   a.o = p.o;
   a.lse = p.lse;

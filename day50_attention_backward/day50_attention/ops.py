@@ -59,40 +59,34 @@ def matmul(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.
 
 
 @contextlib.contextmanager
+def _pinned(setter, value: int):
+    """Set one of the extension's private knobs for the duration of a with-block (back to 0,
+    the default, after). Not thread-safe, not for models: for bench.py and the tests."""
+    setter(int(value))
+    try:
+        yield
+    finally:
+        setter(0)
+
+
 def bwd_variant(variant: int):
-    """Private, for bench.py --variants: the fused backward's tiling variant inside the block
-    (0 = the default tiling, 1 and 2 the earlier ones; csrc/flash_bwd_*.cu), back to 0 after.
-    Not thread-safe, not for models."""
-    _C._set_bwd_variant(int(variant))
-    try:
-        yield
-    finally:
-        _C._set_bwd_variant(0)
+    """Private (bench.py --variants): the tiling variant of the fused backward's version 1 kernel
+    (0 = the default tiling, 1 and 2 the earlier ones; csrc/flash_bwd_*.cu)."""
+    return _pinned(_C._set_bwd_variant, variant)
 
 
-@contextlib.contextmanager
 def fwd_version(version: int):
-    """Private, for bench.py's version ladder and tests: pin the fused forward's version
-    (0 = auto: 2 where it applies, else 1; 1 = mma.sync, csrc/flash_fwd.cu; 2 = Hopper
-    TMA + wgmma, csrc/hopper_fwd.cu, an error where it cannot run), back to 0 after.
-    Not thread-safe, not for models."""
-    _C._set_fwd_version(int(version))
-    try:
-        yield
-    finally:
-        _C._set_fwd_version(0)
+    """Private (bench.py's ladder, tests): the fused forward's version (0 = auto: 2 where it
+    applies, else 1; 1 = mma.sync, csrc/flash_fwd.cu; 2 = Hopper TMA + wgmma,
+    csrc/hopper_fwd.cu, an error where it cannot run)."""
+    return _pinned(_C._set_fwd_version, version)
 
 
-@contextlib.contextmanager
 def bwd_version(version: int):
-    """Private, for bench.py and tests: pin the fused backward's main kernel (0 = auto: 2 where
+    """Private (bench.py's ladder, tests): the fused backward's main kernel (0 = auto: 2 where
     it applies, else 1; 1 = mma.sync, csrc/flash_bwd.cuh; 2 = Hopper TMA + wgmma,
-    csrc/hopper_bwd.cu, an error where it cannot run), back to 0 after. Not thread-safe."""
-    _C._set_bwd_version(int(version))
-    try:
-        yield
-    finally:
-        _C._set_bwd_version(0)
+    csrc/hopper_bwd.cu, an error where it cannot run)."""
+    return _pinned(_C._set_bwd_version, version)
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
