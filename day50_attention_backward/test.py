@@ -396,6 +396,32 @@ def test_layouts(device, kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_outputs_follow_q_layout(device):
+    """out and dq come back in q's layout (dense, q's dimension order): for q, k, v as
+    (B, N, H, d).transpose(1, 2) views, as a model gets them, out.transpose(1, 2) is
+    contiguous (no copy to reshape it back), as with SDPA; dk, dv stay contiguous. Every
+    backend, and the fakes torch.compile sees (the same strides as the real outputs)."""
+    dtypes = [torch.float32] + ([torch.bfloat16] if device == "cuda" else [])
+    for dtype in dtypes:
+        q, k, v, do = inputs((2, 3, 40, 70, 64), dtype, device, seed=4)
+        qs, ks, vs, dos = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, do))
+        for be in backends(device, dtype != torch.float32):
+            out, lse = da.attention_forward(qs, ks, vs, True, None, be)
+            dq, dk, dv = da.attention_backward(dos, qs, ks, vs, out, lse, None, True, None, be)
+            assert out.transpose(1, 2).is_contiguous() and dq.transpose(1, 2).is_contiguous(), be
+            assert dk.is_contiguous() and dv.is_contiguous(), be
+            want = run_ours(q, k, v, do, True, be)
+            for n, a, w in zip(["out", "lse", "dq", "dk", "dv"], (out, lse, dq, dk, dv), want):
+                testing.assert_close(a, w, *testing.tolerance(dtype), name=f"{be}:{dtype}:{n}")
+            with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+                fq, fk, fv, fdo = (mode.from_tensor(t) for t in (qs, ks, vs, dos))
+                fo, fl = torch.ops.day50.attention_forward(fq, fk, fv, True, None, be)
+                fdq, fdk, fdv = torch.ops.day50.attention_backward(fdo, fq, fk, fv, fo, fl, None, True, None, be)
+            for n, f, r in (("out", fo, out), ("dq", fdq, dq), ("dk", fdk, dk), ("dv", fdv, dv)):
+                assert f.stride() == r.stride(), f"{be}: fake {n} strides {f.stride()} != real {r.stride()}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_autograd_noncontiguous_grad(device):
     """attention() through autograd, with a grad_output that is an expanded (stride 0) view."""
     dtype = torch.float32

@@ -66,10 +66,13 @@ bool fused_layout_ok(const View4& v);
 struct FusedParams {
   View4 q, k, v;          // inputs
   View4 out, dout;        // backward only (out: any strides; dout: fused layout)
-  void* o = nullptr;      // forward output, contiguous (B, H, Nq, d)
+  void* o = nullptr;      // forward output (B, H, Nq, d), unit column stride and these (batch, head, row)
+  int64_t o_sb = 0, o_sh = 0, o_sr = 0;  // strides, multiples of 8 (attention_cuda.cpp: q's layout)
   float* lse = nullptr;   // contiguous (B, H, Nq), natural log of sum exp(scale * q.k)
   const float* grad_lse = nullptr;   // backward, optional, contiguous (B, H, Nq)
-  void* dq = nullptr;     // backward outputs, contiguous: dq (B, H, Nq, d); dk, dv (B, Hk, Nk, d)
+  void* dq = nullptr;     // backward outputs: dq (B, H, Nq, d) with the dq_s* strides (multiples of 8,
+                          // unit column stride); dk, dv (B, Hk, Nk, d) contiguous
+  int64_t dq_sb = 0, dq_sh = 0, dq_sr = 0;
   void* dk = nullptr;
   void* dv = nullptr;
   float* dsum = nullptr;      // workspace (B*H*Nq): rowsum(dout * out) - grad_lse

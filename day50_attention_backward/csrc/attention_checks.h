@@ -1,6 +1,8 @@
 // Argument validation shared by the CPU and CUDA implementations (torch side).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -26,6 +28,35 @@ inline Backend parse_backend(const std::string& s) {
   if (s == "naive") return Backend::Naive;
   TORCH_CHECK(false, "backend must be \"auto\", \"fused\" or \"naive\", got \"", s, "\"");
   return Backend::Auto;
+}
+
+// The layout of the outputs out and dq (B, H, N, d): q's dimension order, dense. q's
+// dimensions sorted by stride, largest first (ties keep their order); when d comes last,
+// that order, else plain contiguous. A (B, N, H, d).transpose(1, 2) view of q thus gives
+// out and dq with (B, N, H, d) memory, as SDPA's kernels return them, and a model that
+// transposes the output back reshapes it without a copy. Every backend and the fake
+// (ops.py, _layout_strides) follow this one rule, so compiled graphs see the real strides.
+inline std::array<int64_t, 4> layout_strides(const at::Tensor& like, at::IntArrayRef sizes) {
+  std::array<int64_t, 4> order = {0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+  if (order[3] != 3) order = {0, 1, 2, 3};
+  std::array<int64_t, 4> strides{};
+  int64_t s = 1;
+  for (int i = 3; i >= 0; --i) {
+    strides[order[i]] = s;
+    s *= std::max<int64_t>(sizes[order[i]], 1);
+  }
+  return strides;
+}
+
+// A new output of `sizes` in like's layout (layout_strides); NaN-filled when the tests
+// poison outputs (kc::new_output), so an element no kernel writes shows.
+inline at::Tensor new_output_in_layout_of(const at::Tensor& like, at::IntArrayRef sizes,
+                                          const at::TensorOptions& opts) {
+  const auto st = layout_strides(like, sizes);
+  at::Tensor t = at::empty_strided(sizes, st, opts);
+  if (kc::poison_outputs() && t.numel() > 0 && at::isFloatingType(t.scalar_type())) t.fill_(NAN);
+  return t;
 }
 
 inline bool is_supported_dtype(at::ScalarType t) {

@@ -60,7 +60,8 @@ std::tuple<Tensor, Tensor> attention_forward_cpu(const Tensor& q, const Tensor& 
   Tensor s = scores(q_grouped(q.to(acc), hk), kv_grouped(k.to(acc)), causal, scale);  // (B, Hk, G, Nq, Nk)
   Tensor lse = at::logsumexp(s, -1);
   Tensor p = (s - lse.unsqueeze(-1)).exp_();
-  Tensor out = at::matmul(p, kv_grouped(v.to(acc))).reshape(q.sizes()).to(q.scalar_type()).contiguous();
+  Tensor out = day50::new_output_in_layout_of(q, q.sizes(), q.options());
+  out.copy_(at::matmul(p, kv_grouped(v.to(acc))).reshape(q.sizes()));
   return {out, lse.reshape({q.size(0), q.size(1), q.size(2)}).contiguous()};
 }
 
@@ -90,7 +91,9 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(const Tensor& grad_out
   Tensor dq = at::matmul(ds, ka).mul_(scale).reshape(q.sizes());
   Tensor dk = at::matmul(ds.transpose(-2, -1), qa).sum(2).mul_(scale);
   const auto t = q.scalar_type();
-  return {dq.to(t).contiguous(), dk.to(t).contiguous(), dv.to(t).contiguous()};
+  Tensor dq_out = day50::new_output_in_layout_of(q, q.sizes(), q.options());
+  dq_out.copy_(dq);
+  return {dq_out, dk.to(t).contiguous(), dv.to(t).contiguous()};
 }
 
 Tensor matmul_cpu(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {

@@ -93,21 +93,28 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
-  Tensor out = kc::new_output({B, H, Nq, d}, q.options());
   Tensor lse = kc::new_output({B, H, Nq}, q.options().dtype(day50::lse_dtype(q.scalar_type())));
+  Tensor out;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (choose_fused(backend, q)) {
     const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v);
     day50::FusedParams p = fused_params(qq, kk, vv, causal, scale);
+    out = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
     p.o = out.data_ptr();
+    p.o_sb = out.stride(0);
+    p.o_sh = out.stride(1);
+    p.o_sr = out.stride(2);
     p.lse = lse.data_ptr<float>();
     p.fwd_version = day50::fused_fwd_version();  // 0 (auto) unless a benchmark or test pinned one
     KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, stream));
-  } else {
+  } else {  // the naive kernels write contiguous: copied into q's layout when that differs
+    out = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
+    Tensor o = out.is_contiguous() ? out : at::empty({B, H, Nq, d}, q.options());
     Tensor ws = at::empty({B * H * Nq * Nk}, q.options().dtype(lse.scalar_type()));
-    KC_TORCH_CHECK_CUDA(day50::naive_attention_forward(view4(q), view4(k), view4(v), out.data_ptr(),
+    KC_TORCH_CHECK_CUDA(day50::naive_attention_forward(view4(q), view4(k), view4(v), o.data_ptr(),
                                                        lse.data_ptr(), ws.data_ptr(), B, H, k.size(1), Nq, Nk, d,
                                                        causal, scale, naive_type(q), stream));
+    if (!o.is_same(out)) out.copy_(o);
   }
   return {out, lse};
 }
@@ -124,11 +131,12 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   const int64_t B = q.size(0), H = q.size(1), Hk = k.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
   const Tensor lse = lse_.contiguous();
   const Tensor grad_lse = grad_lse_.has_value() ? grad_lse_->contiguous() : Tensor();
-  Tensor dq = kc::new_output({B, H, Nq, d}, q.options());
+  const bool fused = choose_fused(backend, q);
+  Tensor dq = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
   Tensor dk = kc::new_output({B, Hk, Nk, d}, q.options());
   Tensor dv = kc::new_output({B, Hk, Nk, d}, q.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (choose_fused(backend, q)) {
+  if (fused) {
     const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v), go = fused_ready(grad_out);
     day50::FusedParams p = fused_params(qq, kk, vv, causal, scale);
     p.out = view4(out);
@@ -136,6 +144,9 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     p.lse = const_cast<float*>(lse.data_ptr<float>());
     p.grad_lse = grad_lse.defined() ? grad_lse.data_ptr<float>() : nullptr;
     p.dq = dq.data_ptr();
+    p.dq_sb = dq.stride(0);
+    p.dq_sh = dq.stride(1);
+    p.dq_sr = dq.stride(2);
     p.dk = dk.data_ptr();
     p.dv = dv.data_ptr();
     // Workspaces: O(B H N d), never N x N.
@@ -159,10 +170,12 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     const auto acc = day50::lse_dtype(q.scalar_type());
     Tensor ws_p = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));
     Tensor ws_dp = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));
+    Tensor dqc = dq.is_contiguous() ? dq : at::empty({B, H, Nq, d}, q.options());  // naive writes contiguous
     KC_TORCH_CHECK_CUDA(day50::naive_attention_backward(
         view4(grad_out), view4(q), view4(k), view4(v), lse.data_ptr(),
-        grad_lse.defined() ? grad_lse.data_ptr() : nullptr, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+        grad_lse.defined() ? grad_lse.data_ptr() : nullptr, dqc.data_ptr(), dk.data_ptr(), dv.data_ptr(),
         ws_p.data_ptr(), ws_dp.data_ptr(), B, H, Hk, Nq, Nk, d, causal, scale, naive_type(q), stream));
+    if (!dqc.is_same(dq)) dq.copy_(dqc);
   }
   return {dq, dk, dv};
 }

@@ -4,7 +4,7 @@
 //      One warp per query row; any strides for O and dO.
 //   2. the main kernel: dK, dV, and dQ accumulated by fp32 atomics. Version 2
 //      (hopper_bwd.cu) where it applies, else flash_bwd_dkdv_kernel (flash_bwd.cuh).
-//   3. dq_convert_kernel: dQ = scale * dq_accum, stored as T.
+//   3. dq_convert_kernel: dQ = scale * dq_accum, stored as T in q's layout.
 //   4. grouped-query attention with the group split over CTAs only: dkv_reduce_kernel,
 //      dK, dV = the sum of the fp32 partials of the splits, in split order, stored as T.
 // dQ by atomics (FA2's choice) rather than a second pass over K, V per query
@@ -60,15 +60,19 @@ __global__ void __launch_bounds__(kPreWarps * 32) bwd_preprocess_kernel(const Fu
   for (int64_t c = lane; c < p.d; c += 32) dqa[c] = 0.f;
 }
 
-// n is a multiple of 4 (d % 8 == 0) and dq_accum 16-byte aligned (cudaMalloc'd by torch).
+// dq (p.dq with p's dq strides) = scale * dq_accum (contiguous (B, H, Nq, d)). n is a
+// multiple of 4 (d % 8 == 0), so four consecutive elements share a row; dq_accum is
+// 16-byte aligned (cudaMalloc'd by torch), dq's rows 8-byte aligned (strides multiples of 8).
 template <typename T>
-__global__ void dq_convert_kernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t n, float scale) {
+__global__ void dq_convert_kernel(const FusedParams p, int64_t n) {
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < n; i += int64_t(gridDim.x) * blockDim.x * 4) {
-    const float4 v = *reinterpret_cast<const float4*>(acc + i);
-    dq[i] = kc::from_float<T>(v.x * scale);
-    dq[i + 1] = kc::from_float<T>(v.y * scale);
-    dq[i + 2] = kc::from_float<T>(v.z * scale);
-    dq[i + 3] = kc::from_float<T>(v.w * scale);
+    const float4 v = *reinterpret_cast<const float4*>(p.dq_accum + i);
+    const int64_t row = i / p.d, col = i % p.d, bh = row / p.Nq;
+    T* dst = static_cast<T*>(p.dq) + (bh / p.H) * p.dq_sb + (bh % p.H) * p.dq_sh + (row % p.Nq) * p.dq_sr + col;
+    dst[0] = kc::from_float<T>(v.x * p.scale);
+    dst[1] = kc::from_float<T>(v.y * p.scale);
+    dst[2] = kc::from_float<T>(v.z * p.scale);
+    dst[3] = kc::from_float<T>(v.w * p.scale);
   }
 }
 
@@ -127,8 +131,7 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
   const int64_t n = rows * p.d;
   if (n > 0) {
     const int64_t blocks = (n / 4 + 255) / 256;
-    dq_convert_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
-        p.dq_accum, static_cast<T*>(p.dq), n, p.scale);
+    dq_convert_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(p, n);
     KC_CUDA_LAUNCH_TRY();
   }
   return cudaSuccess;

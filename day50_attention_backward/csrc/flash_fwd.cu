@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
   }
 
   // epilogue: O / l, lse = (m + log2 l) ln 2
-  T* O = static_cast<T*>(p.o) + bh * p.Nq * p.d;
+  T* O = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
     for (int nt = 0; nt < kD / 8; ++nt) {
       const int col = nt * 8 + 2 * t;
       if (col < p.d)
-        *reinterpret_cast<uint32_t*>(O + qr * p.d + col) = pack2<T>(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(O + qr * p.o_sr + col) = pack2<T>(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
     }
     if (t == 0) p.lse[bh * p.Nq + qr] = (m[r] + __log2f(l[r])) * kLn2;
   }

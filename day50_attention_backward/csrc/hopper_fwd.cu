@@ -60,6 +60,7 @@ using hopper_common::kLog2e;
 struct Args {
   CUtensorMap q, k, v;  // (d, N, heads, batch) maps, boxes of 64 x kBlockM / kBlockN
   void* o;
+  int64_t o_sb, o_sh, o_sr;  // out's strides (q's layout; attention_cuda.cpp)
   float* lse;
   int H, group, Nq, Nk, d;
   float scale_log2;  // softmax scale * log2(e)
@@ -264,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
   release(n_blocks - 1);
 
   // epilogue: O / l and lse = (m + log2 l) ln 2, rows < Nq, columns < d
-  T* O = static_cast<T*>(a.o) + int64_t(bh) * a.Nq * a.d;
+  T* O = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
     for (int c = 0; c < kD / 8; ++c) {
       const int col = 8 * c + 2 * t;
       if (col < a.d)
-        *reinterpret_cast<uint32_t*>(O + int64_t(row) * a.d + col) =
+        *reinterpret_cast<uint32_t*>(O + row * a.o_sr + col) =
             flash::pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
     }
     if (t == 0) a.lse[int64_t(bh) * a.Nq + row] = (m[r] * a.scale_log2 + __log2f(l[r])) * kLn2;
@@ -294,6 +295,9 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
       hopper_common::make_map<T>(&a.v, p.v, p.B, p.Hk, p.Nk, p.d, kBlockN) != cudaSuccess)
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
   a.o = p.o;
+  a.o_sb = p.o_sb;
+  a.o_sh = p.o_sh;
+  a.o_sr = p.o_sr;
   a.lse = p.lse;
   a.H = int(p.H);
   a.group = int(p.H / p.Hk);

@@ -93,10 +93,23 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _layout_strides(like: torch.Tensor) -> list[int]:
+    """Strides of out and dq: like's dimension order, dense (csrc/attention_checks.h,
+    layout_strides, is the rule every backend follows; this copy is for the fakes)."""
+    order = sorted(range(4), key=lambda i: -like.stride(i))  # stable: ties keep their order
+    if order[3] != 3:
+        order = [0, 1, 2, 3]
+    strides, s = [0] * 4, 1
+    for i in reversed(order):
+        strides[i] = s
+        s *= max(like.shape[i], 1)
+    return strides
+
+
 @torch.library.register_fake("day50::attention_forward")
 def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto"):
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, lambda: "attention: q, k, v must be 4-D")
-    out = q.new_empty(q.shape)
+    out = q.new_empty_strided(q.shape, _layout_strides(q))
     lse = q.new_empty(q.shape[:3], dtype=_lse_dtype(q.dtype))
     return out, lse
 
@@ -104,7 +117,7 @@ def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto"):
 @torch.library.register_fake("day50::attention_backward")
 def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, causal=False, scale=None,
                              backend="auto"):
-    return (q.new_empty(q.shape),
+    return (q.new_empty_strided(q.shape, _layout_strides(q)),
             k.new_empty(k.shape),
             v.new_empty(v.shape))
 
