@@ -315,24 +315,38 @@ def test_fused_backward_versions_grad_lse_scale_layouts(version):
         testing.assert_close_to_ref(a, r, name=f"bwd v{version}:{n}", scale=2.0)
 
 
+@pytest.mark.parametrize("version", BWD_VERSIONS)
+@pytest.mark.parametrize("shape", [(2, 8, 2, 300, 257, 128), (1, 4, 1, 130, 200, 64), (1, 6, 3, 64, 64, 64)],
+                         ids=lambda s: "B{}_Hq{}_Hkv{}_{}x{}_d{}".format(*s))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fused_backward_versions_gqa(causal, shape, version):
+    """Grouped- and multi-query heads: version 2 runs one q head per CTA and sums each group's
+    dK, dV partials in a fixed order (flash_bwd.cu), so dk, dv are bitwise reproducible."""
+    q, k, v, do = gqa_inputs(shape, torch.bfloat16, "cuda", seed=13)
+    ref = reference(q, k, v, do, causal)
+    theirs = torch_same_precision(q, k, v, do, causal)
+    out, lse = da.attention_forward(q, k, v, causal, None, "fused")
+    with da.ops.bwd_version(version):
+        dq, dk, dv = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused")
+        _, dk2, dv2 = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused")
+    check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs, f"bwd v{version}:")
+    assert torch.equal(dk, dk2) and torch.equal(dv, dv2)
+
+
 @pytest.mark.skipif(not HOPPER, reason="version 2 needs a compute capability 9.0 GPU (H100, H200)")
 def test_fused_backward_version_2_limits():
-    """Version 2 pinned where it does not apply (grouped-query heads, d = 96) is a clear error;
-    auto runs version 1 there."""
+    """Version 2 pinned where it does not apply (d = 96) is a clear error; auto runs version 1 there."""
     g = torch.Generator().manual_seed(9)
-    for hk, d in ((2, 64), (4, 96)):
-        q = testing.fresh(1, 4, 50, d, dtype=torch.bfloat16, device="cuda", gen=g)
-        k, v = (testing.fresh(1, hk, 60, d, dtype=torch.bfloat16, device="cuda", gen=g) for _ in range(2))
-        do = testing.fresh(1, 4, 50, d, dtype=torch.bfloat16, device="cuda", gen=g)
-        out, lse = da.attention_forward(q, k, v, False, None, "fused")
-        with da.ops.bwd_version(2), pytest.raises(RuntimeError, match="not supported"):
-            da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused")
-        with da.ops.bwd_version(1):
-            want = da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused")
-        got = da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused")
-        # same kernels: dk, dv bitwise; dq up to the order of its fp32 atomic adds (an ulp of bf16)
-        torch.testing.assert_close(got[0], want[0], rtol=8e-3, atol=8e-3)
-        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    q, k, v, do = (testing.fresh(1, 4, 50, 96, dtype=torch.bfloat16, device="cuda", gen=g) for _ in range(4))
+    out, lse = da.attention_forward(q, k, v, False, None, "fused")
+    with da.ops.bwd_version(2), pytest.raises(RuntimeError, match="not supported"):
+        da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused")
+    with da.ops.bwd_version(1):
+        want = da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused")
+    got = da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused")
+    # same kernels: dk, dv bitwise; dq up to the order of its fp32 atomic adds (an ulp of bf16)
+    torch.testing.assert_close(got[0], want[0], rtol=8e-3, atol=8e-3)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
 
 
 @requires_cuda

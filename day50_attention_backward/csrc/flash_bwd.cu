@@ -145,7 +145,10 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   if (p.Hk <= 0 || p.H <= p.Hk || p.H % p.Hk != 0) return plan;  // multi-head (or invalid: the launcher says)
   const int64_t G = p.H / p.Hk, n_kt = (p.Nk + flash::kGqaBc - 1) / flash::kGqaBc;
   int64_t hpc = 1;
-  for (int64_t c = G; c > 1; --c) {
+  // Version 2's main kernel (hopper_bwd.cu) runs one q head per CTA; its partials need the
+  // version 1 kernel's one-head plan too, should version 2 fall back at launch.
+  const bool v2 = p.bwd_version != 1 && hopper_backward_applies(p);
+  for (int64_t c = v2 ? 1 : G; c > 1; --c) {
     if (G % c == 0 && p.B * (p.H / c) * n_kt >= flash::kGqaMinCtas) {
       hpc = c;
       break;

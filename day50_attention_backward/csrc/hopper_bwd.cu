@@ -30,8 +30,10 @@
 // Tails: tensor maps zero-fill rows past Nq / Nk; queries past Nq get lse = +inf (P = 0),
 //   keys past Nk have K = V = 0 rows (no contribution to dQ) and are not stored.
 // Causal (top-left): a key block starts at the query tile holding its first key.
-// Applies to multi-head attention (H == Hk) with d = 64 or 128; grouped-query attention
-// and other head dims run version 1, whose plan sums a group's dK, dV (flash_bwd.cu).
+// Grouped-query attention: one CTA per (key block, q head), as for multi-head attention,
+// reading its kv head's K, V; dK, dV leave as fp32 partials per q head that flash_bwd.cu's
+// reduce kernel sums over each group in a fixed order (fused_backward_plan: one head per CTA).
+// Applies to d = 64 and 128; other head dims run version 1.
 #include "attention.h"
 
 #include <cmath>
@@ -62,9 +64,10 @@ struct Args {
   const float* lse;           // (B, H, Nq), natural log
   const float* dsum;          // (B, H, Nq): rowsum(dO * O) - grad_lse
   float* dq_accum;            // (B, H, Nq, d) fp32, zeroed by the pre-kernel
-  void* dk;                   // (B, H, Nk, d), contiguous
+  void* dk;                   // (B, Hk, Nk, d), contiguous (multi-head attention: written here)
   void* dv;
-  int H, Nq, Nk;
+  float* dkv_partial;         // grouped-query attention: fp32 partials (flash_bwd.cu's layout), else null
+  int H, group, Nq, Nk;
   float scale, scale_log2;
 };
 
@@ -93,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   uint64_t* do_full = bars + 1 + kStages;
   uint64_t* empty = bars + 1 + 2 * kStages;
 
-  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
+  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, hk = h / a.group;
   const int k0 = blockIdx.x * kBlockN;
   const int j_first = kCausal ? k0 / kBlockM : 0;  // causal: the query tile holding key k0
   const int n_qt = (a.Nq + kBlockM - 1) / kBlockM;
@@ -135,8 +138,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     if (threadIdx.x == 0) {
       kc::mbar_arrive_expect_tx(kv_full, 2 * L::kKVBytes);
       for (int p = 0; p < L::kPanels; ++p) {
-        kc::tma_load_4d(sm + L::kK + p * L::kKVPanel, &a.k, kv_full, p * 64, k0, h, b);
-        kc::tma_load_4d(sm + L::kV + p * L::kKVPanel, &a.v, kv_full, p * 64, k0, h, b);
+        kc::tma_load_4d(sm + L::kK + p * L::kKVPanel, &a.k, kv_full, p * 64, k0, hk, b);
+        kc::tma_load_4d(sm + L::kV + p * L::kKVPanel, &a.v, kv_full, p * 64, k0, hk, b);
       }
       for (int it = 0; it < n_it; ++it) {
         const int q0 = (j_first + it) * kBlockM, s = it % kStages;
@@ -295,9 +298,12 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     }
   }
 
-  // dK (times the softmax scale, which dS^T leaves out) and dV, rows < Nk
-  T* DK = static_cast<T*>(a.dk) + int64_t(bh) * a.Nk * kD;
-  T* DV = static_cast<T*>(a.dv) + int64_t(bh) * a.Nk * kD;
+  // dK (times the softmax scale, which dS^T leaves out) and dV, rows < Nk. Grouped-query
+  // attention: fp32 partials of this q head (split h % group of kv head b * Hk + hk), which
+  // flash_bwd.cu's dkv_reduce_kernel sums over the group in a fixed order.
+  const int64_t nkd = int64_t(a.Nk) * kD;
+  const int64_t part = (int64_t(b) * (a.H / a.group) + hk) * a.group + h % a.group;  // (kv head, split)
+  const int64_t v_off = int64_t(gridDim.y) * nkd;  // dV's partials follow dK's: B * H * Nk * d floats
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = k0 + key_local + 8 * r;
@@ -305,9 +311,17 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #pragma unroll
     for (int c = 0; c < kD / 8; ++c) {
       const int col = 8 * c + 2 * t;
-      *reinterpret_cast<uint32_t*>(DK + int64_t(key) * kD + col) =
-          flash::pack2<T>(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(DV + int64_t(key) * kD + col) = flash::pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
+      const float k_lo = dk[4 * c + 2 * r] * a.scale, k_hi = dk[4 * c + 2 * r + 1] * a.scale;
+      const float v_lo = dv[4 * c + 2 * r], v_hi = dv[4 * c + 2 * r + 1];
+      if (a.dkv_partial != nullptr) {
+        float* pk = a.dkv_partial + part * nkd + int64_t(key) * kD + col;
+        *reinterpret_cast<float2*>(pk) = make_float2(k_lo, k_hi);
+        *reinterpret_cast<float2*>(pk + v_off) = make_float2(v_lo, v_hi);
+      } else {
+        const int64_t at = int64_t(bh) * nkd + int64_t(key) * kD + col;
+        *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dk) + at) = flash::pack2<T>(k_lo, k_hi);
+        *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv) + at) = flash::pack2<T>(v_lo, v_hi);
+      }
     }
   }
 #else
@@ -328,6 +342,9 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.dq_accum = p.dq_accum;
   a.dk = p.dk;
   a.dv = p.dv;
+  a.dkv_partial = p.H != p.Hk ? p.dkv_partial : nullptr;
+  if (p.H != p.Hk && (p.dkv_partial == nullptr || p.heads_per_cta != 1)) return cudaErrorInvalidValue;  // the plan says
+  a.group = int(p.H / p.Hk);
   a.H = int(p.H);
   a.Nq = int(p.Nq);
   a.Nk = int(p.Nk);
@@ -350,7 +367,7 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 }  // namespace hopper_bwd
 
 bool hopper_backward_applies(const FusedParams& p) {
-  return (p.d == 64 || p.d == 128) && p.H == p.Hk && p.B * p.H <= 65535 && p.Nk <= (int64_t(1) << 30) &&
+  return (p.d == 64 || p.d == 128) && p.B * p.H <= 65535 && p.Nk <= (int64_t(1) << 30) &&
          p.Nq < (int64_t(1) << 31) && hopper_forward_applies(p);
 }
 
