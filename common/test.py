@@ -204,9 +204,23 @@ def test_build_policy(monkeypatch):
     assert any(s.endswith(".cu") for s in build._sources(HERE / "reduce_test", with_cuda=True))
 
 
+def test_gencode_flags():
+    """9.0 is built as sm_90a (wgmma, setmaxnreg), +PTX adds portable PTX, and the macro that
+    lets host code pick sm_90a kernels is defined exactly when such code is in the build."""
+    g = build.gencode_flags("8.0;9.0+PTX")
+    assert g == ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a",
+                 "-gencode=arch=compute_90,code=compute_90"]
+    assert build.arch_macros(g) == ["-DKC_HAS_SM90A"]
+    assert build.arch_macros(build.gencode_flags("8.0 8.6+PTX")) == []
+    assert build.gencode_flags("9.0a") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    # torch adds no arch flags of its own once ours are there (its rule: any flag naming 'arch')
+    assert any("arch" in f for f in build._common_args(HERE, True, g)["nvcc"])
+
+
 def test_headers_shipped():
     inc = Path(build.include_dir()) / "kc"
-    for h in ["reduce.cuh", "vec.cuh", "check.cuh", "switch.cuh", "convert.cuh", "types.h", "torch_utils.h", "dispatch.h"]:
+    for h in ["reduce.cuh", "vec.cuh", "check.cuh", "switch.cuh", "convert.cuh", "types.h", "torch_utils.h", "dispatch.h",
+              "tma.cuh", "wgmma.cuh", "wgmma_ops.cuh"]:
         assert (inc / h).exists(), h
 
 
