@@ -94,11 +94,11 @@ def ladder(args, pas):
     pin = fwd_version if pas == "fwd" else bwd_version
     mult = 1.0 if pas == "fwd" else 2.5
 
-    def ours_t(q, k, v, do, causal):
+    def ours_t(q, k, v, do, causal, det=False):
         if pas == "fwd":
             return timed(lambda: da.attention_forward(q, k, v, causal, None, "fused"), args)
         out, lse = da.attention_forward(q, k, v, causal, None, "fused")
-        return timed(lambda: da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused"), args)
+        return timed(lambda: da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused", det), args)
 
     def peer_t(q, k, v, do, causal, name, gqa=False):
         try:
@@ -120,6 +120,10 @@ def ladder(args, pas):
                     r[f"v{ver} {pas} TF/s"] = tf(fl, ours_t(q, k, v, do, causal))
                 except RuntimeError:  # version 2 pinned where it does not apply
                     r[f"v{ver} {pas} TF/s"] = None
+        if pas == "bwd" and hopper:  # deterministic=True (v2, dq adds ordered by key block)
+            r["v2 det bwd TF/s"] = tf(fl, ours_t(q, k, v, do, causal, det=True))
+            if r.get("v2 bwd TF/s") and r["v2 det bwd TF/s"]:
+                r["det/v2"] = r["v2 det bwd TF/s"] / r["v2 bwd TF/s"]
         for name in ("flash", "cudnn"):
             r[f"{name} {pas} TF/s"] = tf(fl, peer_t(q, k, v, do, causal, name, gqa))
         best = r.get(f"v{versions[-1]} {pas} TF/s")
@@ -150,6 +154,8 @@ def ladder(args, pas):
             grows.append(row({"shape": f"bf16 N=4096 d=128 Hkv={hkv}{' causal' if causal else ''}"},
                              q, k, v, do, causal, mult * flops(4096, 128, causal), gqa=True))
     vcols = [f"v{v} {pas} TF/s" for v in versions]
+    if pas == "bwd" and hopper:
+        vcols += ["v2 det bwd TF/s", "det/v2"]
     cols = ["shape", *vcols, f"flash {pas} TF/s", f"cudnn {pas} TF/s", "ours/flash", "ours/cudnn"]
     big = [r for r in rows if r["N"] >= 2048]
     summary = []
@@ -158,6 +164,10 @@ def ladder(args, pas):
         if vals:
             summary.append(f"ours (v{versions[-1]}) / {name} at N >= 2048: worst {vals[0]:.2f}x, "
                            f"median {vals[len(vals) // 2]:.2f}x, best {vals[-1]:.2f}x")
+    dets = sorted(r["det/v2"] for r in big if r.get("det/v2"))
+    if dets:
+        summary.append(f"deterministic=True / default (v2) at N >= 2048: worst {dets[0]:.2f}x, "
+                       f"median {dets[len(dets) // 2]:.2f}x, best {dets[-1]:.2f}x")
     what = {"fwd": "forward 4*B*H*N*N*d", "bwd": "backward 2.5 x 4*B*H*N*N*d"}[pas]
     text = (f"# day50 {pas} ladder: {meta['device']}, {meta['date']}, torch {meta['torch']}, B={B}, H={H}\n\n"
             f"TF/s counts {what}, halved when causal. v1 = mma.sync, v2 = TMA + wgmma "

@@ -349,6 +349,62 @@ def test_fused_backward_version_2_limits():
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
 
 
+# deterministic=True: dq, dk, dv bitwise the same from run to run (version 2 orders its dq adds
+# key block by key block; auto takes the naive path where version 2 does not run)
+DET_SHAPES = [(2, 3, 1000, 777, 64), (1, 2, 300, 513, 128), (1, 1, 17, 130, 64)]
+DET_GQA = [(2, 8, 2, 333, 300, 128), (1, 4, 1, 257, 130, 64)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", DET_SHAPES + DET_GQA, ids=sid)
+def test_deterministic_backward(device, causal, shape):
+    dtypes = [torch.bfloat16, torch.float16] if device == "cuda" else [torch.float32]
+    for dtype in dtypes:
+        q, k, v, do = (gqa_inputs(shape, dtype, device, seed=21) if len(shape) == 6
+                       else inputs(shape, dtype, device, seed=21))
+        out, lse = da.attention_forward(q, k, v, causal, None, "auto")
+        runs = [da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto", True) for _ in range(3)]
+        for name, i in (("dq", 0), ("dk", 1), ("dv", 2)):
+            assert all(torch.equal(r[i], runs[0][i]) for r in runs[1:]), f"{dtype} {name} differs between runs"
+        ref = reference(q, k, v, do, causal)
+        if dtype == torch.float32:
+            check_exact([out, lse, *runs[0]], ref, dtype)
+        else:
+            check_lowp([out, *runs[0]], [ref[0], *ref[2:]], torch_same_precision(q, k, v, do, causal), "det:")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_through_autograd(device):
+    """attention(..., deterministic=True) carries the flag to the backward autograd runs."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v, do = inputs((2, 4, 300, 300, 64), dtype, device, seed=22)
+    grads = []
+    for _ in range(3):
+        qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        da.attention(qs, ks, vs, causal=True, deterministic=True).backward(do)
+        grads.append((qs.grad, ks.grad, vs.grad))
+    for g in grads[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(g, grads[0]))
+
+
+@pytest.mark.skipif(not HOPPER, reason="the deterministic fused backward runs on compute capability 9.0")
+def test_deterministic_fused_limits():
+    """backend="fused" with deterministic=True where version 2 does not run (d = 96, or version 1
+    pinned) is a clear error; "auto" runs the naive path there and stays bitwise reproducible."""
+    q, k, v, do = inputs((1, 2, 100, 90, 96), torch.bfloat16, "cuda", seed=23)
+    out, lse = da.attention_forward(q, k, v, False, None, "fused")
+    with pytest.raises(RuntimeError, match="deterministic=True"):
+        da.attention_backward(do, q, k, v, out, lse, None, False, None, "fused", True)
+    q64, k64, v64, do64 = inputs((1, 2, 100, 90, 64), torch.bfloat16, "cuda", seed=23)
+    out64, lse64 = da.attention_forward(q64, k64, v64, False, None, "fused")
+    with da.ops.bwd_version(1), pytest.raises(RuntimeError, match="deterministic=True"):
+        da.attention_backward(do64, q64, k64, v64, out64, lse64, None, False, None, "fused", True)
+    a = da.attention_backward(do, q, k, v, out, lse, None, False, None, "auto", True)
+    b = da.attention_backward(do, q, k, v, out, lse, None, False, None, "auto", True)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 @requires_cuda
 def test_fused_forward_zero_stride_falls_back():
     """k and v broadcast over the batch (stride 0): auto gives the right result (version 2

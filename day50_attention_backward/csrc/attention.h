@@ -86,6 +86,8 @@ struct FusedParams {
                         // 2 Hopper TMA + wgmma (hopper_fwd.cu; sm_90a builds on compute capability 9.0)
   int bwd_version = 0;  // fused backward's main kernel: 0 auto (2 where it applies, else 1), 1 mma.sync
                         // (flash_bwd.cuh), 2 Hopper TMA + wgmma (hopper_bwd.cu: multi-head, d 64 / 128)
+  bool deterministic = false;  // backward: dq's adds in a fixed order (version 2 only; dq_sem below)
+  int* dq_sem = nullptr;       // deterministic: B * H * hopper_bwd_query_tiles(Nq) * 2 ints, zeroed
   int variant = 0;  // backward tiling variant (0 = default); see flash_bwd.cu
   // Backward, grouped-query attention only (H > Hk), as fused_backward_plan says:
   int64_t heads_per_cta = 1;     // q heads of a group one CTA of the dK/dV kernel sums in registers (divides H / Hk)
@@ -119,6 +121,7 @@ cudaError_t hopper_attention_forward(const FusedParams& p, cudaStream_t stream);
 // where it applies (hopper_forward_applies, multi-head attention, d = 64 or 128), and
 // the launch (cudaErrorNotSupported when it cannot run p).
 bool hopper_backward_applies(const FusedParams& p);
+int64_t hopper_bwd_query_tiles(int64_t Nq);  // query tiles of version 2's backward (its semaphores)
 cudaError_t hopper_attention_backward_main(const FusedParams& p, cudaStream_t stream);
 // p.heads_per_cta and p.dkv_partial as fused_backward_plan(p) says. Runs main-kernel
 // version p.bwd_version; cudaErrorNotSupported when 2 was asked for and cannot run p.

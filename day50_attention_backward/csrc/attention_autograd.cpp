@@ -33,59 +33,63 @@ using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
 
 Tensor3 call_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                       const Tensor& lse, const std::optional<Tensor>& grad_lse, bool causal,
-                      std::optional<double> scale, c10::string_view backend) {
+                      std::optional<double> scale, c10::string_view backend, bool deterministic) {
   static const auto op =
       kc::find_op<Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const std::optional<Tensor>&, bool, std::optional<double>, c10::string_view)>(
+                          const std::optional<Tensor>&, bool, std::optional<double>, c10::string_view, bool)>(
           "day50::attention_backward");
-  return op.call(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend);
+  return op.call(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend, deterministic);
 }
 
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                               std::optional<double> scale, std::string backend) {
+                               std::optional<double> scale, std::string backend, bool deterministic) {
     // An unused output (lse, usually) has no gradient: the backward takes it as absent
     // instead of the engine building and filling a zero tensor on every call.
     ctx->set_materialize_grads(false);
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = call_attention_forward(q, k, v, causal, scale, backend);
+    auto [out, lse] = call_attention_forward(q, k, v, causal, scale, backend, deterministic);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
     ctx->saved_data["backend"] = std::move(backend);
+    ctx->saved_data["deterministic"] = deterministic;
     return {out, lse};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const Tensor& out = s[3];
-    if (!grads[0].defined() && !grads[1].defined()) return variable_list(6);
+    if (!grads[0].defined() && !grads[1].defined()) return variable_list(7);
     const Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(out);
     const std::optional<Tensor> grad_lse = grads[1].defined() ? std::optional<Tensor>(grads[1]) : std::nullopt;
     const auto& sc = ctx->saved_data["scale"];
     auto [dq, dk, dv] = call_backward(grad_out, s[0], s[1], s[2], out, s[4], grad_lse,
                                       ctx->saved_data["causal"].toBool(),
                                       sc.isNone() ? std::nullopt : std::optional<double>(sc.toDouble()),
-                                      ctx->saved_data["backend"].toStringRef());
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor()};
+                                      ctx->saved_data["backend"].toStringRef(),
+                                      ctx->saved_data["deterministic"].toBool());
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor> attention_forward_autograd(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                                      std::optional<double> scale, c10::string_view backend) {
-  auto r = AttentionFunction::apply(q, k, v, causal, scale, std::string(backend));
+                                                      std::optional<double> scale, c10::string_view backend,
+                                                      bool deterministic) {
+  auto r = AttentionFunction::apply(q, k, v, causal, scale, std::string(backend), deterministic);
   return {r[0], r[1]};
 }
 
 }  // namespace
 
 std::tuple<Tensor, Tensor> call_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                                  std::optional<double> scale, c10::string_view backend) {
+                                                  std::optional<double> scale, c10::string_view backend,
+                                                  bool deterministic) {
   static const auto op =
       kc::find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
-                                             std::optional<double>, c10::string_view)>("day50::attention_forward");
-  return op.call(q, k, v, causal, scale, backend);
+                                             std::optional<double>, c10::string_view, bool)>("day50::attention_forward");
+  return op.call(q, k, v, causal, scale, backend, deterministic);
 }
 
 }  // namespace day50

@@ -51,7 +51,8 @@ Tensor scores(const Tensor& qa, const Tensor& ka, bool causal, double scale) {
 }
 
 std::tuple<Tensor, Tensor> attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                                 std::optional<double> scale_opt, c10::string_view backend) {
+                                                 std::optional<double> scale_opt, c10::string_view backend,
+                                                 bool /*deterministic: every sum here has a fixed order*/) {
   const NoAutocast no_autocast(c10::autocast_dispatch_keyset);
   day50::parse_backend(std::string(backend));  // validated; the CPU has one implementation
   const double scale = day50::check_qkv(q, k, v, scale_opt);
@@ -69,7 +70,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(const Tensor& grad_out
                                                           const Tensor& v, const Tensor& out, const Tensor& lse,
                                                           const std::optional<Tensor>& grad_lse, bool causal,
                                                           std::optional<double> scale_opt,
-                                                          c10::string_view backend) {
+                                                          c10::string_view backend,
+                                                          bool /*deterministic: always*/) {
   const NoAutocast no_autocast(c10::autocast_dispatch_keyset);
   day50::parse_backend(std::string(backend));
   const double scale = day50::check_qkv(q, k, v, scale_opt);

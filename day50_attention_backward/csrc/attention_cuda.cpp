@@ -88,7 +88,8 @@ day50::FusedParams fused_params(const Tensor& q, const Tensor& k, const Tensor& 
 
 
 std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                                  std::optional<double> scale_opt, c10::string_view backend_s) {
+                                                  std::optional<double> scale_opt, c10::string_view backend_s,
+                                                  bool /*deterministic: the forward has no atomics*/) {
   const Backend backend = day50::parse_backend(std::string(backend_s));
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   const c10::cuda::CUDAGuard guard(q.device());
@@ -123,7 +124,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
                                                            const Tensor& v, const Tensor& out, const Tensor& lse_,
                                                            const std::optional<Tensor>& grad_lse_, bool causal,
                                                            std::optional<double> scale_opt,
-                                                           c10::string_view backend_s) {
+                                                           c10::string_view backend_s, bool deterministic) {
   const Backend backend = day50::parse_backend(std::string(backend_s));
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   day50::check_backward_args(grad_out, q, out, lse_, grad_lse_);
@@ -131,7 +132,18 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   const int64_t B = q.size(0), H = q.size(1), Hk = k.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
   const Tensor lse = lse_.contiguous();
   const Tensor grad_lse = grad_lse_.has_value() ? grad_lse_->contiguous() : Tensor();
-  const bool fused = choose_fused(backend, q);
+  bool fused = choose_fused(backend, q);
+  if (fused && deterministic) {
+    // Only version 2's main kernel orders its dq adds; elsewhere the naive path (no atomics)
+    day50::FusedParams probe = fused_params(q, k, v, causal, scale);
+    probe.bwd_version = day50::fused_bwd_version();
+    const bool v2 = probe.bwd_version != 1 && day50::hopper_backward_applies(probe);
+    TORCH_CHECK(v2 || backend != Backend::Fused,
+                "attention_backward: deterministic=True with backend=\"fused\" needs the Hopper kernel (compute "
+                "capability 9.0, an sm_90a build, head dim 64 or 128); use backend=\"auto\" (which then runs the "
+                "naive path) or \"naive\"");
+    fused = v2;
+  }
   Tensor dq = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
   Tensor dk = kc::new_output({B, Hk, Nk, d}, q.options());
   Tensor dv = kc::new_output({B, Hk, Nk, d}, q.options());
@@ -155,6 +167,12 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     p.dsum = dsum.data_ptr<float>();
     p.dq_accum = dq_accum.data_ptr<float>();
     p.bwd_version = day50::fused_bwd_version();  // 0 (auto) unless a benchmark or test pinned one
+    Tensor dq_sem;  // deterministic: one counter per (q head, query tile, half of dq's columns)
+    if (deterministic) {
+      p.deterministic = true;
+      dq_sem = at::zeros({B * H * day50::hopper_bwd_query_tiles(Nq) * 2}, q.options().dtype(at::kInt));
+      p.dq_sem = dq_sem.data_ptr<int>();
+    }
     p.variant = day50::fused_bwd_variant();  // 0 unless a benchmark set the private knob
     // Grouped-query attention: how the group's dk, dv are summed (flash_bwd.cu); an
     // fp32 workspace of partial sums only when the group is split over CTAs.

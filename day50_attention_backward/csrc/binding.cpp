@@ -11,11 +11,17 @@ TORCH_LIBRARY(day50, m) {
   // Returns (out, lse): out (B, H, Nq, d) like F.scaled_dot_product_attention,
   // lse (B, H, Nq) = logsumexp over keys of scale * q.k (float32; float64 for
   // float64 inputs). scale=None means 1/sqrt(d). backend: auto | fused | naive.
+  // deterministic: the backward's dq (and dk, dv) bitwise the same from run to run; the
+  // forward only carries it to its autograd (see attention_backward).
   m.def("attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
-        "str backend=\"auto\") -> (Tensor, Tensor)");
+        "str backend=\"auto\", bool deterministic=False) -> (Tensor, Tensor)");
   // Returns (dq, dk, dv). grad_lse (optional) is the gradient flowing into lse.
+  // deterministic=True: a fixed order for every sum (the fused path's dq adds are ordered
+  // key block by key block, hopper_bwd.cu; where that kernel does not run, "auto" takes the
+  // naive path, which has no atomics, and "fused" is an error).
   m.def("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "Tensor? grad_lse, bool causal=False, float? scale=None, str backend=\"auto\") -> (Tensor, Tensor, Tensor)");
+        "Tensor? grad_lse, bool causal=False, float? scale=None, str backend=\"auto\", bool deterministic=False) "
+        "-> (Tensor, Tensor, Tensor)");
   // The naive path's tiled matmul, exposed for testing: a (Bt, M, K) (or (Bt, K, M)
   // with trans_a), b (Bt, K, N) (or (Bt, N, K) with trans_b) -> alpha * op(a) @ op(b).
   m.def("matmul(Tensor a, Tensor b, bool trans_a=False, bool trans_b=False, float alpha=1.0) -> Tensor");
@@ -42,8 +48,8 @@ int& fused_bwd_version() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "day50 attention ops (registered as torch.ops.day50.*)";
   m.def("attention_forward", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                                std::optional<double> scale, const std::string& backend) {
-    return day50::call_attention_forward(q, k, v, causal, scale, backend);
+                                std::optional<double> scale, const std::string& backend, bool deterministic) {
+    return day50::call_attention_forward(q, k, v, causal, scale, backend, deterministic);
   });
   // Private (bench.py --variants): day50_attention.ops.bwd_variant() is the way to use it.
   m.def("_set_bwd_variant", [](int v) {

@@ -118,7 +118,7 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
   if (v2 != cudaErrorNotSupported) {
     KC_CUDA_TRY(v2);
   } else {
-    if (p.bwd_version == 2) return v2;
+    if (p.bwd_version == 2 || p.deterministic) return v2;  // version 1 cannot order its adds
     KC_CUDA_TRY((p.d <= 64 ? launch_bwd_dkdv<T, 64>(p, stream) : launch_bwd_dkdv<T, 128>(p, stream)));
   }
   if (p.H != p.Hk && p.dkv_partial != nullptr) {

@@ -56,7 +56,7 @@ constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
 // block's allocation at launch (384 threads x 168). setmaxnreg only moves registers within
 // that allocation: asking for more (e.g. 32 + 240) waits forever.
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-constexpr int kDsBar = 1;  // named barrier 1: both consumers' dS^T is in shared memory
+constexpr int kDsBar = 1;  // named barrier 1: both consumers' dS^T is in shared memory; 2 + w: consumer w
 using hopper_common::kLog2e;
 
 struct Args {
@@ -67,6 +67,7 @@ struct Args {
   void* dk;                   // (B, Hk, Nk, d), contiguous (multi-head attention: written here)
   void* dv;
   float* dkv_partial;         // grouped-query attention: fp32 partials (flash_bwd.cu's layout), else null
+  int* dq_sem;                // deterministic: per (q head, query tile, column half) the key blocks added so far
   int H, group, Nq, Nk;
   float scale, scale_log2;
 };
@@ -84,7 +85,22 @@ struct Layout {
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;
 };
 
-template <typename T, int kD, bool kCausal>
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// kDeterministic: the key blocks of one q head add their dQ tiles in key-block order.
+// Block n waits until the counter of (query tile, column half) reads n, adds, and sets
+// n + 1. Every block before n contributes to every query tile n does (causal: block n
+// starts at query tile 2n), so the count it waits for is n. The blocks it waits for come
+// earlier in launch order (key blocks are the fastest grid dimension), so they are
+// running or done: no deadlock. Same inputs, same order of fp32 adds: bitwise equal dq.
+template <typename T, int kD, bool kCausal, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD>;
@@ -287,6 +303,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 
     // dq_accum[q0 + row, col] += dq (rows = queries 16 warp + g (+ 8), d / 2 columns)
     const int col0 = dq_col0;
+    int* sem = nullptr;
+    if constexpr (kDeterministic) {
+      sem = a.dq_sem + (int64_t(bh) * n_qt + j_first + it) * 2 + w;
+      if (tid == 0)
+        while (load_acquire(sem) != int(blockIdx.x)) {
+        }
+      kc::named_barrier_sync(kDsBar + 1 + w, 128);
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int q = q0 + 16 * warp + g + 8 * r;
@@ -295,6 +319,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #pragma unroll
       for (int c = 0; c < kD / 16; ++c)
         atomicAdd(reinterpret_cast<float2*>(dst + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
+    }
+    if constexpr (kDeterministic) {  // every thread's adds visible, then the next key block's turn
+      __threadfence();
+      kc::named_barrier_sync(kDsBar + 1 + w, 128);
+      if (tid == 0) store_release(sem, int(blockIdx.x) + 1);
     }
   }
 
@@ -329,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #endif
 }
 
-template <typename T, int kD, bool kCausal>
+template <typename T, int kD, bool kCausal, bool kDet>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
   if (hopper_common::make_map<T>(&a.q, p.q, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess ||
@@ -350,17 +379,24 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.Nk = int(p.Nk);
   a.scale = p.scale;
   a.scale_log2 = p.scale * kLog2e;
-  auto kernel = hopper_bwd_kernel<T, kD, kCausal>;
+  a.dq_sem = p.dq_sem;
+  if (kDet && p.dq_sem == nullptr) return cudaErrorInvalidValue;
+  auto kernel = hopper_bwd_kernel<T, kD, kCausal, kDet>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
   const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
   kernel<<<dim3(unsigned(n_kt), unsigned(p.B * p.H)), kThreads, Layout<kD>::kBytes, stream>>>(a);
   return cudaGetLastError();
 }
 
+template <typename T, bool kDet>
+cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
+  if (p.d == 64) return p.causal ? launch<T, 64, true, kDet>(p, stream) : launch<T, 64, false, kDet>(p, stream);
+  return p.causal ? launch<T, 128, true, kDet>(p, stream) : launch<T, 128, false, kDet>(p, stream);
+}
+
 template <typename T>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  if (p.d == 64) return p.causal ? launch<T, 64, true>(p, stream) : launch<T, 64, false>(p, stream);
-  return p.causal ? launch<T, 128, true>(p, stream) : launch<T, 128, false>(p, stream);
+  return p.deterministic ? dispatch<T, true>(p, stream) : dispatch<T, false>(p, stream);
 }
 
 }  // namespace
@@ -370,6 +406,8 @@ bool hopper_backward_applies(const FusedParams& p) {
   return (p.d == 64 || p.d == 128) && p.B * p.H <= 65535 && p.Nk <= (int64_t(1) << 30) &&
          p.Nq < (int64_t(1) << 31) && hopper_forward_applies(p);
 }
+
+int64_t hopper_bwd_query_tiles(int64_t Nq) { return (Nq + hopper_bwd::kBlockM - 1) / hopper_bwd::kBlockM; }
 
 cudaError_t hopper_attention_backward_main(const FusedParams& p, cudaStream_t stream) {
   if (!hopper_backward_applies(p)) return cudaErrorNotSupported;

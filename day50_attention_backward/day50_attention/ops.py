@@ -37,20 +37,31 @@ _fwd = fastpath.entry(torch.ops.day50.attention_forward.default, _C.attention_fo
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              scale: float | None = None, backend: str = "auto") -> torch.Tensor:
-    """softmax(scale * q k^T [causal mask]) v, differentiable in q, k, v."""
-    return _fwd(q, k, v, causal, scale, backend)[0]
+              scale: float | None = None, backend: str = "auto", deterministic: bool = False) -> torch.Tensor:
+    """softmax(scale * q k^T [causal mask]) v, differentiable in q, k, v. deterministic=True: the
+    gradients are bitwise the same from run to run (see attention_backward)."""
+    return _fwd(q, k, v, causal, scale, backend, deterministic)[0]
 
 
-def attention_forward(q, k, v, causal: bool = False, scale: float | None = None, backend: str = "auto"):
-    """(out, lse): the output and the row logsumexp of scale * q k^T (float32, float64 for float64 q)."""
-    return _fwd(q, k, v, causal, scale, backend)
+def attention_forward(q, k, v, causal: bool = False, scale: float | None = None, backend: str = "auto",
+                      deterministic: bool = False):
+    """(out, lse): the output and the row logsumexp of scale * q k^T (float32, float64 for float64 q).
+    deterministic is carried to the backward that autograd runs."""
+    return _fwd(q, k, v, causal, scale, backend, deterministic)
 
 
 def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool = False,
-                       scale: float | None = None, backend: str = "auto"):
-    """(dq, dk, dv) of attention_forward, given the forward's out and lse."""
-    return torch.ops.day50.attention_backward(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend)
+                       scale: float | None = None, backend: str = "auto", deterministic: bool = False):
+    """(dq, dk, dv) of attention_forward, given the forward's out and lse.
+
+    deterministic=True: every sum in a fixed order, so dq, dk, dv are bitwise the same from run
+    to run. The fused path's dq is otherwise summed over key blocks with fp32 atomics in
+    whatever order they land; deterministic orders them key block by key block (Hopper
+    version 2, where it applies; it costs some speed: README). Where version 2 does not run,
+    backend="auto" takes the naive path (no atomics; N x N workspaces) and "fused" is an error.
+    CPU and naive are deterministic anyway."""
+    return torch.ops.day50.attention_backward(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend,
+                                              deterministic)
 
 
 def matmul(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0):
@@ -107,7 +118,7 @@ def _layout_strides(like: torch.Tensor) -> list[int]:
 
 
 @torch.library.register_fake("day50::attention_forward")
-def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto"):
+def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto", deterministic=False):
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, lambda: "attention: q, k, v must be 4-D")
     out = q.new_empty_strided(q.shape, _layout_strides(q))
     lse = q.new_empty(q.shape[:3], dtype=_lse_dtype(q.dtype))
@@ -116,7 +127,7 @@ def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto"):
 
 @torch.library.register_fake("day50::attention_backward")
 def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, causal=False, scale=None,
-                             backend="auto"):
+                             backend="auto", deterministic=False):
     return (q.new_empty_strided(q.shape, _layout_strides(q)),
             k.new_empty(k.shape),
             v.new_empty(v.shape))
