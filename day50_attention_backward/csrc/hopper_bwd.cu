@@ -117,6 +117,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   const int j_first = kCausal ? k0 / kBlockM : 0;  // causal: the query tile holding key k0
   const int n_qt = (a.Nq + kBlockM - 1) / kBlockM;
   const int n_it = n_qt > j_first ? n_qt - j_first : 0;
+  // The query tile of step it. Deterministic: the last tile first, so that every key block
+  // starts on a tile all blocks share and the ordered adds pipeline from the first step
+  // (in ascending order a causal block n would wait for block 0 to reach tile 2n).
+  auto tile = [&](int it) { return kDeterministic ? n_qt - 1 - it : j_first + it; };
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -140,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       const float* dsum = a.dsum + int64_t(bh) * a.Nq;
       float* rows0 = reinterpret_cast<float*>(sm + L::kRows);
       for (int it = 0; it < n_it; ++it) {
-        const int q = (j_first + it) * kBlockM + lane, s = it % kStages;
+        const int q = tile(it) * kBlockM + lane, s = it % kStages;
         if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
         float* rows = rows0 + s * 2 * kBlockM;
 #pragma unroll
@@ -158,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         kc::tma_load_4d(sm + L::kV + p * L::kKVPanel, &a.v, kv_full, p * 64, k0, hk, b);
       }
       for (int it = 0; it < n_it; ++it) {
-        const int q0 = (j_first + it) * kBlockM, s = it % kStages;
+        const int q0 = tile(it) * kBlockM, s = it % kStages;
         if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
         kc::mbar_arrive_expect_tx(&q_full[s], L::kQBytes);
         for (int p = 0; p < L::kPanels; ++p)
@@ -200,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 
   kc::mbar_wait(kv_full, 0);
   for (int it = 0; it < n_it; ++it) {
-    const int s = it % kStages, par = (it / kStages) & 1, q0 = (j_first + it) * kBlockM;
+    const int s = it % kStages, par = (it / kStages) & 1, q0 = tile(it) * kBlockM;
     const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
     float sacc[kBlockM / 2], dpacc[kBlockM / 2];
     kc::mbar_wait(&q_full[s], par);
@@ -305,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     const int col0 = dq_col0;
     int* sem = nullptr;
     if constexpr (kDeterministic) {
-      sem = a.dq_sem + (int64_t(bh) * n_qt + j_first + it) * 2 + w;
+      sem = a.dq_sem + (int64_t(bh) * n_qt + tile(it)) * 2 + w;
       if (tid == 0)
         while (load_acquire(sem) != int(blockIdx.x)) {
         }
