@@ -57,6 +57,7 @@
 //   Row: W(o, i) = w[o * I + i]: a warp per output, lanes over i (coalesced), warp sum;
 //   Col: W(o, i) = w[i * O + o]: lanes over 32 consecutive outputs (coalesced), warps
 //        over slices of i, the 8 warps' partials added in order through shared memory.
+#include "se_act.cuh"
 #include "se_kernels.cuh"
 
 namespace se {
@@ -66,21 +67,9 @@ using dev::kThreads;
 
 namespace {
 
-__device__ __forceinline__ float sigmoidf_(float z) { return 1.f / (1.f + expf(-z)); }
-
-template <Act ACT>
-__device__ __forceinline__ float act_f(float z) {
-  if constexpr (ACT == Act::SiLU) return z * sigmoidf_(z);
-  return (z > 0.f || z != z) ? z : 0.f;  // ReLU; NaN passes through like torch.relu
-}
-template <Act ACT>
-__device__ __forceinline__ float act_grad(float z) {
-  if constexpr (ACT == Act::SiLU) {
-    const float sg = sigmoidf_(z);
-    return sg * (1.f + z * (1.f - sg));
-  }
-  return z > 0.f ? 1.f : 0.f;
-}
+using dev::act_f;
+using dev::act_grad;
+using dev::sigmoidf_;
 
 struct MlpArgs {
   const float* part_x;   // [N, splits, C]

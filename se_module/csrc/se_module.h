@@ -24,7 +24,8 @@
 namespace se {
 
 enum class Layout : int { NCHW = 0, NHWC = 1 };
-enum class Act : int { ReLU = 0, SiLU = 1 };  // the squeeze activation
+enum class Act : int { ReLU = 0, SiLU = 1, Hardswish = 2 };  // the squeeze activation (after fc1)
+enum class Gate : int { Sigmoid = 0, Hardsigmoid = 1 };     // the scale activation (after fc2)
 enum class Pointwise : int { SwishFwd = 0, SwishBwd = 1, SigmoidFwd = 2, SigmoidBwd = 3 };
 
 struct Dims {
