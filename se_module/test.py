@@ -425,6 +425,25 @@ def test_cuda_versions_agree_bitwise(version, layout):
         close(a, b, 2e-5, name)
 
 
+@requires_cuda
+@pytest.mark.parametrize("version", [1, 3, 4])
+@pytest.mark.parametrize("wdtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 40, 9, 9, 10), (5, 600, 3, 3, 60), (6, 1152, 7, 7, 48)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_cuda_lowp_params_are_widened_exactly(version, wdtype, shape):
+    """16-bit parameters go to the kernels as they are (widened to fp32 by the first
+    kernel's extra blocks, no cast launches): bitwise the results of the same values
+    given in fp32, with the weight gradients rounded once to the parameters' dtype.
+    Shapes: one block per sample (v3 path, weights staged in shared memory or not)
+    and the spread MLP (v4 at 2 S C >= 65536)."""
+    x, w, g = make(*shape, device="cuda", dtype=wdtype, layout="cl")
+    lowp = grads_of(lambda *t: ops.se_block(*t, version=version), [x, *w], g)
+    wide = grads_of(lambda *t: ops.se_block(*t, version=version), [x, *[t.float() for t in w]], g)
+    for a, b, name in zip(lowp, wide, NAMES):
+        assert a.dtype == wdtype, name
+        assert torch.equal(a, b.to(wdtype)), f"{name} v{version}: 16-bit parameters differ from their fp32 values"
+
+
 # v4's spread MLP (2 S C >= 65536 weights): N not a multiple of the sample tile (4),
 # N = 1, S over 32 (several column chunks), C not a multiple of 32, H * W = 1, and
 # both unrolled loops' remainders (I not a multiple of 4 x 32 or 8 x 8).

@@ -178,8 +178,12 @@ std::tuple<at::Tensor, at::Tensor> excitation_backward_cuda(const at::Tensor& gr
 struct FusedArgs {
   kc::DType dt;
   int64_t S;
-  at::Tensor w1, b1, w2, b2;  // fp32, contiguous
+  at::Tensor w1, b1, w2, b2;  // contiguous, in wdt
+  kc::DType wdt;              // the parameters' dtype, or fp32 where they were given in mixed dtypes
   se::LaunchOpts opts;
+  se::SeParams params() const {
+    return {w1.const_data_ptr(), b1.const_data_ptr(), w2.const_data_ptr(), b2.const_data_ptr(), wdt};
+  }
 };
 
 FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
@@ -199,10 +203,15 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
   TORCH_CHECK(smem <= size_t(info.smem_optin), "C + S = ", kc::fmt(x.size(1) + f.S),
               " is too large for the fused kernel's shared memory (", kc::fmt(int64_t(smem)), " bytes needed, ",
               kc::fmt(info.smem_optin), " available); use the staged ops");
-  f.w1 = fp32(w1);
-  f.b1 = fp32(b1);
-  f.w2 = fp32(w2);
-  f.b2 = fp32(b2);
+  // The kernels take the parameters in their own dtype (one for all four); mixed dtypes are widened here.
+  const bool one_dtype = w1.scalar_type() == b1.scalar_type() && w1.scalar_type() == w2.scalar_type() &&
+                         w1.scalar_type() == b2.scalar_type();
+  auto prep = [&](const at::Tensor& t) { return one_dtype ? t.contiguous() : fp32(t); };
+  f.w1 = prep(w1);
+  f.b1 = prep(b1);
+  f.w2 = prep(w2);
+  f.b2 = prep(b2);
+  f.wdt = kc::to_kc_dtype(f.w1, "w1");
   f.opts = se::version_opts(int(version), info.sms, info.major, info.smem_optin);
   return f;
 }
@@ -215,17 +224,16 @@ at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::T
   if (p.d.n == 0) return new_like_x(p, x_);
   const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
   at::Tensor out = new_like_x(p, x_);
-  at::Tensor ws = workspace(se::fused_forward_workspace(p.d, f.S, plan), x_);
-  KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), f.w1.const_data_ptr<float>(),
-                                     f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(),
-                                     f.b2.const_data_ptr<float>(), out.mutable_data_ptr(),
-                                     ws.mutable_data_ptr<float>(), f.opts, at::cuda::getCurrentCUDAStream()));
+  at::Tensor ws = workspace(se::fused_forward_workspace(p.d, f.S, plan, f.wdt), x_);
+  KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), f.params(),
+                                     out.mutable_data_ptr(), ws.mutable_data_ptr<float>(), f.opts,
+                                     at::cuda::getCurrentCUDAStream()));
   return out;
 }
 
-// A weight gradient computed in fp32 (see wgrad below), in the weight's dtype and shape.
+// A weight gradient as the kernels wrote it (in f.wdt), in the weight's dtype and shape.
 at::Tensor as_weight(const at::Tensor& d, const at::Tensor& w) {
-  return w.scalar_type() == at::kFloat ? d : d.to(w.scalar_type()).view(w.sizes());
+  return d.scalar_type() == w.scalar_type() ? d : d.to(w.scalar_type()).view(w.sizes());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_backward_cuda(
@@ -235,30 +243,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
   se_glue::check_like_x(grad_, "grad", x_);
   const c10::cuda::CUDAGuard guard(x_.device());
   const Prepared p = prepare(x_);
-  const int64_t C = p.d.c, S = f.S;
-  const auto fo = x_.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
-  // Weight gradients in fp32, allocated in the weights' own shapes ([S, C] or the conv's
-  // [S, C, 1, 1]: the same contiguous bytes) so that fp32 weights need no view afterwards.
-  auto wgrad = [&](const at::Tensor& w, int64_t numel) {
-    return w.scalar_type() == at::kFloat ? kc::new_output(w.sizes(), fo) : kc::new_output({numel}, fo);
-  };
-  if (p.d.n == 0) {
-    at::Tensor dx = new_like_x(p, x_);
-    at::Tensor dw1 = wgrad(w1, S * C), db1 = wgrad(b1, S), dw2 = wgrad(w2, C * S), db2 = wgrad(b2, C);
-    dw1.zero_(), db1.zero_(), dw2.zero_(), db2.zero_();
-    return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};
-  }
-  const at::Tensor g = in_layout(grad_, p.d);
-  const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
-  at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan), x_);
+  const int64_t S = f.S;
+  // Weight gradients in the dtype the kernels write (the parameters' own, unless
+  // they came in mixed dtypes), allocated in the weights' own shapes ([S, C] or the
+  // conv's [S, C, 1, 1]: the same contiguous bytes), so they need no view afterwards.
+  const auto go = x_.options().dtype(f.w1.scalar_type()).memory_format(at::MemoryFormat::Contiguous);
+  auto wgrad = [&](const at::Tensor& w) { return kc::new_output(w.sizes(), go); };
   at::Tensor dx = new_like_x(p, x_);
-  at::Tensor dw1 = wgrad(w1, S * C), db1 = wgrad(b1, S), dw2 = wgrad(w2, C * S), db2 = wgrad(b2, C);
-  KC_TORCH_CHECK_CUDA(se::se_backward(
-      g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act), f.w1.const_data_ptr<float>(),
-      f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(), f.b2.const_data_ptr<float>(),
-      dx.mutable_data_ptr(), dw1.mutable_data_ptr<float>(), db1.mutable_data_ptr<float>(),
-      dw2.mutable_data_ptr<float>(), db2.mutable_data_ptr<float>(), ws.mutable_data_ptr<float>(), f.opts,
-      at::cuda::getCurrentCUDAStream()));
+  at::Tensor dw1 = wgrad(w1), db1 = wgrad(b1), dw2 = wgrad(w2), db2 = wgrad(b2);
+  if (p.d.n == 0) {
+    dw1.zero_(), db1.zero_(), dw2.zero_(), db2.zero_();
+  } else {
+    const at::Tensor g = in_layout(grad_, p.d);
+    const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
+    at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan, f.wdt), x_);
+    const se::SeParamGrads dw{dw1.mutable_data_ptr(), db1.mutable_data_ptr(), dw2.mutable_data_ptr(),
+                              db2.mutable_data_ptr()};
+    KC_TORCH_CHECK_CUDA(se::se_backward(g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act),
+                                        f.params(), dx.mutable_data_ptr(), dw, ws.mutable_data_ptr<float>(), f.opts,
+                                        at::cuda::getCurrentCUDAStream()));
+  }
   return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};
 }
 

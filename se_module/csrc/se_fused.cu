@@ -85,6 +85,7 @@ struct MlpArgs {
   float* a_out;     // [N, S] (backward)
   float* dz1_out;   // [N, S] (backward)
   bool staged;      // copy w1, b1, w2, b2 to shared memory first (when they fit)
+  bool params_late; // w1..b2 are written by the preceding kernel (widened 16-bit parameters)
 };
 
 __host__ __device__ inline int64_t pad4(int64_t n) { return (n + 3) & ~int64_t(3); }
@@ -95,9 +96,11 @@ __device__ __forceinline__ void copy_to_smem(float* dst, const float* src, int64
   if (kc::is_aligned(src, 16) && n % 4 == 0) {  // dst is 16-byte aligned by construction
     const float4* s4 = reinterpret_cast<const float4*>(src);
     float4* d4 = reinterpret_cast<float4*>(dst);
-    for (int64_t i = threadIdx.x; i < n / 4; i += kThreads) d4[i] = __ldg(s4 + i);
+    dev::batched_loop<8>(threadIdx.x, n / 4, kThreads, [&](int64_t i) { return __ldg(s4 + i); },
+                         [&](int64_t i, float4 v) { d4[i] = v; });
   } else {
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) dst[i] = __ldg(src + i);
+    dev::batched_loop<8>(threadIdx.x, n, kThreads, [&](int64_t i) { return __ldg(src + i); },
+                         [&](int64_t i, float v) { dst[i] = v; });
   }
 }
 
@@ -107,10 +110,12 @@ struct Weights {
 };
 
 // The weights, copied to shared memory when m.staged (the copies are visible
-// after the caller's next __syncthreads), else m's global pointers. The weights
-// are not written by the kernel this one depends on, so this runs before
-// grid_dependency_wait: under PDL it overlaps the reduction still draining.
+// after the caller's next __syncthreads), else m's global pointers. fp32
+// parameters are not written by the kernel this one depends on, so this runs
+// before grid_dependency_wait: under PDL it overlaps the reduction still
+// draining. Widened 16-bit ones are (m.params_late): then it waits first.
 __device__ __forceinline__ Weights stage_weights(const MlpArgs& m, float* sm) {
+  if (m.params_late) dev::grid_dependency_wait();
   if (!m.staged) return Weights{m.w1, m.b1, m.w2, m.b2, sm};
   float* w1 = sm;
   float* w2 = w1 + pad4(m.s * m.c);
@@ -143,7 +148,7 @@ __device__ __forceinline__ void mlp_squeeze(const MlpArgs& m, const Weights& wt,
   for (int64_t j = warp; j < m.s; j += kThreads / 32) {
     const float* w = wt.w1 + j * m.c;
     float d = 0.f;
-    for (int64_t c = lane; c < m.c; c += 32) d += w[c] * p[c];
+    dev::batched_loop<8>(lane, m.c, 32, [&](int64_t c) { return w[c]; }, [&](int64_t c, float wv) { d += wv * p[c]; });
     d = kc::warp_reduce_sum<32>(d) + wt.b1[j];
     if (lane == 0) {
       a[j] = act_f<ACT>(d);
@@ -200,7 +205,8 @@ __global__ void __launch_bounds__(kThreads) mlp_backward_kernel(MlpArgs m) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   for (int64_t j = warp; j < m.s; j += kThreads / 32) {
     float d = 0.f;
-    for (int64_t c = lane; c < m.c; c += 32) d += wt.w2[c * m.s + j] * dz2[c];
+    dev::batched_loop<8>(lane, m.c, 32, [&](int64_t c) { return wt.w2[c * m.s + j]; },
+                         [&](int64_t c, float wv) { d += wv * dz2[c]; });
     d = kc::warp_reduce_sum<32>(d);
     if (lane == 0) {
       const float g1 = d * act_grad<ACT>(z1[j]);
@@ -303,21 +309,29 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
   const int64_t I = g.i_dim, O = g.o_dim;
   dev::grid_dependency_wait();
   dev::launch_dependents();
-  for (int64_t e = threadIdx.x; e < kTileN * I; e += kThreads) {
-    const int b = int(e / I);
-    const int64_t i = e - b * I;
-    float v = 0.f;
-    if (b < nb) {
-      if constexpr (EPI == Epi::Fc1) {
-        for (int sp = 0; sp < g.splits; ++sp) v += g.in[((n0 + b) * g.splits + sp) * I + i];
-        v *= g.in_scale;
-        if (g.pool_out != nullptr && blockIdx.x == 0) g.pool_out[(n0 + b) * I + i] = v;
-      } else {
-        v = g.in[(n0 + b) * I + i];
-      }
-    }
-    in_s[e] = v;
-  }
+  dev::batched_loop<4>(
+      threadIdx.x, kTileN * I, kThreads,
+      [&](int64_t e) {
+        const int b = int(e / I);
+        const int64_t i = e - b * I;
+        float v = 0.f;
+        if (b < nb) {
+          if constexpr (EPI == Epi::Fc1) {
+            for (int sp = 0; sp < g.splits; ++sp) v += g.in[((n0 + b) * g.splits + sp) * I + i];
+          } else {
+            v = g.in[(n0 + b) * I + i];
+          }
+        }
+        return v;
+      },
+      [&](int64_t e, float v) {
+        if constexpr (EPI == Epi::Fc1) {
+          v *= g.in_scale;
+          const int b = int(e / I);
+          if (b < nb && g.pool_out != nullptr && blockIdx.x == 0) g.pool_out[(n0 + b) * I + (e - b * I)] = v;
+        }
+        in_s[e] = v;
+      });
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if constexpr (ROW) {
@@ -329,11 +343,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
       float acc[kTileN];
 #pragma unroll
       for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
-      for (int64_t i = lane; i < I; i += 32) {
-        const float wv = __ldg(w + i);
+      dev::batched_loop<8>(lane, I, 32, [&](int64_t i) { return __ldg(w + i); }, [&](int64_t i, float wv) {
 #pragma unroll
         for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
-      }
+      });
 #pragma unroll
       for (int b = 0; b < kTileN; ++b) {
         const float v = kc::warp_reduce_sum<32>(acc[b]);  // every lane active: o is warp-uniform
@@ -347,11 +360,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
 #pragma unroll
     for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
     if (o < O) {
-      for (int64_t i = warp; i < I; i += kWarps) {
-        const float wv = __ldg(g.w + i * O + o);
+      dev::batched_loop<8>(warp, I, kWarps, [&](int64_t i) { return __ldg(g.w + i * O + o); }, [&](int64_t i, float wv) {
 #pragma unroll
         for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
-      }
+      });
     }
 #pragma unroll
     for (int b = 0; b < kTileN; ++b) part[(warp * kTileN + b) * 32 + lane] = acc[b];
@@ -429,32 +441,70 @@ size_t fused_mlp_smem_bytes(int64_t C, int64_t S, bool backward) {
   return size_t(backward ? 3 : 1) * size_t(C + S) * sizeof(float);
 }
 
-int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p) {
-  return d.n * p.splits * d.c + d.n * d.c + d.n * S;  // part, s, a (v4)
+// fp32 copies of 16-bit parameters at the start of the workspace (each piece 16-byte aligned)
+int64_t param_floats(const Dims& d, int64_t S, kc::DType wdt) {
+  return wdt == kc::DType::F32 ? 0 : 2 * pad4(S * d.c) + pad4(S) + pad4(d.c);
 }
 
-int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p) {
-  return 2 * d.n * p.splits * d.c + 4 * d.n * d.c + 3 * d.n * S;  // ..., a, dz1, z1 (v4)
+int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt) {
+  return param_floats(d, S, wdt) + d.n * p.splits * d.c + d.n * d.c + d.n * S;  // params, part, s, a (v4)
 }
 
-cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const float* w1, const float* b1,
-                       const float* w2, const float* b2, void* out, float* ws, LaunchOpts o, cudaStream_t stream) {
+int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt) {
+  return param_floats(d, S, wdt) + 2 * d.n * p.splits * d.c + 4 * d.n * d.c + 3 * d.n * S;  // ..., a, dz1, z1 (v4)
+}
+
+namespace {
+// The parameters as fp32 pointers: w's own, or (16-bit) their copies at the
+// start of ws, widened by the reduction kernel's extra blocks that *cast
+// describes (cast->blocks = 0 when there is nothing to widen). Advances ws past them.
+struct Fp32Params {
+  const float *w1, *b1, *w2, *b2;
+};
+Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, float*& ws, dev::ParamCast* cast) {
+  *cast = dev::ParamCast{};
+  if (w.dt == kc::DType::F32) {
+    return {static_cast<const float*>(w.w1), static_cast<const float*>(w.b1), static_cast<const float*>(w.w2),
+            static_cast<const float*>(w.b2)};
+  }
+  const int64_t len[4] = {S * d.c, S, d.c * S, d.c};
+  const void* src[4] = {w.w1, w.b1, w.w2, w.b2};
+  float* dst = ws;
+  for (int t = 0; t < 4; ++t) {
+    cast->src[t] = src[t];
+    cast->dst[t] = dst;
+    cast->len[t] = len[t];
+    dst += pad4(len[t]);
+  }
+  cast->dt = w.dt;
+  cast->blocks = dev::cast_blocks(len[0] + len[1] + len[2] + len[3]);
+  ws = dst;
+  return {cast->dst[0], cast->dst[1], cast->dst[2], cast->dst[3]};
+}
+}  // namespace
+
+cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const SeParams& w, void* out,
+                       float* ws, LaunchOpts o, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
+  dev::ParamCast cast;
+  const Fp32Params f = fp32_params(w, d, S, ws, &cast);
   float* part = ws;
   float* s = ws + d.n * p.splits * d.c;
-  KC_CUDA_TRY((dev::launch_reduce<true, false, false>(x, nullptr, nullptr, nullptr, dt, d, p, part, nullptr, stream)));
+  KC_CUDA_TRY(
+      (dev::launch_reduce<true, false, false>(x, nullptr, nullptr, nullptr, dt, d, p, part, nullptr, stream, &cast)));
   if (spread_mlp(d, S, o)) {
     float* a = s + d.n * d.c;
-    GemvArgs f1 = gemv_args(d, part, w1, b1, d.c, S, a);  // a = act(w1 p + b1)
+    GemvArgs f1 = gemv_args(d, part, f.w1, f.b1, d.c, S, a);  // a = act(w1 p + b1)
     f1.splits = p.splits;
     f1.in_scale = 1.f / float(d.l);
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc1, true>(act, f1, o, stream)));
-    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd, true>(act, gemv_args(d, a, w2, b2, S, d.c, s), o, stream)));
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd, true>(act, gemv_args(d, a, f.w2, f.b2, S, d.c, s), o, stream)));
     return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
                                           nullptr, stream);
   }
-  MlpArgs m = mlp_args(part, p.splits, d, S, w1, b1, w2, b2, s);
+  MlpArgs m = mlp_args(part, p.splits, d, S, f.w1, f.b1, f.w2, f.b2, s);
+  m.params_late = cast.blocks > 0;
   const size_t smem = fused_mlp_smem_bytes(d.c, S, false);
   KC_CUDA_TRY(act == Act::SiLU ? launch_mlp(mlp_forward_kernel<Act::SiLU>, d, smem, m, o, stream)
                                : launch_mlp(mlp_forward_kernel<Act::ReLU>, d, smem, m, o, stream));
@@ -462,11 +512,13 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
                                         nullptr, stream);
 }
 
-cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act, const float* w1,
-                        const float* b1, const float* w2, const float* b2, void* dx, float* dw1, float* db1,
-                        float* dw2, float* db2, float* ws, LaunchOpts o, cudaStream_t stream) {
+cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act,
+                        const SeParams& w, void* dx, const SeParamGrads& dw, float* ws, LaunchOpts o,
+                        cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;  // the glue zero-fills the weight gradients
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
+  dev::ParamCast cast;
+  const Fp32Params f = fp32_params(w, d, S, ws, &cast);
   const int64_t np = d.n * p.splits * d.c, nc = d.n * d.c;
   float* part_x = ws;
   float* part_gx = part_x + np;
@@ -478,27 +530,29 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   float* dz1 = a + d.n * S;
   float* z1 = dz1 + d.n * S;
   // one pass over (x, grad): sum x and sum grad * x per (n, c)
-  KC_CUDA_TRY((dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream)));
+  KC_CUDA_TRY(
+      (dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream, &cast)));
   if (spread_mlp(d, S, o)) {
-    GemvArgs f1 = gemv_args(d, part_x, w1, b1, d.c, S, a);  // p, z1, a
+    GemvArgs f1 = gemv_args(d, part_x, f.w1, f.b1, d.c, S, a);  // p, z1, a
     f1.splits = p.splits;
     f1.in_scale = 1.f / float(d.l);
     f1.out2 = z1;
     f1.pool_out = pool;
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc1, true>(act, f1, o, stream)));
-    GemvArgs f2 = gemv_args(d, a, w2, b2, S, d.c, s);  // s, dz2 = (sum g x) s (1 - s)
+    GemvArgs f2 = gemv_args(d, a, f.w2, f.b2, S, d.c, s);  // s, dz2 = (sum g x) s (1 - s)
     f2.out2 = dz2;
     f2.aux = part_gx;
     f2.splits = p.splits;
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Bwd, true>(act, f2, o, stream)));
-    GemvArgs da = gemv_args(d, dz2, w2, nullptr, d.c, S, dz1);  // dz1 = (w2^T dz2) act'(z1); w2 is [C, S] = [I, O]
+    GemvArgs da = gemv_args(d, dz2, f.w2, nullptr, d.c, S, dz1);  // dz1 = (w2^T dz2) act'(z1); w2 is [C, S] = [I, O]
     da.aux = z1;
     KC_CUDA_TRY((launch_gemv_act<Epi::Da, false>(act, da, o, stream)));
-    GemvArgs cf = gemv_args(d, dz1, w1, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1 is [S, C] = [I, O]
+    GemvArgs cf = gemv_args(d, dz1, f.w1, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1 is [S, C] = [I, O]
     cf.out_scale = 1.f / float(d.l);
     KC_CUDA_TRY((launch_gemv_act<Epi::Coef, false>(act, cf, o, stream)));
   } else {
-  MlpArgs m = mlp_args(part_x, p.splits, d, S, w1, b1, w2, b2, s);
+  MlpArgs m = mlp_args(part_x, p.splits, d, S, f.w1, f.b1, f.w2, f.b2, s);
+  m.params_late = cast.blocks > 0;
   m.part_gx = part_gx;
   m.coef_out = coef;
   m.p_out = pool;
@@ -509,7 +563,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   KC_CUDA_TRY(act == Act::SiLU ? launch_mlp(mlp_backward_kernel<Act::SiLU>, d, smem, m, o, stream)
                                : launch_mlp(mlp_backward_kernel<Act::ReLU>, d, smem, m, o, stream));
   }
-  dev::WgradArgs wg{dz1, pool, dz2, a, dw1, db1, dw2, db2, d.n, d.c, S};
+  dev::WgradArgs wg{dz1, pool, dz2, a, dw.dw1, dw.db1, dw.dw2, dw.db2, w.dt, d.n, d.c, S};
   return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms, &wg,
                                      stream);
 }

@@ -63,6 +63,29 @@ struct FastDiv {
   __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
 };
 
+// ------------------------------------------------------------------ batched loads
+// for (i = start; i < end; i += step) use(i, load(i)), with the loads of U
+// consecutive trips issued before any of them is used. A plain loop whose trips
+// each wait on one L2 load runs at one L2 latency per trip (the weight loops of
+// the MLP kernels: 36-144 trips of ~0.5 us of latency each at C = 1152); this
+// keeps U loads in flight. use() runs in the plain loop's order, so results are
+// bitwise those of the plain loop.
+template <int U, typename Load, typename Use>
+__device__ __forceinline__ void batched_loop(int64_t start, int64_t end, int64_t step, Load load, Use use) {
+  using V = decltype(load(start));
+  for (int64_t i0 = start; i0 < end; i0 += U * step) {
+    V v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * step < end) v[u] = load(i0 + u * step);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * step < end) use(i0 + u * step, v[u]);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ vectors
 template <int VEC, typename T>
 __device__ __forceinline__ void load_f(const T* p, float (&f)[VEC]) {
@@ -93,6 +116,40 @@ __device__ __forceinline__ void store_f(T* p, const float (&f)[VEC], bool stream
 }
 
 // ------------------------------------------------------------------ reductions
+// Extra blocks of a reduction kernel that widen the MLP's 16-bit parameters to
+// fp32 (dst: the fused kernels' workspace), so that no cast kernel is launched.
+struct ParamCast {
+  const void* src[4];  // w1, b1, w2, b2
+  float* dst[4];
+  int64_t len[4];
+  kc::DType dt;
+  int blocks;          // 0: nothing to widen
+};
+constexpr int kCastUnroll = 4;
+
+__device__ __forceinline__ void cast_params_block(const ParamCast& pc, int block) {
+  const int64_t total = pc.len[0] + pc.len[1] + pc.len[2] + pc.len[3];
+  const int64_t step = int64_t(pc.blocks) * kThreads;
+  auto locate = [&](int64_t e, int& t) {
+    t = 0;
+    while (e >= pc.len[t]) e -= pc.len[t++];
+    return e;
+  };
+  batched_loop<kCastUnroll>(
+      int64_t(block) * kThreads + threadIdx.x, total, step,
+      [&](int64_t e) {
+        int t;
+        const int64_t i = locate(e, t);
+        return kc::load_float(pc.src[t], pc.dt, i);
+      },
+      [&](int64_t e, float v) {
+        int t;
+        const int64_t i = locate(e, t);
+        pc.dst[t][i] = v;
+      });
+}
+inline int cast_blocks(int64_t elems) { return int(ceil_div(elems, int64_t(kThreads) * kCastUnroll)); }
+
 // Sums over l for every (n, c): kSumX -> sum x, kSumGX -> sum g * x; with
 // kWriteGS also gs_out = g * s[n, c] (the excitation backward's grad_x, in the
 // same pass). Results: fp32 partials part_*[(n * splits + split) * C + c].
@@ -109,6 +166,8 @@ struct ReduceArgs {
   float* part_gx;
   int tc;         // NHWC: vector columns per block tile
   int col_tiles;  // NHWC: tiles across C
+  int64_t reduce_blocks;  // blocks past these widen the parameters (cast)
+  ParamCast cast;
 };
 
 // NCHW: rows r = n * C + c, each L contiguous elements.
@@ -121,6 +180,7 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_kernel(ReduceArgs<T> a) 
   static_assert(kSumX || kSumGX, "nothing to reduce");
   constexpr int NS = int(kSumX) + int(kSumGX);
   __shared__ float smem[32 * NS];
+  if (int64_t(blockIdx.x) >= a.reduce_blocks) return cast_params_block(a.cast, int(blockIdx.x - a.reduce_blocks));
   grid_dependency_wait();
   launch_dependents();
   int64_t unit;
@@ -211,6 +271,7 @@ __global__ void __launch_bounds__(kThreads) reduce_cols_kernel(ReduceArgs<T> a) 
   static_assert(kSumX || kSumGX, "nothing to reduce");
   constexpr int NS = int(kSumX) + int(kSumGX);
   __shared__ float red[NS][kThreads * VEC];
+  if (int64_t(blockIdx.x) >= a.reduce_blocks) return cast_params_block(a.cast, int(blockIdx.x - a.reduce_blocks));
   grid_dependency_wait();
   launch_dependents();
   const int64_t b = blockIdx.x;
@@ -310,31 +371,39 @@ inline void nhwc_tiles(int64_t c, int vec, int* tc, int* col_tiles) {
 template <bool kSumX, bool kSumGX, bool kWriteGS>
 cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs_out, kc::DType dt,
                           const Dims& d, const ReducePlan& p, float* part_x, float* part_gx,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const ParamCast* cast = nullptr) {
   return KC_DTYPE_SWITCH(dt, T, [&]() -> cudaError_t {
     constexpr int MV = kc::max_vec_elems<T>();
     const int64_t inner = d.layout == Layout::NCHW ? d.l : d.c;
     const bool vec = kc::is_aligned(x, 16) && (g == nullptr || kc::is_aligned(g, 16)) &&
                      (gs_out == nullptr || kc::is_aligned(gs_out, 16)) && inner % MV == 0;
     ReduceArgs<T> a{static_cast<const T*>(x), static_cast<const T*>(g), s, static_cast<T*>(gs_out),
-                    d.n, d.c, d.l, p.splits, p.chunk, part_x, part_gx, 0, 0};
+                    d.n, d.c, d.l, p.splits, p.chunk, part_x, part_gx, 0, 0, 0, ParamCast{}};
+    if (cast != nullptr) a.cast = *cast;
+    // the grid: the reduction's blocks, then a.cast.blocks that widen the parameters
+    auto grid = [&](int64_t reduce_blocks) {
+      a.reduce_blocks = reduce_blocks;
+      const int64_t blocks = reduce_blocks + a.cast.blocks;
+      return check_grid(blocks) == cudaSuccess ? unsigned(blocks) : 0u;
+    };
     return KC_BOOL_SWITCH(vec, kVec, [&]() -> cudaError_t {
       constexpr int VEC = kVec ? MV : 1;
       if (d.layout == Layout::NCHW) {
         const int64_t units = d.n * d.c * p.splits;
         if (nchw_team(d) == 32) {
-          const int64_t blocks = ceil_div(units, kThreads / 32);
-          KC_CUDA_TRY(check_grid(blocks));
-          reduce_rows_kernel<T, VEC, 32, kSumX, kSumGX, kWriteGS><<<unsigned(blocks), kThreads, 0, stream>>>(a);
+          const unsigned blocks = grid(ceil_div(units, kThreads / 32));
+          if (blocks == 0) return cudaErrorInvalidConfiguration;
+          reduce_rows_kernel<T, VEC, 32, kSumX, kSumGX, kWriteGS><<<blocks, kThreads, 0, stream>>>(a);
         } else {
-          KC_CUDA_TRY(check_grid(units));
-          reduce_rows_kernel<T, VEC, kThreads, kSumX, kSumGX, kWriteGS><<<unsigned(units), kThreads, 0, stream>>>(a);
+          const unsigned blocks = grid(units);
+          if (blocks == 0) return cudaErrorInvalidConfiguration;
+          reduce_rows_kernel<T, VEC, kThreads, kSumX, kSumGX, kWriteGS><<<blocks, kThreads, 0, stream>>>(a);
         }
       } else {
         nhwc_tiles(d.c, VEC, &a.tc, &a.col_tiles);
-        const int64_t blocks = d.n * p.splits * a.col_tiles;
-        KC_CUDA_TRY(check_grid(blocks));
-        reduce_cols_kernel<T, VEC, kSumX, kSumGX, kWriteGS><<<unsigned(blocks), kThreads, 0, stream>>>(a);
+        const unsigned blocks = grid(d.n * p.splits * a.col_tiles);
+        if (blocks == 0) return cudaErrorInvalidConfiguration;
+        reduce_cols_kernel<T, VEC, kSumX, kSumGX, kWriteGS><<<blocks, kThreads, 0, stream>>>(a);
       }
       return cudaGetLastError();
     });
@@ -357,7 +426,8 @@ struct WgradArgs {
   const float* p;    // [N, C]
   const float* dz2;  // [N, C]
   const float* a;    // [N, S]
-  float *dw1, *db1, *dw2, *db2;
+  void *dw1, *db1, *dw2, *db2;  // in dt
+  kc::DType dt;
   int64_t n, c, s;
 };
 
@@ -368,23 +438,30 @@ __device__ __forceinline__ void wgrad_block(const WgradArgs& w, int64_t block) {
   const int64_t o = block * kThreads + threadIdx.x;
   const int64_t sc = w.s * w.c;
   float acc = 0.f;
+  auto dot = [&](const float* u, int64_t su, const float* v, int64_t sv) {  // sum_n u[n * su] v[n * sv]
+    batched_loop<8>(0, w.n, 1, [&](int64_t n) { return make_float2(u[n * su], v[n * sv]); },
+                    [&](int64_t, float2 e) { acc += e.x * e.y; });
+  };
+  auto sum = [&](const float* u, int64_t su) {
+    batched_loop<8>(0, w.n, 1, [&](int64_t n) { return u[n * su]; }, [&](int64_t, float e) { acc += e; });
+  };
   if (o < sc) {
     const int64_t j = o / w.c, c = o - (o / w.c) * w.c;
-    for (int64_t n = 0; n < w.n; ++n) acc += w.dz1[n * w.s + j] * w.p[n * w.c + c];
-    w.dw1[o] = acc;
+    dot(w.dz1 + j, w.s, w.p + c, w.c);
+    kc::store_float(w.dw1, w.dt, o, acc);
   } else if (o < 2 * sc) {
     const int64_t q = o - sc;
     const int64_t c = q / w.s, j = q - (q / w.s) * w.s;
-    for (int64_t n = 0; n < w.n; ++n) acc += w.dz2[n * w.c + c] * w.a[n * w.s + j];
-    w.dw2[q] = acc;
+    dot(w.dz2 + c, w.c, w.a + j, w.s);
+    kc::store_float(w.dw2, w.dt, q, acc);
   } else if (o < 2 * sc + w.s) {
     const int64_t j = o - 2 * sc;
-    for (int64_t n = 0; n < w.n; ++n) acc += w.dz1[n * w.s + j];
-    w.db1[j] = acc;
+    sum(w.dz1 + j, w.s);
+    kc::store_float(w.db1, w.dt, j, acc);
   } else if (o < 2 * sc + w.s + w.c) {
     const int64_t c = o - 2 * sc - w.s;
-    for (int64_t n = 0; n < w.n; ++n) acc += w.dz2[n * w.c + c];
-    w.db2[c] = acc;
+    sum(w.dz2 + c, w.c);
+    kc::store_float(w.db2, w.dt, c, acc);
   }
 }
 inline int64_t wgrad_blocks(int64_t c, int64_t s) { return ceil_div(2 * s * c + s + c, kThreads); }
@@ -416,6 +493,21 @@ __device__ __forceinline__ int64_t channel_of(const EwArgs<T>& a, int64_t e) {
       const uint32_t q = a.div_a.div(ue);
       return int64_t(a.div_b.div(ue)) * a.c + int64_t(ue - q * uint32_t(a.c));
     }
+  }
+}
+
+// The per-channel fp32 factors f[ch .. ch + VEC) (NHWC) or f[ch] (NCHW) of one vector.
+template <Layout LAY, int VEC>
+__device__ __forceinline__ void channel_factors(const float* f, int64_t ch, float (&out)[VEC]) {
+  if constexpr (LAY == Layout::NHWC && VEC % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(f + ch) + q);
+      out[4 * q] = v.x, out[4 * q + 1] = v.y, out[4 * q + 2] = v.z, out[4 * q + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out[k] = __ldg(f + (LAY == Layout::NCHW ? ch : ch + k));
   }
 }
 
@@ -454,15 +546,17 @@ __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
       if (vv[u] < 0) continue;
       const int64_t e = vv[u] * VEC;
       const int64_t ch = channel_of<LAY, k64>(a, e);
+      // NCHW: all VEC elements share one channel; NHWC: VEC consecutive channels
+      // (ch a multiple of VEC, so their factors are whole 16-byte vectors of s)
+      float sv[VEC], cv[VEC];
+      channel_factors<LAY, VEC>(a.s, ch, sv);
+      if constexpr (MODE == Ew::Dx) channel_factors<LAY, VEC>(a.coef, ch, cv);
       float o[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        // NCHW: all VEC elements share one channel; NHWC: VEC consecutive channels
-        const int64_t chk = LAY == Layout::NCHW ? ch : ch + k;
-        const float sv = __ldg(a.s + chk);
-        if constexpr (MODE == Ew::Scale) o[k] = xv[u][k] * sv;
-        if constexpr (MODE == Ew::Dx) o[k] = xv[u][k] * sv + __ldg(a.coef + chk);
-        if constexpr (MODE == Ew::Bcast) o[k] = sv * a.alpha;
+        if constexpr (MODE == Ew::Scale) o[k] = xv[u][k] * sv[k];
+        if constexpr (MODE == Ew::Dx) o[k] = xv[u][k] * sv[k] + cv[k];
+        if constexpr (MODE == Ew::Bcast) o[k] = sv[k] * a.alpha;
       }
       store_f<VEC>(a.out + e, o, a.streaming);
     }
@@ -479,7 +573,11 @@ cudaError_t launch_ew(const void* in, const float* s, const float* coef, float a
   return KC_DTYPE_SWITCH(dt, T, [&]() -> cudaError_t {
     constexpr int MV = kc::max_vec_elems<T>();
     const int64_t inner = d.layout == Layout::NCHW ? d.l : d.c;
-    const bool vec = (in == nullptr || kc::is_aligned(in, 16)) && kc::is_aligned(out, 16) && inner % MV == 0;
+    // NHWC vectors also read their VEC factors of s (and coef) as 16-byte vectors
+    const bool factors_ok = d.layout == Layout::NCHW ||
+                            (kc::is_aligned(s, 16) && (coef == nullptr || kc::is_aligned(coef, 16)));
+    const bool vec = (in == nullptr || kc::is_aligned(in, 16)) && kc::is_aligned(out, 16) && inner % MV == 0 &&
+                     factors_ok;
     const int64_t total = d.n * d.c * d.l;
     const bool big = total >= (int64_t(1) << 31);
     return KC_BOOL_SWITCH(vec, kVec, [&]() -> cudaError_t {

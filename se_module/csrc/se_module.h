@@ -78,19 +78,31 @@ cudaError_t excitation_backward(const void* grad, const void* x, const float* s,
 
 // ---------------------------------------------------------------- fused (se_fused.cu)
 // out = x * sigmoid(w2 @ act(w1 @ mean_l(x) + b1) + b2), broadcast over l.
-int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p);  // floats
-cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const float* w1,
-                       const float* b1, const float* w2, const float* b2, void* out, float* ws,
-                       LaunchOpts o, cudaStream_t stream);
+//
+// The MLP's parameters (w1 [S, C], b1 [S], w2 [C, S], b2 [C]), dense, all in one
+// dtype: fp32, fp16 or bf16 (a module converted with .to(bfloat16) keeps them in
+// bf16). The kernels compute in fp32: 16-bit parameters are widened into the
+// workspace by extra blocks of the first kernel, so no separate cast launches.
+struct SeParams {
+  const void *w1, *b1, *w2, *b2;
+  kc::DType dt;
+};
+// Their gradients (dw1 [S, C], db1 [S], dw2 [C, S], db2 [C]), dense, written in
+// the parameters' dtype (each a sum over the batch in fp32, rounded once).
+struct SeParamGrads {
+  void *dw1, *db1, *dw2, *db2;
+};
+int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt);  // floats
+cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const SeParams& w, void* out,
+                       float* ws, LaunchOpts o, cudaStream_t stream);
 // Gradients of the fused block. grad and x share x's layout and dtype; dx in
-// it too; dw1 [S, C], db1 [S], dw2 [C, S], db2 [C] fp32. Recomputes the
-// pooled mean in the same pass that reduces grad * x, so the backward moves 4
-// tensors' worth of bytes (read grad, x; read grad, write dx) and nothing more.
-int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p);  // floats
+// it too. Recomputes the pooled mean in the same pass that reduces grad * x, so
+// the backward moves 4 tensors' worth of bytes (read grad, x; read grad, write
+// dx) and nothing more.
+int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt);  // floats
 cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act,
-                        const float* w1, const float* b1, const float* w2, const float* b2,
-                        void* dx, float* dw1, float* db1, float* dw2, float* db2, float* ws,
-                        LaunchOpts o, cudaStream_t stream);
+                        const SeParams& w, void* dx, const SeParamGrads& dw, float* ws, LaunchOpts o,
+                        cudaStream_t stream);
 
 // Dynamic shared memory the fused MLP kernels need (bytes), and the most any
 // block may have on the current device; the glue rejects shapes above it.
