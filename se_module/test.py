@@ -623,8 +623,12 @@ def test_fast_entry_same_as_op(device):
 def test_module_rejects_unsupported():
     with pytest.raises(ValueError, match="unsupported SE activation"):
         SqueezeExcitation(8, 2, activation=nn.GELU)
-    with pytest.raises(ValueError, match="scale_activation"):
-        SqueezeExcitation(8, 2, scale_activation=nn.Hardsigmoid)
+    with pytest.raises(ValueError, match="unsupported SE scale_activation"):
+        SqueezeExcitation(8, 2, scale_activation=nn.Tanh)
+    with pytest.raises(ValueError, match="unsupported SE activation"):
+        ops.se_block(*[torch.ones(1, 1, 1, 1)] + [torch.ones(1, 1)] * 4, activation=nn.GELU())
+    with pytest.raises(ValueError, match="unsupported SE scale_activation"):
+        ops.se_block(*[torch.ones(1, 1, 1, 1)] + [torch.ones(1, 1)] * 4, scale_activation="tanh")
 
 
 def test_convert_with_given_types():
@@ -632,7 +636,7 @@ def test_convert_with_given_types():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1),
                           RefSE(8, 2, activation=nn.SiLU),
                           nn.Sequential(nn.ReLU(), RefSE(8, 3)),
-                          RefSE(8, 2, scale_activation=nn.Hardsigmoid))
+                          RefSE(8, 2, scale_activation=nn.Tanh))
     x = testing.fresh(2, 3, 10, 10)
     want = model(x)
     fc1 = model[1].fc1
@@ -641,14 +645,14 @@ def test_convert_with_given_types():
         out_model = convert(model, types=(RefSE,))
     assert out_model is model
     assert isinstance(model[1], SqueezeExcitation) and isinstance(model[2][1], SqueezeExcitation)
-    assert isinstance(model[3], RefSE) and any("Hardsigmoid" in str(r.message) for r in rec)
+    assert isinstance(model[3], RefSE) and any("Tanh" in str(r.message) for r in rec)
     assert model[1].fc1 is fc1  # the very same parameters
     assert isinstance(model[2][1].activation, nn.ReLU)
     torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
     single = RefSE(4, 1)
     assert isinstance(convert(single, types=(RefSE,)), SqueezeExcitation)
     converted = model[1]
-    with pytest.warns(UserWarning, match="Hardsigmoid"):  # the kept block is reported again
+    with pytest.warns(UserWarning, match="Tanh"):  # the kept block is reported again
         assert convert(model, types=(RefSE,)) is model
     assert model[1] is converted  # ours are left alone
 

@@ -183,11 +183,12 @@ struct FusedArgs {
 };
 
 FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                     const at::Tensor& b2, int64_t act, int64_t version, bool backward) {
+                     const at::Tensor& b2, int64_t act, int64_t version, int64_t gate, bool backward) {
   se_glue::check_x(x);
   FusedArgs f;
   f.S = se_glue::check_weights(x, w1, b1, w2, b2);
   se_glue::check_activation(act);
+  se_glue::check_scale_activation(gate);
   se_glue::check_fused_version(version);
   f.dt = kc::to_kc_dtype(x, "x");
   (void)kc::to_kc_dtype(w1, "w1");
@@ -208,15 +209,15 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
 }
 
 at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                         const at::Tensor& b2, int64_t act, int64_t version) {
+                         const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
   const c10::cuda::CUDAGuard guard(x_.device());
-  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, false);  // checks x too
+  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, gate, false);  // checks x too
   const Prepared p = prepare(x_);
   if (p.d.n == 0) return new_like_x(p, x_);
   const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
   at::Tensor out = new_like_x(p, x_);
   at::Tensor ws = workspace(se::fused_forward_workspace(p.d, f.S, plan), x_);
-  KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), f.w1.const_data_ptr<float>(),
+  KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), se::Gate(gate), f.w1.const_data_ptr<float>(),
                                      f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(),
                                      f.b2.const_data_ptr<float>(), out.mutable_data_ptr(),
                                      ws.mutable_data_ptr<float>(), f.opts, at::cuda::getCurrentCUDAStream()));
@@ -230,8 +231,8 @@ at::Tensor as_weight(const at::Tensor& d, const at::Tensor& w) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_backward_cuda(
     const at::Tensor& grad_, const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-    const at::Tensor& b2, int64_t act, int64_t version) {
-  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, true);  // checks x (before grad against it)
+    const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
+  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, gate, true);  // checks x (before grad against it)
   se_glue::check_like_x(grad_, "grad", x_);
   const c10::cuda::CUDAGuard guard(x_.device());
   const Prepared p = prepare(x_);
@@ -254,7 +255,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
   at::Tensor dx = new_like_x(p, x_);
   at::Tensor dw1 = wgrad(w1, S * C), db1 = wgrad(b1, S), dw2 = wgrad(w2, C * S), db2 = wgrad(b2, C);
   KC_TORCH_CHECK_CUDA(se::se_backward(
-      g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act), f.w1.const_data_ptr<float>(),
+      g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act), se::Gate(gate), f.w1.const_data_ptr<float>(),
       f.b1.const_data_ptr<float>(), f.w2.const_data_ptr<float>(), f.b2.const_data_ptr<float>(),
       dx.mutable_data_ptr(), dw1.mutable_data_ptr<float>(), db1.mutable_data_ptr<float>(),
       dw2.mutable_data_ptr<float>(), db2.mutable_data_ptr<float>(), ws.mutable_data_ptr<float>(), f.opts,

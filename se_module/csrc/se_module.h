@@ -77,10 +77,11 @@ cudaError_t excitation_backward(const void* grad, const void* x, const float* s,
                                 int num_sms, cudaStream_t stream);
 
 // ---------------------------------------------------------------- fused (se_fused.cu)
-// out = x * sigmoid(w2 @ act(w1 @ mean_l(x) + b1) + b2), broadcast over l.
+// out = x * gate(w2 @ act(w1 @ mean_l(x) + b1) + b2), broadcast over l
+// (act: ReLU, SiLU or Hardswish; gate: Sigmoid or Hardsigmoid; se_act.cuh).
 int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p);  // floats
-cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const float* w1,
-                       const float* b1, const float* w2, const float* b2, void* out, float* ws,
+cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate,
+                       const float* w1, const float* b1, const float* w2, const float* b2, void* out, float* ws,
                        LaunchOpts o, cudaStream_t stream);
 // Gradients of the fused block. grad and x share x's layout and dtype; dx in
 // it too; dw1 [S, C], db1 [S], dw2 [C, S], db2 [C] fp32. Recomputes the
@@ -88,7 +89,7 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
 // tensors' worth of bytes (read grad, x; read grad, write dx) and nothing more.
 int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p);  // floats
 cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act,
-                        const float* w1, const float* b1, const float* w2, const float* b2,
+                        Gate gate, const float* w1, const float* b1, const float* w2, const float* b2,
                         void* dx, float* dw1, float* db1, float* dw2, float* db2, float* ws,
                         LaunchOpts o, cudaStream_t stream);
 
