@@ -52,7 +52,9 @@ inline acc_t gate_f(acc_t z, int64_t gate) {
 template <typename acc_t>
 inline acc_t gate_bwd(acc_t z, acc_t s, acc_t ds, int64_t gate) {
   if (gate == 0) return ds * s * (acc_t(1) - s);
-  const acc_t d = (z > acc_t(-3) && z < acc_t(3)) ? acc_t(1) / acc_t(6) : (z != z ? z : acc_t(0));
+  // 1/6 rounded to float even for double, as torch's hardsigmoid_backward has it (its
+  // one_sixth is 1.0f / 6.0f): a converted float64 model gives torch's gradients exactly.
+  const acc_t d = (z > acc_t(-3) && z < acc_t(3)) ? acc_t(1.0f / 6.0f) : (z != z ? z : acc_t(0));
   return ds * d;
 }
 
