@@ -49,12 +49,18 @@ T = torch.ops.se_module
 
 # --------------------------------------------------------------------------- references and inputs
 
-def se_ref(x, w1, b1, w2, b2, act="silu"):
+# torch's own functions for each activation and gate (their kinks and NaN handling are the reference)
+TORCH_ACT = {"relu": F.relu, "silu": F.silu, "hardswish": F.hardswish}
+TORCH_GATE = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}
+PAIRS = [(a, g) for a in TORCH_ACT for g in TORCH_GATE]
+pair_id = "-".join
+
+
+def se_ref(x, w1, b1, w2, b2, act="silu", gate="sigmoid"):
     """torchvision.ops.SqueezeExcitation's math, on [S, C] / [C, S] weights."""
     p = x.mean((2, 3))
-    h = F.linear(p, w1, b1)
-    a = F.silu(h) if act == "silu" else F.relu(h)
-    s = torch.sigmoid(F.linear(a, w2, b2))
+    a = TORCH_ACT[act](F.linear(p, w1, b1))
+    s = TORCH_GATE[gate](F.linear(a, w2, b2))
     return x * s[:, :, None, None]
 
 
@@ -171,11 +177,115 @@ def test_empty_batch(device):
         assert d.shape == t.shape and torch.equal(d, torch.zeros_like(t))
 
 
+# --------------------------------------------------------------------------- activation x gate pairs
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
+def test_pairs_fp32(device, layout, pair):
+    """Every (squeeze activation, gate) pair against torch's functions in float64."""
+    act, gate = pair
+    for shape in [(2, 8, 5, 7, 3), (3, 33, 4, 4, 5)]:
+        x, w, g = make(*shape, device=device, layout=layout, seed=shape[1])
+        ours = grads_of(lambda *a: ops.se_block(*a, activation=act, scale_activation=gate), [x, *w], g)
+        ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
+        for o, r, name in zip(ours, ref, NAMES):
+            close(o, r, 2e-5, f"{name} ({act}, {gate}, {layout}, {shape})")
+
+
+# z values at and around every kink: ReLU's 0, Hardswish's and Hardsigmoid's -3 and 3
+# (2^-10 away: exact in fp32, and so are the means of 16 equal values)
+KINKS = [-3 - 2 ** -10, -3.0, -3 + 2 ** -10, -(2 ** -10), 0.0, 2 ** -10, 3 - 2 ** -10, 3.0, 3 + 2 ** -10]
+
+
+def kink_inputs(n, s, device, dtype=torch.float32):
+    """x, weights and g such that z1 = w1 p + b1 and z2 = w2 a + b2 hit KINKS exactly:
+    C = 3 S; w1 = [I 0 0] and b1 = 0 give z1[j] = p[j] = x's value in channel j (the
+    first S channels); w2's rows S..2S are I (z2 = a there, on channels whose random x
+    makes ds, and so dz2 and da, nonzero: act' matters), its last S rows are 0 with
+    b2 = the kink values (the gate at its kinks)."""
+    c = 3 * s
+    vals = torch.tensor(KINKS, dtype=torch.float64)
+    ks = torch.arange(s)
+    x = torch.empty(n, c, 4, 4, dtype=torch.float64)
+    for i in range(n):
+        x[i, :s] = vals[(ks + i) % len(KINKS)][:, None, None]
+    x[:, s:] = testing.fresh(n, 2 * s, 4, 4, dtype=torch.float64)
+    w1 = torch.zeros(s, c, dtype=torch.float64)
+    w1[ks, ks] = 1.0
+    b1 = torch.zeros(s, dtype=torch.float64)
+    w2 = torch.zeros(c, s, dtype=torch.float64)
+    w2[s + ks, ks] = 1.0
+    b2 = torch.zeros(c, dtype=torch.float64)
+    b2[2 * s:] = vals[(ks + 4) % len(KINKS)]
+    g = testing.fresh(n, c, 4, 4, dtype=torch.float64)
+    return [t.to(device=device, dtype=dtype) for t in (x, w1, b1, w2, b2)], g.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
+@pytest.mark.parametrize("s", [9, 108], ids=["mlp", "spread"])  # 2 S C = 6 S^2 >= 65536: v4's spread MLP
+def test_kinks(device, pair, s):
+    """At the kinks the derivatives take torch's values (ReLU'(0) = 0, Hardswish'(-3) = 0,
+    Hardswish'(3) = 1, Hardsigmoid'(+-3) = 0): one wrong convention moves a gradient by
+    1/6 or more of its scale. Every kernel version on CUDA."""
+    act, gate = pair
+    (x, *w), g = kink_inputs(2, s, device)
+    ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
+    for version in ((1, 2, 3, 4) if device == "cuda" else (ops.DEFAULT_VERSION,)):
+        ours = grads_of(lambda *a: ops.se_block(*a, activation=act, version=version, scale_activation=gate),
+                        [x, *w], g)
+        for o, r, name in zip(ours, ref, NAMES):
+            close(o, r, 1e-5, f"{name} ({act}, {gate}, v{version})")
+    # torch's own fp32 functions decide every kink as its float64 ones do (so the reference above is theirs)
+    z = torch.tensor(KINKS, requires_grad=True)
+    for f in (TORCH_ACT[act], TORCH_GATE[gate]):
+        d32 = torch.autograd.grad(f(z).sum(), z)[0]
+        d64 = torch.autograd.grad(f(z.double()).sum(), z)[0]
+        torch.testing.assert_close(d32, d64.float())
+
+
+def nan_superset(ours, ref, name):
+    """NaN wherever torch has it (ours may have more: dz = dy * f'(z) propagates
+    what torch's select-style backward kernels mask)."""
+    missing = ref.isnan() & ~ours.isnan()
+    assert not missing.any(), f"{name}: {int(missing.sum())} NaN of torch's are finite in ours"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
+def test_nan_propagates(device, pair):
+    """A NaN in x, in fc1's or in fc2's pre-activation reaches the output exactly where
+    torch's reaches it (Hardsigmoid(NaN) is NaN, not a clamp's 0), and the gradients
+    where torch's do; a NaN gate input is not masked to a zero gradient."""
+    act, gate = pair
+    n, c, s = 2, 6, 3
+    for where in ("x", "b1", "b2"):
+        x, w, g = make(n, c, 4, 5, s, device=device)
+        w = [t.clone() for t in w]
+        if where == "x":
+            x = x.clone()
+            x[0, 1, 2, 3] = float("nan")
+        else:
+            w[1 if where == "b1" else 3][1] = float("nan")
+        ours = grads_of(lambda *a: ops.se_block(*a, activation=act, scale_activation=gate), [x, *w], g)
+        ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
+        assert torch.equal(ours[0].isnan(), ref[0].isnan()), f"out NaN pattern ({where})"
+        fin = ~ref[0].isnan()
+        close(ours[0][fin], ref[0][fin], 2e-5, f"finite out ({where})")
+        for o, r, name in zip(ours[1:], ref[1:], NAMES[1:]):
+            nan_superset(o, r, f"{name} ({where}, {act}, {gate})")
+        if where == "x":  # the other sample is untouched
+            close(ours[1][1], ref[1][1], 2e-5, "dx of the clean sample")
+        if where == "b2":  # the gate's input is NaN in channel 1: its bias gradient too
+            assert ours[5][1].isnan(), "db2 of the NaN channel was masked"
+
+
 # --------------------------------------------------------------------------- low precision
 
-def torch_lowp_grads(x, w, g, act):
+def torch_lowp_grads(x, w, g, act, gate="sigmoid"):
     """PyTorch's own same-precision result (all in x's dtype)."""
-    return grads_of(lambda *a: se_ref(*a, act=act), [x, *[t.to(x.dtype) for t in w]], g)
+    return grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [x, *[t.to(x.dtype) for t in w]], g)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -183,11 +293,13 @@ def torch_lowp_grads(x, w, g, act):
 @pytest.mark.parametrize("layout", ["nchw", "cl", "offset"])
 @pytest.mark.parametrize("shape", [(2, 24, 9, 9, 6), (3, 40, 16, 16, 10), (2, 7, 5, 3, 1)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_fused_lowp(device, dtype, layout, shape):
+@pytest.mark.parametrize("pair", [("silu", "sigmoid"), ("hardswish", "hardsigmoid")], ids=pair_id)
+def test_fused_lowp(device, dtype, layout, shape, pair):
+    act, gate = pair
     x, w, g = make(*shape, device=device, dtype=dtype, layout=layout)
-    ours = grads_of(lambda *a: ops.se_block(*a), [x, *w], g)
-    ref = grads_of(lambda *a: se_ref(*a), [t.double() for t in (x, *w)], g.double())
-    theirs = torch_lowp_grads(x, w, g, "silu")
+    ours = grads_of(lambda *a: ops.se_block(*a, activation=act, scale_activation=gate), [x, *w], g)
+    ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
+    theirs = torch_lowp_grads(x, w, g, act, gate)
     for o, r, t, name in zip(ours, ref, theirs, NAMES):
         assert o.dtype == dtype, name
         testing.assert_lowp_close(o, r, t, name=f"{name} {dtype}")
@@ -319,6 +431,8 @@ def _opcheck_samples(device):
         (T.se_block, (rg(xc), *map(rg, wc), 0, 1)),
         (T.se_block_backward, (g, x, *w, 1, 3)),
         (T.se_block_backward, (gc, xc, *wc, 0, 2)),
+        (T.se_block, (rg(xc), *map(rg, wc), 2, 4, 1)),
+        (T.se_block_backward, (g, x, *w, 2, 1, 1)),
     ]
 
 
@@ -334,10 +448,11 @@ def test_opcheck(device):
 
 def test_gradcheck_float64_cpu():
     x, w, _ = make(2, 5, 3, 4, 3, device="cpu", dtype=torch.float64)
-    for act in ("silu", "relu"):
+    for act, gate in PAIRS:  # random z: away from the kinks, where every pair is smooth
         args = [t.detach().requires_grad_() for t in (x, *w)]
-        assert torch.autograd.gradcheck(lambda *a: ops.se_block(*a, activation=act), args)
-        assert torch.autograd.gradcheck(lambda *a: ops.se_block_staged(*a, activation=act), args)
+        assert torch.autograd.gradcheck(lambda *a: ops.se_block(*a, activation=act, scale_activation=gate), args)
+        assert torch.autograd.gradcheck(
+            lambda *a: ops.se_block_staged(*a, activation=act, scale_activation=gate), args)
     xr = x.detach().requires_grad_()
     xcl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
     s = torch.rand(2, 5, dtype=torch.float64, requires_grad=True)
@@ -366,6 +481,8 @@ def test_bad_inputs_raise_and_process_stays_usable(device):
         (lambda: T.se_block(x, w1, b1, w2.t(), b2, 1, 3), r"w2 \(fc2.weight\) must be"),
         (lambda: T.se_block(x, w1, b1, w2, b2[:1], 1, 3), r"b2 \(fc2.bias\) must be"),
         (lambda: T.se_block(x, w1, b1, w2, b2, 7, 3), "activation must be 0"),
+        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 3, 2), "scale_activation must be 0"),
+        (lambda: T.se_block_backward(g, x, w1, b1, w2, b2, 1, 3, -1), "scale_activation must be 0"),
         (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3 or 4"),
         (lambda: T.se_block(x[:, :, :0], w1, b1, w2, b2, 1, 3), "at least 1"),
         (lambda: T.se_block_backward(g[:1], x, w1, b1, w2, b2, 1, 3), "grad must have x's shape"),
@@ -475,6 +592,26 @@ def test_cuda_spread_mlp(layout, shape):
         testing.assert_lowp_close(o, r, t, name=f"{name} bf16 v4")
 
 
+
+@requires_cuda
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
+def test_cuda_pairs_versions(layout, pair):
+    """Each (activation, gate) pair through every kernel version: v1-v3 (and v4 below
+    the spread threshold) bitwise equal, v4's spread MLP close to v3, all close to float64."""
+    act, gate = pair
+    run = lambda v: (lambda *t: ops.se_block(*t, activation=act, version=v, scale_activation=gate))  # noqa: E731
+    for shape, spread in [((3, 96, 20, 20, 24), False), ((5, 600, 3, 3, 60), True)]:
+        x, w, g = make(*shape, device="cuda", layout=layout)
+        ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
+        base = grads_of(run(1), [x, *w], g)
+        for version in (1, 2, 3, 4):
+            ours = grads_of(run(version), [x, *w], g)
+            for a, b, r, name in zip(ours, base, ref, NAMES):
+                if version < 4 or not spread:
+                    assert torch.equal(a, b), f"v{version} {name} differs from v1 ({act}, {gate}, {shape})"
+                close(a, r, 2e-5, f"{name} v{version} ({act}, {gate}, {shape})")
+
 CUDA_BIG = [
     (2, 64, 112, 112, 16),   # the seed's shape: split reduction, one block per row piece
     (1, 64, 112, 112, 16),   # N * C small: more splits
@@ -574,10 +711,11 @@ def test_cuda_graph_capture(version):
 # --------------------------------------------------------------------------- nn.Module and convert
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("act", [nn.ReLU, nn.SiLU])
-def test_module_matches_torchvision_style(device, act):
-    ref = RefSE(24, 6, activation=act).to(device)
-    ours = SqueezeExcitation(24, 6, activation=act).to(device)
+@pytest.mark.parametrize("act", [nn.ReLU, nn.SiLU, nn.Hardswish])
+@pytest.mark.parametrize("gate", [nn.Sigmoid, nn.Hardsigmoid])
+def test_module_matches_torchvision_style(device, act, gate):
+    ref = RefSE(24, 6, activation=act, scale_activation=gate).to(device)
+    ours = SqueezeExcitation(24, 6, activation=act, scale_activation=gate).to(device)
     assert [(k, v.shape) for k, v in ours.state_dict().items()] == [(k, v.shape) for k, v in ref.state_dict().items()]
     ours.load_state_dict(ref.state_dict())
     x = testing.fresh(3, 24, 6, 6, device=device)
@@ -642,8 +780,12 @@ def test_fast_entry_same_as_op(device):
 def test_module_rejects_unsupported():
     with pytest.raises(ValueError, match="unsupported SE activation"):
         SqueezeExcitation(8, 2, activation=nn.GELU)
-    with pytest.raises(ValueError, match="scale_activation"):
-        SqueezeExcitation(8, 2, scale_activation=nn.Hardsigmoid)
+    with pytest.raises(ValueError, match="unsupported SE scale_activation"):
+        SqueezeExcitation(8, 2, scale_activation=nn.Tanh)
+    with pytest.raises(ValueError, match="unsupported SE activation"):
+        ops.se_block(*[torch.ones(1, 1, 1, 1)] + [torch.ones(1, 1)] * 4, activation=nn.GELU())
+    with pytest.raises(ValueError, match="unsupported SE scale_activation"):
+        ops.se_block(*[torch.ones(1, 1, 1, 1)] + [torch.ones(1, 1)] * 4, scale_activation="tanh")
 
 
 def test_convert_with_given_types():
@@ -651,7 +793,7 @@ def test_convert_with_given_types():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1),
                           RefSE(8, 2, activation=nn.SiLU),
                           nn.Sequential(nn.ReLU(), RefSE(8, 3)),
-                          RefSE(8, 2, scale_activation=nn.Hardsigmoid))
+                          RefSE(8, 2, scale_activation=nn.Tanh))
     x = testing.fresh(2, 3, 10, 10)
     want = model(x)
     fc1 = model[1].fc1
@@ -660,16 +802,57 @@ def test_convert_with_given_types():
         out_model = convert(model, types=(RefSE,))
     assert out_model is model
     assert isinstance(model[1], SqueezeExcitation) and isinstance(model[2][1], SqueezeExcitation)
-    assert isinstance(model[3], RefSE) and any("Hardsigmoid" in str(r.message) for r in rec)
+    assert isinstance(model[3], RefSE) and any("Tanh" in str(r.message) for r in rec)
     assert model[1].fc1 is fc1  # the very same parameters
     assert isinstance(model[2][1].activation, nn.ReLU)
     torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
     single = RefSE(4, 1)
     assert isinstance(convert(single, types=(RefSE,)), SqueezeExcitation)
     converted = model[1]
-    with pytest.warns(UserWarning, match="Hardsigmoid"):  # the kept block is reported again
+    with pytest.warns(UserWarning, match="Tanh"):  # the kept block is reported again
         assert convert(model, types=(RefSE,)) is model
     assert model[1] is converted  # ours are left alone
+
+
+
+class QuantLikeSE(RefSE):
+    """A subclass with its own forward, as torchvision's QuantizableSqueezeExcitation
+    (which multiplies through a FloatFunctional): convert must keep it."""
+
+    def forward(self, input):
+        return super().forward(input) + 0.0
+
+
+def mobilenet_v3_like():
+    """MobileNetV3's use of SE, self-contained: ReLU + Hardsigmoid blocks
+    (torchvision builds them as partial(SqueezeExcitation, scale_activation=nn.Hardsigmoid)),
+    Hardswish around them, and one forward-overriding subclass."""
+    hs_se = lambda c, s: RefSE(c, s, scale_activation=nn.Hardsigmoid)  # noqa: E731
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.Hardswish(),
+        hs_se(16, 8),
+        nn.Conv2d(16, 24, 1), nn.Hardswish(),
+        nn.Sequential(hs_se(24, 8), nn.Identity()),
+        RefSE(24, 8, activation=nn.Hardswish, scale_activation=nn.Hardsigmoid),
+        QuantLikeSE(24, 8, scale_activation=nn.Hardsigmoid),
+    )
+
+
+def test_convert_mobilenet_v3_like():
+    torch.manual_seed(0)
+    ref = mobilenet_v3_like().double()
+    model = copy.deepcopy(ref)
+    with pytest.warns(UserWarning, match=r"kept QuantLikeSE with unsupported forward"):
+        convert(model, types=(RefSE,))
+    swapped = [m for m in model.modules() if isinstance(m, SqueezeExcitation)]
+    assert len(swapped) == 3 and type(model[7]) is QuantLikeSE
+    assert all(isinstance(m.scale_activation, nn.Hardsigmoid) for m in swapped)
+    assert isinstance(model[6].activation, nn.Hardswish)
+    x = testing.fresh(2, 3, 12, 12, dtype=torch.float64)
+    (o_ref, g_ref), (o_ours, g_ours) = _out_and_grads(ref, x), _out_and_grads(model, x)
+    close(o_ours, o_ref, 1e-10, "output")  # float64 rounding; a wrong term would be ~1e-3 or more
+    for k in g_ref:
+        close(g_ours[k], g_ref[k], 1e-9, k)
 
 
 @requires_tv
@@ -709,6 +892,31 @@ def test_bench_effnet_shapes_match_torchvision(model):
     with torch.no_grad():
         m(torch.zeros(1, 3, res, res))
     assert seen == b.effnet_se_shapes(model)
+
+
+@requires_tv
+@no_sanitize
+def test_convert_torchvision_mobilenet_v3_small():
+    """torchvision's mobilenet_v3_small (ReLU + Hardsigmoid SE blocks): convert swaps every
+    one, and the converted model computes the original's output and gradients (float64, CPU);
+    the quantizable variant's SE blocks (their own forward) are kept with a warning."""
+    import torchvision
+
+    torch.manual_seed(0)
+    ref = torchvision.models.mobilenet_v3_small(weights=None).double().eval()
+    n_se = sum(isinstance(m, torchvision.ops.SqueezeExcitation) for m in ref.modules())
+    model = convert(copy.deepcopy(ref))
+    assert n_se > 0 and sum(isinstance(m, SqueezeExcitation) for m in model.modules()) == n_se
+    assert not any(type(m) is torchvision.ops.SqueezeExcitation for m in model.modules())
+    x = testing.fresh(2, 3, 64, 64, dtype=torch.float64)
+    (o_ref, g_ref), (o_ours, g_ours) = _out_and_grads(ref, x), _out_and_grads(model, x)
+    close(o_ours, o_ref, 1e-10, "output")
+    for k in g_ref:
+        close(g_ours[k], g_ref[k], 1e-9, k)
+    q = torchvision.models.quantization.mobilenet_v3_large(weights=None, quantize=False)
+    with pytest.warns(UserWarning, match="unsupported forward"):
+        convert(q)
+    assert not any(isinstance(m, SqueezeExcitation) for m in q.modules())
 
 
 def _effnet(device, dtype, train):

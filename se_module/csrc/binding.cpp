@@ -15,10 +15,15 @@ TORCH_LIBRARY(se_module, m) {
   m.def("sigmoid_backward(Tensor grad, Tensor y) -> Tensor");
   m.def("excitation(Tensor x, Tensor s) -> Tensor");
   m.def("excitation_backward(Tensor grad, Tensor x, Tensor s) -> (Tensor, Tensor)");
-  // the fused block; activation: 0 = ReLU, 1 = SiLU
-  m.def("se_block(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, int version=4) -> Tensor");
+  // the fused block; activation (after fc1): 0 = ReLU, 1 = SiLU, 2 = Hardswish;
+  // scale_activation (the gate, after fc2): 0 = Sigmoid, 1 = Hardsigmoid.
+  // The default version is written here once; ops.DEFAULT_VERSION reads it from the schema.
+#define SE_DEFAULT_VERSION "4"
+  m.def("se_block(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, "
+        "int version=" SE_DEFAULT_VERSION ", int scale_activation=0) -> Tensor");
   m.def("se_block_backward(Tensor grad, Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, "
-        "int version=4) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "int version=" SE_DEFAULT_VERSION ", int scale_activation=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+#undef SE_DEFAULT_VERSION
 }
 
 // se_module_C.se_block: torch.ops.se_module.se_block through the C++ dispatcher

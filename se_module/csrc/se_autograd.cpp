@@ -23,22 +23,25 @@ using torch::autograd::variable_list;
 using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 Tensor5 call_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
-                      const at::Tensor& w2, const at::Tensor& b2, int64_t act, int64_t version) {
+                      const at::Tensor& w2, const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
   static const auto op =
       kc::find_op<Tensor5(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                          const at::Tensor&, const at::Tensor&, int64_t, int64_t)>("se_module::se_block_backward");
-  return op.call(g, x, w1, b1, w2, b2, act, version);
+                          const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t)>(
+          "se_module::se_block_backward");
+  return op.call(g, x, w1, b1, w2, b2, act, version, gate);
 }
 
 class SEBlockFunction : public torch::autograd::Function<SEBlockFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
-                            const at::Tensor& w2, const at::Tensor& b2, int64_t act, int64_t version) {
+                            const at::Tensor& w2, const at::Tensor& b2, int64_t act, int64_t version,
+                            int64_t gate) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    at::Tensor out = se_glue::call_se_block(x, w1, b1, w2, b2, act, version);
+    at::Tensor out = se_glue::call_se_block(x, w1, b1, w2, b2, act, version, gate);
     ctx->save_for_backward({x, w1, b1, w2, b2});
     ctx->saved_data["act"] = act;
     ctx->saved_data["version"] = version;
+    ctx->saved_data["gate"] = gate;
     return out;
   }
 
@@ -46,14 +49,15 @@ class SEBlockFunction : public torch::autograd::Function<SEBlockFunction> {
     const auto s = ctx->get_saved_variables();
     auto [dx, dw1, db1, dw2, db2] = call_backward(grads[0], s[0], s[1], s[2], s[3], s[4],
                                                   ctx->saved_data["act"].toInt(),
-                                                  ctx->saved_data["version"].toInt());
-    return {dx, dw1, db1, dw2, db2, at::Tensor(), at::Tensor()};
+                                                  ctx->saved_data["version"].toInt(),
+                                                  ctx->saved_data["gate"].toInt());
+    return {dx, dw1, db1, dw2, db2, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor se_block_autograd(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                             const at::Tensor& b2, int64_t act, int64_t version) {
-  return SEBlockFunction::apply(x, w1, b1, w2, b2, act, version);
+                             const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
+  return SEBlockFunction::apply(x, w1, b1, w2, b2, act, version, gate);
 }
 
 }  // namespace

@@ -86,8 +86,13 @@ inline int64_t check_weights(const at::Tensor& x, const at::Tensor& w1, const at
   return S;
 }
 
+// The codes of se_module.h's Act and Gate (ops.py's activation_code / scale_activation_code).
 inline void check_activation(int64_t act) {
-  TORCH_CHECK(act == 0 || act == 1, "activation must be 0 (ReLU) or 1 (SiLU), got ", fmt(act));
+  TORCH_CHECK(act >= 0 && act <= 2, "activation must be 0 (ReLU), 1 (SiLU) or 2 (Hardswish), got ", fmt(act));
+}
+
+inline void check_scale_activation(int64_t gate) {
+  TORCH_CHECK(gate == 0 || gate == 1, "scale_activation must be 0 (Sigmoid) or 1 (Hardsigmoid), got ", fmt(gate));
 }
 
 inline void check_fused_version(int64_t v) {

@@ -5,6 +5,7 @@
 // accumulate in double: a plain sequential float sum over thousands of terms
 // is less accurate than the GPU's tree reductions and torch's cascade sums. Outputs follow the layout rule of
 // se_checks.h: channels_last inputs give channels_last outputs.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -24,9 +25,13 @@ template <typename acc_t>
 inline acc_t sigmoid_(acc_t z) {
   return acc_t(1) / (acc_t(1) + std::exp(-z));
 }
+// The activations with torch's conventions at the kinks and NaN in, NaN out
+// (the CUDA twins and the conventions: se_act.cuh). act: 0 ReLU, 1 SiLU,
+// 2 Hardswish; gate: 0 Sigmoid, 1 Hardsigmoid.
 template <typename acc_t>
 inline acc_t act_f(acc_t z, int64_t act) {
   if (act == 1) return z * sigmoid_(z);
+  if (act == 2) return z * std::min(std::max(z + acc_t(3), acc_t(0)), acc_t(6)) / acc_t(6);
   return (z > acc_t(0) || z != z) ? z : acc_t(0);
 }
 template <typename acc_t>
@@ -35,7 +40,22 @@ inline acc_t act_grad(acc_t z, int64_t act) {
     const acc_t sg = sigmoid_(z);
     return sg * (acc_t(1) + z * (acc_t(1) - sg));
   }
-  return z > acc_t(0) ? acc_t(1) : acc_t(0);
+  if (act == 2) return z <= acc_t(-3) ? acc_t(0) : (z >= acc_t(3) ? acc_t(1) : z / acc_t(3) + acc_t(0.5));
+  return z > acc_t(0) ? acc_t(1) : (z != z ? z : acc_t(0));
+}
+template <typename acc_t>
+inline acc_t gate_f(acc_t z, int64_t gate) {
+  if (gate == 0) return sigmoid_(z);
+  return z != z ? z : std::min(std::max(z + acc_t(3), acc_t(0)), acc_t(6)) / acc_t(6);
+}
+// dz = ds * gate'(z) given z and s = gate_f(z)
+template <typename acc_t>
+inline acc_t gate_bwd(acc_t z, acc_t s, acc_t ds, int64_t gate) {
+  if (gate == 0) return ds * s * (acc_t(1) - s);
+  // 1/6 rounded to float even for double, as torch's hardsigmoid_backward has it (its
+  // one_sixth is 1.0f / 6.0f): a converted float64 model gives torch's gradients exactly.
+  const acc_t d = (z > acc_t(-3) && z < acc_t(3)) ? acc_t(1.0f / 6.0f) : (z != z ? z : acc_t(0));
+  return ds * d;
 }
 
 // NCHW compute result -> the layout the op promises
@@ -198,10 +218,10 @@ Weights acc_weights(const at::Tensor& x, const at::Tensor& w1, const at::Tensor&
   return {w1.to(t).contiguous(), b1.to(t).contiguous(), w2.to(t).contiguous(), b2.to(t).contiguous()};
 }
 
-// Per sample: p = mean_l x; z1 = w1 p + b1; a = act(z1); s = sigmoid(w2 a + b2).
+// Per sample: p = mean_l x; z1 = w1 p + b1; a = act(z1); z2 = w2 a + b2; s = gate(z2).
 template <typename acc_t>
-void squeeze_sample(const acc_t* p, int64_t C, int64_t S, const Weights& w, int64_t act, acc_t* z1, acc_t* a,
-                    acc_t* s) {
+void squeeze_sample(const acc_t* p, int64_t C, int64_t S, const Weights& w, int64_t act, int64_t gate, acc_t* z1,
+                    acc_t* a, acc_t* z2, acc_t* s) {
   const acc_t *w1 = w.w1.const_data_ptr<acc_t>(), *b1 = w.b1.const_data_ptr<acc_t>();
   const acc_t *w2 = w.w2.const_data_ptr<acc_t>(), *b2 = w.b2.const_data_ptr<acc_t>();
   for (int64_t j = 0; j < S; ++j) {
@@ -213,15 +233,17 @@ void squeeze_sample(const acc_t* p, int64_t C, int64_t S, const Weights& w, int6
   for (int64_t c = 0; c < C; ++c) {
     acc_t z = 0;
     for (int64_t j = 0; j < S; ++j) z += w2[c * S + j] * a[j];
-    s[c] = sigmoid_(z + b2[c]);
+    z2[c] = z + b2[c];
+    s[c] = gate_f(z2[c], gate);
   }
 }
 
 at::Tensor se_block_cpu(const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                        const at::Tensor& b2, int64_t act, int64_t version) {
+                        const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
   se_glue::check_x(x_);
   const int64_t S = se_glue::check_weights(x_, w1, b1, w2, b2);
   se_glue::check_activation(act);
+  se_glue::check_scale_activation(gate);
   se_glue::check_fused_version(version);
   const at::Tensor x = x_.contiguous();
   const int64_t N = x.size(0), C = x.size(1), L = x.size(2) * x.size(3);
@@ -232,7 +254,7 @@ at::Tensor se_block_cpu(const at::Tensor& x_, const at::Tensor& w1, const at::Te
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, N, 1, [&](int64_t nb, int64_t ne) {
-      std::vector<acc_t> p(C), z1(S), a(S), s(C);
+      std::vector<acc_t> p(C), z1(S), a(S), z2(C), s(C);
       for (int64_t n = nb; n < ne; ++n) {
         const scalar_t* xn = xp + n * C * L;
         for (int64_t c = 0; c < C; ++c) {
@@ -240,7 +262,7 @@ at::Tensor se_block_cpu(const at::Tensor& x_, const at::Tensor& w1, const at::Te
           for (int64_t l = 0; l < L; ++l) acc += double(acc_t(xn[c * L + l]));
           p[c] = acc_t(acc / double(L));
         }
-        squeeze_sample<acc_t>(p.data(), C, S, w, act, z1.data(), a.data(), s.data());
+        squeeze_sample<acc_t>(p.data(), C, S, w, act, gate, z1.data(), a.data(), z2.data(), s.data());
         for (int64_t c = 0; c < C; ++c)
           for (int64_t l = 0; l < L; ++l) op[(n * C + c) * L + l] = scalar_t(acc_t(xn[c * L + l]) * s[c]);
       }
@@ -251,11 +273,12 @@ at::Tensor se_block_cpu(const at::Tensor& x_, const at::Tensor& w1, const at::Te
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_backward_cpu(
     const at::Tensor& grad_, const at::Tensor& x_, const at::Tensor& w1_, const at::Tensor& b1_,
-    const at::Tensor& w2_, const at::Tensor& b2_, int64_t act, int64_t version) {
+    const at::Tensor& w2_, const at::Tensor& b2_, int64_t act, int64_t version, int64_t gate) {
   se_glue::check_x(x_);
   se_glue::check_like_x(grad_, "grad", x_);
   const int64_t S = se_glue::check_weights(x_, w1_, b1_, w2_, b2_);
   se_glue::check_activation(act);
+  se_glue::check_scale_activation(gate);
   se_glue::check_fused_version(version);
   const at::Tensor x = x_.contiguous(), g = grad_.contiguous();
   const int64_t N = x.size(0), C = x.size(1), L = x.size(2) * x.size(3);
@@ -276,7 +299,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
     acc_t *Pp = P.mutable_data_ptr<acc_t>(), *Ap = A.mutable_data_ptr<acc_t>();
     acc_t *DZ1p = DZ1.mutable_data_ptr<acc_t>(), *DZ2p = DZ2.mutable_data_ptr<acc_t>();
     at::parallel_for(0, N, 1, [&](int64_t nb, int64_t ne) {
-      std::vector<acc_t> gs(C), z1(S), s(C), coef(C);
+      std::vector<acc_t> gs(C), z1(S), z2(C), s(C), coef(C);
       for (int64_t n = nb; n < ne; ++n) {
         const scalar_t* xn = xp + n * C * L;
         const scalar_t* gn = gp + n * C * L;
@@ -292,9 +315,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
           gs[c] = acc_t(sgx);
         }
         acc_t* a = Ap + n * S;
-        squeeze_sample<acc_t>(p, C, S, w, act, z1.data(), a, s.data());
+        squeeze_sample<acc_t>(p, C, S, w, act, gate, z1.data(), a, z2.data(), s.data());
         acc_t* dz2 = DZ2p + n * C;
-        for (int64_t c = 0; c < C; ++c) dz2[c] = gs[c] * s[c] * (acc_t(1) - s[c]);
+        for (int64_t c = 0; c < C; ++c) dz2[c] = gate_bwd(z2[c], s[c], gs[c], gate);
         acc_t* dz1 = DZ1p + n * S;
         for (int64_t j = 0; j < S; ++j) {
           acc_t d = 0;

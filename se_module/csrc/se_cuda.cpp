@@ -187,11 +187,12 @@ struct FusedArgs {
 };
 
 FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                     const at::Tensor& b2, int64_t act, int64_t version, bool backward) {
+                     const at::Tensor& b2, int64_t act, int64_t version, int64_t gate, bool backward) {
   se_glue::check_x(x);
   FusedArgs f;
   f.S = se_glue::check_weights(x, w1, b1, w2, b2);
   se_glue::check_activation(act);
+  se_glue::check_scale_activation(gate);
   se_glue::check_fused_version(version);
   f.dt = kc::to_kc_dtype(x, "x");
   (void)kc::to_kc_dtype(w1, "w1");
@@ -217,15 +218,15 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
 }
 
 at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                         const at::Tensor& b2, int64_t act, int64_t version) {
+                         const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
   const c10::cuda::CUDAGuard guard(x_.device());
-  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, false);  // checks x too
+  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, gate, false);  // checks x too
   const Prepared p = prepare(x_);
   if (p.d.n == 0) return new_like_x(p, x_);
   const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
   at::Tensor out = new_like_x(p, x_);
   at::Tensor ws = workspace(se::fused_forward_workspace(p.d, f.S, plan, f.wdt), x_);
-  KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), f.params(),
+  KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), se::Gate(gate), f.params(),
                                      out.mutable_data_ptr(), ws.mutable_data_ptr<float>(), f.opts,
                                      at::cuda::getCurrentCUDAStream()));
   return out;
@@ -238,8 +239,8 @@ at::Tensor as_weight(const at::Tensor& d, const at::Tensor& w) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_backward_cuda(
     const at::Tensor& grad_, const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-    const at::Tensor& b2, int64_t act, int64_t version) {
-  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, true);  // checks x (before grad against it)
+    const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
+  const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, gate, true);  // checks x (before grad against it)
   se_glue::check_like_x(grad_, "grad", x_);
   const c10::cuda::CUDAGuard guard(x_.device());
   const Prepared p = prepare(x_);
@@ -260,7 +261,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
     const se::SeParamGrads dw{dw1.mutable_data_ptr(), db1.mutable_data_ptr(), dw2.mutable_data_ptr(),
                               db2.mutable_data_ptr()};
     KC_TORCH_CHECK_CUDA(se::se_backward(g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act),
-                                        f.params(), dx.mutable_data_ptr(), dw, ws.mutable_data_ptr<float>(), f.opts,
+                                        se::Gate(gate), f.params(), dx.mutable_data_ptr(), dw, ws.mutable_data_ptr<float>(), f.opts,
                                         at::cuda::getCurrentCUDAStream()));
   }
   return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};

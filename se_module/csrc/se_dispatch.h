@@ -9,11 +9,11 @@
 namespace se_glue {
 
 inline at::Tensor call_se_block(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                                const at::Tensor& b2, int64_t act, int64_t version) {
+                                const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
   static const auto op =
       kc::find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const at::Tensor&, int64_t, int64_t)>("se_module::se_block");
-  return op.call(x, w1, b1, w2, b2, act, version);
+                             const at::Tensor&, int64_t, int64_t, int64_t)>("se_module::se_block");
+  return op.call(x, w1, b1, w2, b2, act, version, gate);
 }
 
 }  // namespace se_glue

@@ -2,14 +2,14 @@
 //
 // Forward (per sample n; x: [C, L], L = H * W; w1: [S, C], w2: [C, S]):
 //   p  = (1 / L) sum_l x[:, l]          squeeze            [C]
-//   z1 = w1 p + b1,   a = act(z1)        fc1 + ReLU/SiLU    [S]
-//   z2 = w2 a + b2,   s = sigmoid(z2)    fc2 + sigmoid      [C]
+//   z1 = w1 p + b1,   a = act(z1)        fc1 + act          [S]
+//   z2 = w2 a + b2,   s = gate(z2)       fc2 + gate         [C]
 //   out[c, l] = x[c, l] * s[c]           excitation
 // Backward, from g = dL/dout (each line says which forward term it comes from):
 //   ds[c]   = sum_l g[c, l] x[c, l]      out = x * s, summed over the broadcast l
-//   dz2     = ds * s * (1 - s)           sigmoid'
+//   dz2     = ds * gate'(z2)             Sigmoid': s (1 - s); Hardsigmoid': 1/6 on (-3, 3)
 //   da      = w2^T dz2,   dw2 += dz2 a^T,   db2 += dz2        fc2
-//   dz1     = da * act'(z1)              ReLU': [z1 > 0]; SiLU': sig(z1) (1 + z1 (1 - sig(z1)))
+//   dz1     = da * act'(z1)              ReLU', SiLU', Hardswish' (se_act.cuh, torch's kinks)
 //   dp      = w1^T dz1,   dw1 += dz1 p^T,   db1 += dz1        fc1
 //   dx[c, l] = g[c, l] s[c] + dp[c] / L  x reaches out twice: directly (times s) and through p
 // (dw*, db* are summed over the batch.)
@@ -33,6 +33,8 @@
 // mlp_*_kernel assumptions: one block per sample; dynamic shared memory
 // (C + S) floats forward, 3 (C + S) backward (fused_mlp_smem_bytes); dots over C
 // are one warp per output (kc::warp_reduce_sum), dots over S one thread per output.
+// The squeeze activation is a template parameter (with_act), the gate a runtime
+// field of the arguments (it runs once per (n, c), outside the inner loops).
 //
 // Versions (the `version` argument; all share these kernels):
 //   v1  plain launches; the elementwise pass walks memory forwards.
@@ -69,7 +71,8 @@ namespace {
 
 using dev::act_f;
 using dev::act_grad;
-using dev::sigmoidf_;
+using dev::gate_bwd;
+using dev::gate_f;
 
 struct MlpArgs {
   const float* part_x;   // [N, splits, C]
@@ -77,6 +80,7 @@ struct MlpArgs {
   int splits;
   int64_t c, s;
   float inv_l;
+  Gate gate;        // the scale activation
   const float *w1, *b1, *w2, *b2;
   float* s_out;     // [N, C]
   float* coef_out;  // [N, C] (backward) dp / L
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) mlp_forward_kernel(MlpArgs m) {
     const float* w = wt.w2 + c * m.s;
     float z = 0.f;
     for (int64_t j = 0; j < m.s; ++j) z += w[j] * a[j];
-    m.s_out[n * m.c + c] = sigmoidf_(z + wt.b2[c]);
+    m.s_out[n * m.c + c] = gate_f(m.gate, z + wt.b2[c]);
   }
 }
 
@@ -194,8 +198,9 @@ __global__ void __launch_bounds__(kThreads) mlp_backward_kernel(MlpArgs m) {
     const float* w = wt.w2 + c * m.s;
     float z = 0.f;
     for (int64_t j = 0; j < m.s; ++j) z += w[j] * a[j];
-    const float s = sigmoidf_(z + wt.b2[c]);
-    const float d = gs[c] * s * (1.f - s);
+    const float z2 = z + wt.b2[c];
+    const float s = gate_f(m.gate, z2);
+    const float d = gate_bwd(m.gate, z2, s, gs[c]);
     dz2[c] = d;
     m.s_out[n * m.c + c] = s;
     m.dz2_out[n * m.c + c] = d;
@@ -223,9 +228,10 @@ __global__ void __launch_bounds__(kThreads) mlp_backward_kernel(MlpArgs m) {
   }
 }
 
-MlpArgs mlp_args(const float* part_x, int splits, const Dims& d, int64_t S, const float* w1, const float* b1,
-                 const float* w2, const float* b2, float* s_out) {
+MlpArgs mlp_args(const float* part_x, int splits, const Dims& d, int64_t S, Gate gate, const float* w1,
+                 const float* b1, const float* w2, const float* b2, float* s_out) {
   MlpArgs m{};
+  m.gate = gate;
   m.part_x = part_x;
   m.splits = splits;
   m.c = d.c;
@@ -276,6 +282,7 @@ struct GemvArgs {
   const float* aux;    // Fc2Bwd: partials of sum g x [N, splits, C]; Da: z1 [N, S]
   float* pool_out;     // Fc1 (backward): p [N, C], written by the first output chunk's blocks
   float out_scale;     // Coef: 1 / L
+  Gate gate;           // Fc2*: the scale activation
 };
 
 template <Act ACT, Epi EPI>
@@ -286,13 +293,14 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int6
     g.out[k] = act_f<ACT>(z);
     if (g.out2 != nullptr) g.out2[k] = z;
   } else if constexpr (EPI == Epi::Fc2Fwd) {
-    g.out[k] = sigmoidf_(v + g.bias[o]);
+    g.out[k] = gate_f(g.gate, v + g.bias[o]);
   } else if constexpr (EPI == Epi::Fc2Bwd) {
-    const float s = sigmoidf_(v + g.bias[o]);
+    const float z2 = v + g.bias[o];
+    const float s = gate_f(g.gate, z2);
     float gs = 0.f;
     for (int sp = 0; sp < g.splits; ++sp) gs += g.aux[(n * g.splits + sp) * g.o_dim + o];
     g.out[k] = s;
-    g.out2[k] = gs * s * (1.f - s);
+    g.out2[k] = gate_bwd(g.gate, z2, s, gs);
   } else if constexpr (EPI == Epi::Da) {
     g.out[k] = v * act_grad<ACT>(g.aux[k]);
   } else {
@@ -412,15 +420,21 @@ cudaError_t launch_gemv(GemvArgs g, const LaunchOpts& o, cudaStream_t stream) {
   return dev::launch(kernel, dim3(unsigned(chunks), unsigned(tiles)), dim3(kThreads), smem, stream, o.pdl, g);
 }
 
+// Only the epilogues that apply act or act' are instantiated per activation;
+// the others (Fc2Fwd, Fc2Bwd, Coef) once.
 template <Epi EPI, bool ROW>
 cudaError_t launch_gemv_act(Act act, const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
-  return act == Act::SiLU ? launch_gemv<Act::SiLU, EPI, ROW>(g, o, stream)
-                          : launch_gemv<Act::ReLU, EPI, ROW>(g, o, stream);
+  if constexpr (EPI == Epi::Fc1 || EPI == Epi::Da) {
+    return with_act(act, [&](auto tag) { return launch_gemv<decltype(tag)::value, EPI, ROW>(g, o, stream); });
+  } else {
+    return launch_gemv<Act::ReLU, EPI, ROW>(g, o, stream);
+  }
 }
 
 GemvArgs gemv_args(const Dims& d, const float* in, const float* w, const float* bias, int64_t i_dim, int64_t o_dim,
-                   float* out) {
+                   float* out, Gate gate = Gate::Sigmoid) {
   GemvArgs g{};
+  g.gate = gate;
   g.in = in;
   g.splits = 1;
   g.in_scale = 1.f;
@@ -483,8 +497,8 @@ Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, float*& ws, 
 }
 }  // namespace
 
-cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const SeParams& w, void* out,
-                       float* ws, LaunchOpts o, cudaStream_t stream) {
+cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate, const SeParams& w,
+                       void* out, float* ws, LaunchOpts o, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
   dev::ParamCast cast;
@@ -499,20 +513,21 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
     f1.splits = p.splits;
     f1.in_scale = 1.f / float(d.l);
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc1, true>(act, f1, o, stream)));
-    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd, true>(act, gemv_args(d, a, f.w2, f.b2, S, d.c, s), o, stream)));
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd, true>(act, gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate), o, stream)));
     return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
                                           nullptr, stream);
   }
-  MlpArgs m = mlp_args(part, p.splits, d, S, f.w1, f.b1, f.w2, f.b2, s);
+  MlpArgs m = mlp_args(part, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
   m.params_late = cast.blocks > 0;
   const size_t smem = fused_mlp_smem_bytes(d.c, S, false);
-  KC_CUDA_TRY(act == Act::SiLU ? launch_mlp(mlp_forward_kernel<Act::SiLU>, d, smem, m, o, stream)
-                               : launch_mlp(mlp_forward_kernel<Act::ReLU>, d, smem, m, o, stream));
+  KC_CUDA_TRY(with_act(act, [&](auto tag) {
+    return launch_mlp(mlp_forward_kernel<decltype(tag)::value>, d, smem, m, o, stream);
+  }));
   return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
                                         nullptr, stream);
 }
 
-cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act,
+cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate,
                         const SeParams& w, void* dx, const SeParamGrads& dw, float* ws, LaunchOpts o,
                         cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;  // the glue zero-fills the weight gradients
@@ -539,7 +554,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     f1.out2 = z1;
     f1.pool_out = pool;
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc1, true>(act, f1, o, stream)));
-    GemvArgs f2 = gemv_args(d, a, f.w2, f.b2, S, d.c, s);  // s, dz2 = (sum g x) s (1 - s)
+    GemvArgs f2 = gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate);  // s, dz2 = (sum g x) gate'(z2)
     f2.out2 = dz2;
     f2.aux = part_gx;
     f2.splits = p.splits;
@@ -551,7 +566,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     cf.out_scale = 1.f / float(d.l);
     KC_CUDA_TRY((launch_gemv_act<Epi::Coef, false>(act, cf, o, stream)));
   } else {
-  MlpArgs m = mlp_args(part_x, p.splits, d, S, f.w1, f.b1, f.w2, f.b2, s);
+  MlpArgs m = mlp_args(part_x, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
   m.params_late = cast.blocks > 0;
   m.part_gx = part_gx;
   m.coef_out = coef;
@@ -560,8 +575,9 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   m.a_out = a;
   m.dz1_out = dz1;
   const size_t smem = fused_mlp_smem_bytes(d.c, S, true);
-  KC_CUDA_TRY(act == Act::SiLU ? launch_mlp(mlp_backward_kernel<Act::SiLU>, d, smem, m, o, stream)
-                               : launch_mlp(mlp_backward_kernel<Act::ReLU>, d, smem, m, o, stream));
+  KC_CUDA_TRY(with_act(act, [&](auto tag) {
+    return launch_mlp(mlp_backward_kernel<decltype(tag)::value>, d, smem, m, o, stream);
+  }));
   }
   dev::WgradArgs wg{dz1, pool, dz2, a, dw.dw1, dw.db1, dw.dw2, dw.db2, w.dt, d.n, d.c, S};
   return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms, &wg,

@@ -77,7 +77,8 @@ cudaError_t excitation_backward(const void* grad, const void* x, const float* s,
                                 int num_sms, cudaStream_t stream);
 
 // ---------------------------------------------------------------- fused (se_fused.cu)
-// out = x * sigmoid(w2 @ act(w1 @ mean_l(x) + b1) + b2), broadcast over l.
+// out = x * gate(w2 @ act(w1 @ mean_l(x) + b1) + b2), broadcast over l
+// (act: ReLU, SiLU or Hardswish; gate: Sigmoid or Hardsigmoid; se_act.cuh).
 //
 // The MLP's parameters (w1 [S, C], b1 [S], w2 [C, S], b2 [C]), dense, all in one
 // dtype: fp32, fp16 or bf16 (a module converted with .to(bfloat16) keeps them in
@@ -93,16 +94,16 @@ struct SeParamGrads {
   void *dw1, *db1, *dw2, *db2;
 };
 int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt);  // floats
-cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, const SeParams& w, void* out,
-                       float* ws, LaunchOpts o, cudaStream_t stream);
+cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate, const SeParams& w,
+                       void* out, float* ws, LaunchOpts o, cudaStream_t stream);
 // Gradients of the fused block. grad and x share x's layout and dtype; dx in
 // it too. Recomputes the pooled mean in the same pass that reduces grad * x, so
 // the backward moves 4 tensors' worth of bytes (read grad, x; read grad, write
 // dx) and nothing more.
 int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt);  // floats
 cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act,
-                        const SeParams& w, void* dx, const SeParamGrads& dw, float* ws, LaunchOpts o,
-                        cudaStream_t stream);
+                        Gate gate, const SeParams& w, void* dx, const SeParamGrads& dw, float* ws,
+                        LaunchOpts o, cudaStream_t stream);
 
 // Dynamic shared memory the fused MLP kernels need (bytes), and the most any
 // block may have on the current device; the glue rejects shapes above it.

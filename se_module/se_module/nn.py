@@ -39,19 +39,18 @@ class SqueezeExcitation(TorchvisionSqueezeExcitation):
     loads that module's state_dict. ``forward`` does not call the submodules: it
     runs ``se_module.ops.se_block`` on their weights.
 
-    activation: ReLU or SiLU (a class or factory returning an instance, as in
-    torchvision; the default here is SiLU, the EfficientNet choice, where
-    torchvision's is ReLU). scale_activation: Sigmoid.
-    version: the fused-kernel version (csrc/se_fused.cu)."""
+    activation: ReLU, SiLU or Hardswish (a class or factory returning an instance,
+    as in torchvision; the default here is SiLU, the EfficientNet choice, where
+    torchvision's is ReLU). scale_activation: Sigmoid or Hardsigmoid (MobileNetV3's).
+    Anything else raises ValueError. version: the fused-kernel version (csrc/se_fused.cu)."""
 
     def __init__(self, input_channels: int, squeeze_channels: int,
                  activation: Callable[..., nn.Module] = nn.SiLU,
                  scale_activation: Callable[..., nn.Module] = nn.Sigmoid,
                  version: int = ops.DEFAULT_VERSION) -> None:
         super().__init__(input_channels, squeeze_channels, activation, scale_activation)
-        ops.activation_code(self.activation)  # raises for anything but ReLU / SiLU
-        if not isinstance(self.scale_activation, nn.Sigmoid):
-            raise ValueError(f"unsupported scale_activation {self.scale_activation!r}: only Sigmoid")
+        ops.activation_code(self.activation)  # raise for anything the kernels do not have
+        ops.scale_activation_code(self.scale_activation)
         self.version = version
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -65,11 +64,12 @@ class SqueezeExcitation(TorchvisionSqueezeExcitation):
             w1, b1, w2, b2 = p1["weight"], p1["bias"], p2["weight"], p2["bias"]
         except KeyError:
             w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
-        act = mods["activation"]
+        act, gate = mods["activation"], mods["scale_activation"]
         act = 1 if type(act) is nn.SiLU else ops.activation_code(act)
+        gate = 0 if type(gate) is nn.Sigmoid else ops.scale_activation_code(gate)
         if input.dim() == 3:
-            return ops.call_se_block(input.unsqueeze(0), w1, b1, w2, b2, act, self.version).squeeze(0)
-        return ops.call_se_block(input, w1, b1, w2, b2, act, self.version)
+            return ops.call_se_block(input.unsqueeze(0), w1, b1, w2, b2, act, self.version, gate).squeeze(0)
+        return ops.call_se_block(input, w1, b1, w2, b2, act, self.version, gate)
 
 
 def _torchvision_types() -> tuple:
@@ -80,13 +80,17 @@ def _torchvision_types() -> tuple:
     return (TVSqueezeExcitation,)
 
 
-def _unsupported(m: nn.Module) -> str | None:
-    try:
-        ops.activation_code(m.activation)
-    except (ValueError, AttributeError):
-        return f"activation {getattr(m, 'activation', None)!r}"
-    if not isinstance(getattr(m, "scale_activation", None), nn.Sigmoid):
-        return f"scale_activation {getattr(m, 'scale_activation', None)!r}"
+def _unsupported(m: nn.Module, types: tuple) -> str | None:
+    # A subclass with its own forward computes something else (torchvision's
+    # QuantizableSqueezeExcitation multiplies through a FloatFunctional for
+    # quantization): ours would silently drop that.
+    if not any(isinstance(m, t) and type(m).forward is t.forward for t in types):
+        return f"forward (it overrides {next(t.__name__ for t in types if isinstance(m, t))}.forward)"
+    for attr, code in (("activation", ops.activation_code), ("scale_activation", ops.scale_activation_code)):
+        try:
+            code(getattr(m, attr))
+        except (ValueError, AttributeError):
+            return f"{attr} {getattr(m, attr, None)!r}"
     for name in ("fc1", "fc2"):
         conv = getattr(m, name, None)
         if not (isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1) and conv.groups == 1
@@ -95,8 +99,8 @@ def _unsupported(m: nn.Module) -> str | None:
     return None
 
 
-def _swap(m: nn.Module, version: int) -> nn.Module:
-    why = _unsupported(m)
+def _swap(m: nn.Module, types: tuple, version: int) -> nn.Module:
+    why = _unsupported(m, types)
     if why is not None:
         warnings.warn(f"se_module.convert: kept {type(m).__name__} with unsupported {why}")
         return m
@@ -113,8 +117,11 @@ def convert(model: nn.Module, types: tuple | None = None, version: int = ops.DEF
     """Replace every torchvision ``SqueezeExcitation`` in ``model`` (in place) by
     ours, sharing its fc1/fc2 parameters; returns the model (or the new module if
     ``model`` itself is one). ``types`` overrides the classes to replace (default:
-    torchvision.ops.SqueezeExcitation). Blocks with an activation other than
-    ReLU/SiLU, or a scale activation other than Sigmoid, are kept with a warning."""
+    torchvision.ops.SqueezeExcitation: EfficientNet's blocks (SiLU, Sigmoid) and
+    MobileNetV3's (ReLU, Hardsigmoid) alike). Kept, with a warning: blocks whose
+    activation is not ReLU/SiLU/Hardswish or whose scale activation is not
+    Sigmoid/Hardsigmoid, and subclasses that override forward (torchvision's
+    QuantizableSqueezeExcitation)."""
     if types is None:
         types = _torchvision_types()
         if not types:
@@ -123,12 +130,12 @@ def convert(model: nn.Module, types: tuple | None = None, version: int = ops.DEF
     if isinstance(model, SqueezeExcitation):
         return model
     if isinstance(model, types):
-        return _swap(model, version)
+        return _swap(model, types, version)
     for name, child in list(model.named_children()):
         if isinstance(child, SqueezeExcitation):  # already ours (a subclass of the reference class)
             continue
         if isinstance(child, types):
-            setattr(model, name, _swap(child, version))
+            setattr(model, name, _swap(child, types, version))
         else:
             convert(child, types, version)
     return model

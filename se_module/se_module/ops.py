@@ -26,26 +26,48 @@ _C = import_extension("se_module", Path(__file__).resolve().parent.parent)
 
 _ops = torch.ops.se_module
 
-#: fused-kernel version used when none is given (see csrc/se_fused.cu)
-DEFAULT_VERSION = 4
-ACTIVATIONS = {"relu": 0, "silu": 1}
+
+
+def _schema_default(op, name: str):
+    return next(a.default_value for a in op.default._schema.arguments if a.name == name)
+
+
+#: fused-kernel version used when none is given (see csrc/se_fused.cu); written once, in the op's schema
+DEFAULT_VERSION = _schema_default(_ops.se_block, "version")
+
+# name -> (code in the op's schemas, the torch.nn class); codes: csrc/se_module.h's Act and Gate
+ACTIVATIONS = {"relu": (0, torch.nn.ReLU), "silu": (1, torch.nn.SiLU), "hardswish": (2, torch.nn.Hardswish)}
+SCALE_ACTIVATIONS = {"sigmoid": (0, torch.nn.Sigmoid), "hardsigmoid": (1, torch.nn.Hardsigmoid)}
+
+
+def _code(table: dict, value, what: str) -> int:
+    if isinstance(value, str):
+        if value.lower() in table:
+            return table[value.lower()][0]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if any(value == code for code, _ in table.values()):
+            return value
+    else:
+        cls = value if isinstance(value, type) else type(value)
+        for code, nn_cls in table.values():
+            if issubclass(cls, nn_cls):
+                return code
+    names = ", ".join(nn_cls.__name__ for _, nn_cls in table.values())
+    raise ValueError(f"unsupported SE {what} {value!r}: use one of {names}")
 
 
 def activation_code(activation) -> int:
-    """0 for ReLU, 1 for SiLU; accepts "relu"/"silu", 0/1, or an nn.ReLU/nn.SiLU instance or class."""
-    if isinstance(activation, str):
-        key = activation.lower()
-        if key in ACTIVATIONS:
-            return ACTIVATIONS[key]
-    elif isinstance(activation, int) and activation in (0, 1):
-        return activation
-    else:
-        cls = activation if isinstance(activation, type) else type(activation)
-        if issubclass(cls, torch.nn.ReLU):
-            return 0
-        if issubclass(cls, torch.nn.SiLU):
-            return 1
-    raise ValueError(f"unsupported SE activation {activation!r}: use ReLU or SiLU")
+    """The squeeze activation's code: 0 ReLU, 1 SiLU, 2 Hardswish. Accepts a name
+    ("relu", "silu", "hardswish"), the code, or an nn.ReLU / nn.SiLU / nn.Hardswish
+    instance or class; anything else raises ValueError."""
+    return _code(ACTIVATIONS, activation, "activation")
+
+
+def scale_activation_code(scale_activation) -> int:
+    """The gate's code: 0 Sigmoid, 1 Hardsigmoid. Accepts a name ("sigmoid",
+    "hardsigmoid"), the code, or an nn.Sigmoid / nn.Hardsigmoid instance or class;
+    anything else raises ValueError."""
+    return _code(SCALE_ACTIVATIONS, scale_activation, "scale_activation")
 
 
 def _out_format(x: torch.Tensor):
@@ -92,17 +114,22 @@ def _flat(w: torch.Tensor) -> torch.Tensor:
 
 
 def se_block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
-             activation="silu", version: int = DEFAULT_VERSION) -> torch.Tensor:
-    """The fused SE block: ``x * sigmoid(fc2(act(fc1(mean_hw(x)))))``.
+             activation="silu", version: int = DEFAULT_VERSION, scale_activation="sigmoid") -> torch.Tensor:
+    """The fused SE block: ``x * gate(fc2(act(fc1(mean_hw(x)))))``.
+
+    activation (act): ReLU, SiLU or Hardswish; scale_activation (gate): Sigmoid or
+    Hardsigmoid (MobileNetV3's); names, codes or nn classes (activation_code,
+    scale_activation_code).
 
     x: [N, C, H, W] (NCHW or channels_last; fp32, fp16 or bf16 on CUDA, also
     fp64 on CPU). w1: fc1.weight [S, C, 1, 1] or [S, C], b1 [S], w2: fc2.weight
     [C, S, 1, 1] or [C, S], b2 [C], in any floating dtype (computed in fp32).
     Differentiable in x and all four weights (gradients in the weights' shapes)."""
-    return call_se_block(x, w1, b1, w2, b2, activation_code(activation), version)
+    return call_se_block(x, w1, b1, w2, b2, activation_code(activation), version,
+                         scale_activation_code(scale_activation))
 
 
-# torch.ops.se_module.se_block(x, w1, b1, w2, b2, act, version), through the
+# torch.ops.se_module.se_block(x, w1, b1, w2, b2, act, version, scale_act), through the
 # extension's C++ entry where that is the same thing (plain tensors outside
 # torch.compile: kernel_common.fastpath), the op itself otherwise (tracing,
 # subclasses, modes). Same op, autograd and dispatch; less host time per call.
@@ -110,15 +137,16 @@ call_se_block = fastpath.entry(_ops.se_block.default, _C.se_block, 5)
 
 
 def se_block_staged(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
-                    activation="silu", pool_version: int = 2) -> torch.Tensor:
+                    activation="silu", pool_version: int = 2, scale_activation="sigmoid") -> torch.Tensor:
     """The same block the way the seed ran it: our pool, swish, sigmoid and
-    excitation kernels as separate ops, the two 1x1 convs as torch matmuls."""
-    act = activation_code(activation)
+    excitation kernels as separate ops, the two 1x1 convs as torch matmuls
+    (ReLU, Hardswish and Hardsigmoid, which the seed had no kernels for, as torch's)."""
+    act, gate = activation_code(activation), scale_activation_code(scale_activation)
     w1, w2 = _flat(w1), _flat(w2)
     p = global_avg_pool(x, pool_version)
     h = F.linear(p.to(w1.dtype), w1, b1)
-    a = swish(h) if act == 1 else torch.relu(h)
-    s = sigmoid(F.linear(a, w2, b2))
+    a = (torch.relu, swish, F.hardswish)[act](h)
+    s = (sigmoid, F.hardsigmoid)[gate](F.linear(a, w2, b2))
     return excitation(x, s)
 
 
@@ -161,13 +189,13 @@ def _excitation_bwd_fake(grad, x, s):
 
 
 @torch.library.register_fake("se_module::se_block")
-def _se_block_fake(x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION):
+def _se_block_fake(x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION, scale_activation=0):
     _check4d(x)
     return _like_x(x)
 
 
 @torch.library.register_fake("se_module::se_block_backward")
-def _se_block_bwd_fake(grad, x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION):
+def _se_block_bwd_fake(grad, x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION, scale_activation=0):
     _check4d(x)
     c = torch.contiguous_format
     return (_like_x(x), torch.empty_like(w1, memory_format=c), torch.empty_like(b1, memory_format=c),

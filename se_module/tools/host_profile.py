@@ -87,7 +87,7 @@ def rows_for(shape, n):
     cases = [
         ("module fwd (grad mode)", lambda: mod(x)),
         ("op fwd (grad mode)", lambda: op(x, w1, b1, w2, b2, 1, 3)),
-        ("op fwd via _C entry (grad mode)", (lambda: entry(x, w1, b1, w2, b2, 1, 3)) if entry else None),
+        ("op fwd via _C entry (grad mode)", (lambda: entry(x, w1, b1, w2, b2, 1, 3, 0)) if entry else None),
         ("op fwd (no_grad)", nograd_fwd),
         ("op bwd called directly", lambda: bop(g, x, w1, b1, w2, b2, 1, 3)),
         ("module fwd+bwd (autograd.grad)", mod_fb),
