@@ -65,6 +65,20 @@ struct BwdPtrs {
         dx(static_cast<T*>(a.dx)) {}
 };
 
+// Launches plan p's main kernel (persistent grid: p.grid blocks of p.threads,
+// p.smem bytes) with the arguments every backward kernel takes, then `extra`;
+// nothing when p.grid is 0 (no rows). A null kernel: p names no instantiation.
+template <typename T, typename TW, typename... KArgs, typename... Extra>
+cudaError_t launch_bwd_main(void (*kernel)(KArgs...), const LnBackwardArgs& a, const LnBwdPlan& p,
+                            cudaStream_t stream, Extra... extra) {
+  if (!kernel) return cudaErrorInvalidConfiguration;
+  if (p.grid <= 0) return cudaSuccess;
+  const BwdPtrs<T, TW> q(a);
+  kernel<<<unsigned(p.grid), p.threads, p.smem, stream>>>(q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows,
+                                                          a.cols, extra...);
+  return cudaGetLastError();
+}
+
 // ------------------------------------------------------- device helpers
 // 2 and 3:
 // pass 1 of a row: the row sums of g = dy * w and g * xhat; per column dy * xhat

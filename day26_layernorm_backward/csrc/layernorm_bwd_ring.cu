@@ -279,18 +279,13 @@ cudaError_t bwd_launch_ring(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStr
     using T = decltype(t);
     using TW = decltype(tw);
     const auto kernel = ring_kernel<T, TW>(p);
-    if (!kernel) return cudaErrorInvalidConfiguration;
-    if (p.grid <= 0) return cudaSuccess;
-    const BwdPtrs<T, TW> q(a);
-    const dim3 grid(unsigned(p.grid)), block(unsigned(p.threads));
     const int64_t Dc = a.cols / p.cluster;
-    if (p.cluster > 1)
-      return kc::launch_cluster(kernel, grid, block, p.smem, stream, unsigned(p.cluster), q.dy, q.x, a.mean, a.rstd,
-                                q.w, q.dx, a.workspace, a.rows, a.cols, Dc, p.tpr, p.stages);
-    kernel<<<grid, block, p.smem, stream>>>(q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows, a.cols, Dc,
-                                            p.tpr, p.stages);
-    KC_CUDA_LAUNCH_TRY();
-    return cudaSuccess;
+    if (p.cluster == 1 || !kernel || p.grid <= 0)
+      return launch_bwd_main<T, TW>(kernel, a, p, stream, Dc, p.tpr, p.stages);
+    const BwdPtrs<T, TW> q(a);
+    return kc::launch_cluster(kernel, dim3(unsigned(p.grid)), dim3(unsigned(p.threads)), p.smem, stream,
+                              unsigned(p.cluster), q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows, a.cols,
+                              Dc, p.tpr, p.stages);
   });
 }
 

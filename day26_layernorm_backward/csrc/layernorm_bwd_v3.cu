@@ -137,18 +137,10 @@ bool bwd_plan_v3(const LnBackwardArgs& a, LnBwdPlan& p) {
 }
 
 cudaError_t bwd_launch_v3(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
-  return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) -> cudaError_t {
+  return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
     using T = decltype(t);
     using TW = decltype(tw);
-    const auto kernel = v3_kernel<T, TW>(p);
-    if (!kernel) return cudaErrorInvalidConfiguration;
-    if (p.grid > 0) {
-      const BwdPtrs<T, TW> q(a);
-      kernel<<<unsigned(p.grid), p.threads, p.smem, stream>>>(q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace,
-                                                              a.rows, a.cols, p.stages);
-      KC_CUDA_LAUNCH_TRY();
-    }
-    return cudaSuccess;
+    return launch_bwd_main<T, TW>(v3_kernel<T, TW>(p), a, p, stream, p.stages);
   });
 }
 
