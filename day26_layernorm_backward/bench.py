@@ -5,16 +5,20 @@
                                                       # (kernel_common.models; writes STEM_models.md/.json)
 
 Columns (times in microseconds, median over repeats, L2 flushed before each):
-  v1..v4        our kernels (1 = the seed's algorithm, 2 = row in registers,
-                3 = 2 on a cp.async pipeline, 4 = row slots where they measured
-                fastest, else 2/3: the default)
+  auto          our default (version 0: the plan's family per shape; results
+                files before the versions were renumbered call it v4)
+  v1..v6        one kernel family each (1 = the seed's algorithm, 2 = row in
+                registers, 3 = 2 on a cp.async pipeline, 4 = row slots, 5 = 4 on a
+                copy-engine ring (backward; the forward runs 4), 6 = rows split
+                across a cluster); a version that cannot run a shape falls back
+                (csrc/layernorm_versions.h)
   torch         forward: F.layer_norm; backward: aten.native_layer_norm_backward
                 on precomputed mean/rstd (PyTorch's own CUDA kernels)
   compile       torch.compile of the same math (backward: the closed-form dx,
                 dweight, dbias from mean/rstd, as Inductor fuses it)
   floor         the bytes that must move over the measured copy bandwidth:
                 forward 2 passes (read x, write y), backward 3 (read x, dy; write dx)
-  pct_floor     floor / v4 (the default); x_torch = torch / v4, x_compile = compile / v4
+  pct_floor     floor / auto; x_torch = torch / auto, x_compile = compile / auto
 --sweep also times v3 for each value of the block-shape knob target_iters (ops.knobs).
 Writes STEM.md (the tables), STEM.json and STEM.png.
 """
@@ -27,6 +31,12 @@ import torch.nn.functional as F
 from kernel_common import bench, models
 from day26_layernorm import layer_norm_backward, layer_norm_forward
 from day26_layernorm.ops import knobs
+
+VERSIONS = [0, 1, 2, 3, 4, 5, 6]  # 0 = auto (the default)
+
+
+def vcol(v: int) -> str:
+    return "auto" if v == 0 else f"v{v}"
 
 SHAPES = [(4096, 768), (32768, 1024), (16384, 4096), (8192, 8192), (4096, 16384)]
 
@@ -76,28 +86,24 @@ def main():
             label = f"{n}x{d} {str(dtype).replace('torch.', '')}"
             esz = x.element_size()
             t = {}
-            t["v1"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=1))
-            t["v2"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=2))
-            t["v3"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=3))
-            t["v4"] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=4))
+            for v in VERSIONS:
+                t[vcol(v)] = bench.time_us(lambda: layer_norm_forward(x, d, w, b, version=v))
             t["torch"] = bench.time_us(lambda: F.layer_norm(x, (d,), w, b))
             t["compile"] = bench.time_us(lambda: cfwd(x, w, b))
             floor = bench.floor_us(2 * n * d * esz, bw)
-            fwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["v4"],
-                                 x_torch=t["torch"] / t["v4"], x_compile=t["compile"] / t["v4"]))
+            fwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["auto"],
+                                 x_torch=t["torch"] / t["auto"], x_compile=t["compile"] / t["auto"]))
             _, mean, rstd = torch.ops.aten.native_layer_norm(x, [d], w, b, 1e-5)
             m1, r1 = mean.view(-1), rstd.view(-1)
             t = {}
-            t["v1"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=1))
-            t["v2"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=2))
-            t["v3"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=3))
-            t["v4"] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=4))
+            for v in VERSIONS:
+                t[vcol(v)] = bench.time_us(lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=v))
             t["torch"] = bench.time_us(lambda: torch.ops.aten.native_layer_norm_backward(
                 dy, x, [d], mean, rstd, w, b, [True, True, True]))
             t["compile"] = bench.time_us(lambda: cbwd(dy, x, m1, r1, w))
             floor = bench.floor_us(3 * n * d * esz, bw)
-            bwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["v4"],
-                                 x_torch=t["torch"] / t["v4"], x_compile=t["compile"] / t["v4"]))
+            bwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["auto"],
+                                 x_torch=t["torch"] / t["auto"], x_compile=t["compile"] / t["auto"]))
             if args.sweep:
                 row = dict(shape=label)
                 for ti in (1, 2, 4, 8):
@@ -108,9 +114,9 @@ def main():
             del x, w, b, dy, mean, rstd
             torch.cuda.empty_cache()
             print(f"  done {label}", file=sys.stderr)
-    cols = ["shape", "v1", "v2", "v3", "v4", "torch", "compile", "floor", "pct_floor", "x_torch", "x_compile"]
+    cols = ["shape", *map(vcol, VERSIONS), "torch", "compile", "floor", "pct_floor", "x_torch", "x_compile"]
     head = (f"day26 LayerNorm on {meta['device']} ({meta['date']}, torch {meta['torch']}), "
-            f"copy bandwidth {bw:.0f} GB/s; times in us, median; pct_floor = floor / v4 (the default)")
+            f"copy bandwidth {bw:.0f} GB/s; times in us, median; pct_floor = floor / auto (the default)")
     md = (f"{head}\n\nForward (floor: 2 passes)\n\n{bench.format_table(fwd_rows, cols)}\n\n"
           f"Backward (dx, dweight, dbias; floor: 3 passes)\n\n{bench.format_table(bwd_rows, cols)}\n")
     if sweep_rows:
@@ -119,7 +125,7 @@ def main():
     with open(f"{args.out}.md", "w") as f:
         f.write(md)
     bench.write_report(fwd_rows + [dict(r, shape="bwd " + r["shape"]) for r in bwd_rows], cols, args.out,
-                       "day26 LayerNorm fwd / bwd (us)", meta, plot_cols=["v2", "v3", "v4", "torch", "compile", "floor"],
+                       "day26 LayerNorm fwd / bwd (us)", meta, plot_cols=["v2", "v4", "auto", "torch", "compile", "floor"],
                        label_col="shape")
     print(md)
     return 0

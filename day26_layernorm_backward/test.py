@@ -31,7 +31,8 @@ SANITIZE = os.environ.get("KC_SANITIZE") == "1"
 # Row lengths that break naive kernels: 1, odd, not a multiple of 4/8/32,
 # each side of the warp/block and register/fallback limits (512, 16384).
 COLS = [1, 3, 33, 100, 511, 512, 513, 768, 1000, 1024, 4099, 8192, 16384, 16385, 65536]
-CUDA_VERSIONS = [1, 2, 3, 4]
+# 0 = auto (the default), then one kernel family each (csrc/layernorm_versions.h)
+CUDA_VERSIONS = [0, 1, 2, 3, 4, 5, 6]
 if SANITIZE:
     COLS = [1, 33, 512, 513, 4099, 16385]
 
@@ -169,110 +170,101 @@ def test_cuda_launch_configurations(target, knob):
     knob.set("target_iters", target)
     for cols in [513, 1000, 4096, 8192, 12288]:
         for dtype in (torch.float32, torch.bfloat16):
-            for v in (2, 3, 4):
+            for v in (0, 2, 3, 4):
                 x, w, b, dy = make(19, cols, dtype, "cuda")
                 run_and_check(x, w, b, dy, (cols,), version=v)
 
 
 @requires_cuda
-@pytest.mark.parametrize("ept", ["4", "8", "16", "32"])
-@pytest.mark.parametrize("prefetch", ["0", "1"])
-def test_cuda_v4_configurations(ept, prefetch, knob):
-    """v4's knobs (elements per thread, next-row prefetch) pick other kernels and slot shapes: one warp per row up to 512
-    threads per row, 1 to 16 slots per block. knob force: v4's kernels even
-    where version 4 would run v2's or v3's."""
-    knob.set("force", "1")
-    knob.set("ring", "0")  # v4's own kernels (the ring has its test below)
-    knob.set("ept", ept)
-    knob.set("prefetch", prefetch)
-    for cols in [33, 100, 768, 1000, 4096, 12288, 16384]:
+@pytest.mark.parametrize("grid", ["0", "3"])
+def test_cuda_row_slots(grid, knob):
+    """Version 4 (row slots) wherever it can run, its slot shapes: one warp per row up
+    to 512 threads per row, 1 to 16 slots per block, the next row prefetched (16-bit
+    rows of 512-1023 columns); with knob grid = 3 every slot walks many rows."""
+    if grid != "0":
+        knob.set("grid", grid)
+    for cols in [33, 100, 600, 768, 1000, 4096, 12288, 16384]:
         for dtype in (torch.float32, torch.bfloat16):
             x, w, b, dy = make(37, cols, dtype, "cuda")
             run_and_check(x, w, b, dy, (cols,), version=4)
 
 
 @requires_cuda
-@pytest.mark.parametrize("ring", ["1", "2"] if SANITIZE else ["0", "1", "2", "5"])
-@pytest.mark.parametrize("ept", ["16"] if SANITIZE else ["8", "16", "32"])
-def test_cuda_v4_ring(ring, ept, knob):
-    """v4 on the ring of rows filled by bulk copies (knob ring: 0 off, 1 the
-    most stages that keep the occupancy, N stages), for every slot shape and dtype,
-    forward and backward. knob grid caps the grid at 3 blocks, so every slot
-    walks many rows and its ring wraps around several times (each stage refilled,
-    mbarrier phases flipping)."""
-    knob.set("force", "1")
-    knob.set("ring", ring)
-    knob.set("ept", ept)
+@pytest.mark.parametrize("stages", ["2", "3"] if SANITIZE else ["2", "3", "4", "6"])
+def test_cuda_ring(stages, knob):
+    """Version 5: row slots on the ring of rows filled by bulk copies (knob
+    ring_stages), for every slot shape and dtype, backward (the forward runs 4).
+    knob grid caps the grid at 3 blocks, so every slot walks many rows and its ring
+    wraps around several times (each stage refilled, mbarrier phases flipping)."""
+    knob.set("ring_stages", stages)
     knob.set("grid", "3")
     for cols in ([96, 1000, 4096] if SANITIZE else [8, 96, 768, 1000, 4096, 12288, 16384]):
         for dtype in testing.FLOAT_DTYPES:
             x, w, b, dy = make(400 if cols < 4096 else 50, cols, dtype, "cuda")
-            run_and_check(x, w, b, dy, (cols,), version=4)
+            run_and_check(x, w, b, dy, (cols,), version=5)
 
 
 @requires_cuda
 @pytest.mark.parametrize("cluster", ["1", "2", "4"])
-def test_cuda_v4_ring_cluster(cluster, knob):
-    """The ring backward with each row split across a cluster of CTAs
-    (knob cluster; the row sums exchanged through distributed shared
-    memory; the forward split too, next test), for shares of a row from 16 columns to 8192, every dtype, fp32 or
-    same-dtype weights, whole and dx-only; with the grid capped at 8 blocks so
-    every slot walks many rows (both exchange buffers reused many times), and
-    bitwise reproducible. Sizes a cluster cannot split into whole 16-byte
-    vectors use a smaller one (1000 fp32: 2)."""
+def test_cuda_ring_cluster(cluster, knob):
+    """Version 6: the ring backward with each row split across a cluster of CTAs
+    (knob cluster; 1: no split, version 5 runs; the row sums exchanged through
+    distributed shared memory; the forward split too, next test), for shares of a
+    row from 16 columns to 8192, every dtype, fp32 or same-dtype weights, whole and
+    dx-only; with the grid capped at 8 blocks so every slot walks many rows (both
+    exchange buffers reused many times), and bitwise reproducible. Sizes a cluster
+    cannot split into whole 16-byte vectors use a smaller one (1000 fp32: 2)."""
     knob.set("cluster", cluster)
-    knob.set("ring", "3")
     knob.set("grid", "8")
     for cols in ([64, 1000, 4096] if SANITIZE else [64, 768, 1000, 4096, 12288, 16384]):
         for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
             for wdtype in (("same",) if SANITIZE else ("same", torch.float32)):
                 x, w, b, dy = make(300 if cols < 4096 else 40, cols, dtype, "cuda", wdtype=wdtype)
-                _, dx, dw, db = run_and_check(x, w, b, dy, (cols,), version=4)
-                _, mean, rstd = layer_norm_forward(x, cols, w, b, version=4)
-                dx_only, dw0, db0 = layer_norm_backward(dy, x, cols, mean, rstd, w, (True, False, False), version=4)
+                _, dx, dw, db = run_and_check(x, w, b, dy, (cols,), version=6)
+                _, mean, rstd = layer_norm_forward(x, cols, w, b, version=6)
+                dx_only, dw0, db0 = layer_norm_backward(dy, x, cols, mean, rstd, w, (True, False, False), version=6)
                 assert dw0.numel() == 0 and db0.numel() == 0
                 # another kernel instantiation: the same math, but the compiler may contract
                 # other products into FMAs, so equal up to a few roundings, not bitwise
                 ulp = torch.finfo(dtype).eps
                 torch.testing.assert_close(dx_only.float(), dx.float(), rtol=2 * ulp,
                                            atol=8 * ulp * dx.abs().max().item())
-                again = layer_norm_backward(dy, x, cols, mean, rstd, w, version=4)
+                again = layer_norm_backward(dy, x, cols, mean, rstd, w, version=6)
                 for a, c in zip((dx, dw, db), again):
                     assert torch.equal(a, c), "cluster ring backward is not bitwise reproducible"
 
 
 @requires_cuda
 @pytest.mark.parametrize("cluster", ["2", "4"])
-@pytest.mark.parametrize("prefetch", ["0", "1"])
-def test_cuda_v4_forward_cluster(cluster, prefetch, knob):
-    """The forward with each row split across a cluster of CTAs (version 4's
-    default for rows longer than 8192; knob cluster forces it for shorter
-    ones): each CTA's share reduced to (mean, m2), the pairs exchanged through
-    distributed shared memory and combined in rank order. Shares from 16 columns
-    to 16384, every dtype, fp32 or same-dtype weights, with and without the next
-    row prefetched; the grid capped at 8 blocks so every slot walks many rows
+@pytest.mark.parametrize("version", [0, 6])
+def test_cuda_forward_cluster(cluster, version, knob):
+    """The forward with each row split across a cluster of CTAs (version 6; auto's
+    choice for fp32 rows longer than 8192; knob cluster forces the split for
+    shorter ones, and for 16-bit rows under auto): each CTA's share reduced to
+    (mean, m2), the pairs exchanged through distributed shared memory and
+    combined in rank order. Shares from 16 columns to 16384, every dtype, fp32 or
+    same-dtype weights; the grid capped at 8 blocks so every slot walks many rows
     (both exchange buffers reused many times); bitwise reproducible."""
     knob.set("cluster", cluster)
-    knob.set("prefetch", prefetch)
     knob.set("grid", "8")
     for cols in ([64, 4096] if SANITIZE else [64, 1000, 4096, 12288, 16384, 32768]):
         for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
             for wdtype in ("same", torch.float32):
                 x, w, b, dy = make(300 if cols < 4096 else 40, cols, dtype, "cuda", wdtype=wdtype)
-                y, mean, rstd = layer_norm_forward(x, cols, w, b, version=4)
+                y, mean, rstd = layer_norm_forward(x, cols, w, b, version=version)
                 check(y, ref_forward(x, (cols,), w, b, 1e-5), torch_same_dtype_grads(x, (cols,), w, b, 1e-5, dy)[0], "y")
                 xd = x.double()
                 testing.assert_close(mean, xd.mean(-1), atol=1e-5, rtol=1e-5, name="mean")
                 testing.assert_close(rstd, (xd.var(-1, unbiased=False) + 1e-5).rsqrt(), atol=1e-5, rtol=1e-4,
                                      name="rstd")
-                again = layer_norm_forward(x, cols, w, b, version=4)
+                again = layer_norm_forward(x, cols, w, b, version=version)
                 for a, c in zip((y, mean, rstd), again):
                     assert torch.equal(a, c), "cluster forward is not bitwise reproducible"
 
 
 @requires_cuda
-def test_cuda_v4_forward_l2_prefetch(knob):
-    """Where v4's forward leaves one row slot per SM (4 vectors a thread: 16-bit
+def test_cuda_forward_l2_prefetch(knob):
+    """Where version 4's and 6's forward leaves one row slot per SM (4 vectors a thread: 16-bit
     rows over 8192 columns, fp32 shares of a cluster-split row) it also asks the
     copy engine to prefetch the row after next into L2 (knob l2_prefetch, default
     on). A hint must change nothing: against the reference, and bitwise against
@@ -285,7 +277,7 @@ def test_cuda_v4_forward_l2_prefetch(knob):
             out = {}
             for l2pf in ("1", "0"):
                 knob.set("l2_prefetch", l2pf)
-                out[l2pf] = layer_norm_forward(x, cols, w, b, version=4)
+                out[l2pf] = layer_norm_forward(x, cols, w, b)
             y, mean, rstd = out["1"]
             check(y, ref_forward(x, (cols,), w, b, 1e-5), torch_same_dtype_grads(x, (cols,), w, b, 1e-5, dy)[0], "y")
             xd = x.double()
@@ -331,7 +323,7 @@ def test_cuda_many_rows_per_block(cols, dtype):
     """Enough rows that each block of the persistent grid walks many of them, so
     v3's shared-memory stages are reused many times over."""
     rows = 64 if SANITIZE else max(3000, 4_000_000 // cols)
-    for v in (2, 3, 4):
+    for v in (0, 2, 3, 4, 5, 6):
         x, w, b, dy = make(rows, cols, dtype, "cuda")
         run_and_check(x, w, b, dy, (cols,), version=v)
 
@@ -445,7 +437,7 @@ def test_eps(device):
 def test_deterministic(device, cols):
     x, w, b, dy = make(3000 if device == "cuda" and not SANITIZE else 64, cols, torch.bfloat16, device,
                        wdtype=torch.float32)
-    for v in ((2, 3, 4) if device == "cuda" else (2,)):
+    for v in ((0, 2, 3, 4, 5, 6) if device == "cuda" else (2,)):
         y, mean, rstd = layer_norm_forward(x, cols, w, b, version=v)
         first = layer_norm_backward(dy, x, cols, mean, rstd, w, version=v)
         for _ in range(3):
@@ -466,7 +458,7 @@ def test_cuda_indexing_past_2_31_elements():
         pytest.skip("not enough GPU memory for a 2^31-element test")
     w = testing.fresh(cols, device="cuda", dtype=torch.bfloat16, offset=1.0)
     b = testing.fresh(cols, device="cuda", dtype=torch.bfloat16)
-    for v in (1, 3, 4):
+    for v in (0, 1, 3):
         y, mean, rstd = layer_norm_forward(x, cols, w, b, version=v)
         dx, _, _ = layer_norm_backward(dy, x, cols, mean, rstd, w, (True, False, False), version=v)
         for r in (0, rows // 2, rows - 1):  # check rows on both sides of 2^31
@@ -566,24 +558,44 @@ def test_bad_input_raises_clear_errors(device):
         layer_norm_backward(dy.half(), x, 16, mean, rstd, w)
     with pytest.raises(RuntimeError, match="one per normalized row"):
         layer_norm_backward(dy, x, 16, mean[:2], rstd, w)
-    with pytest.raises(RuntimeError, match="version"):
-        layer_norm(x, 16, version=5)
+    for bad in (-1, 7):
+        with pytest.raises(RuntimeError, match="version must be 0 \\(auto\\) to 6"):
+            layer_norm(x, 16, version=bad)
+        with pytest.raises(RuntimeError, match="version must be 0 \\(auto\\) to 6"):
+            layer_norm_backward(dy, x, 16, mean, rstd, w, version=bad)
     # still usable afterwards
     run_and_check(x, w, b, dy, (16,))
 
 
 @pytest.mark.parametrize("which", ["x", "weight", "bias"])
 def test_meta_device_mix_is_an_error(which):
-    """One argument on the meta device and the others on the CPU: a clear error, not an
-    uninitialised output (the meta kernels check devices too)."""
+    """One argument of the forward on the meta device and the others on the CPU: a clear
+    error, not an uninitialised output (the meta kernels check devices too)."""
     x, w, b, dy = make(3, 16, torch.float32, "cpu")
     args = {"x": x, "weight": w, "bias": b}
     args[which] = args[which].to("meta")
     with pytest.raises(RuntimeError, match="is on meta|is on cpu"):
         layer_norm(args["x"], 16, args["weight"], args["bias"])
+    with pytest.raises(RuntimeError, match="is on meta|is on cpu"):
+        layer_norm_forward(args["x"], 16, args["weight"], args["bias"])
+
+
+@pytest.mark.parametrize("which", ["dy", "x", "mean", "rstd", "weight"])
+def test_meta_device_mix_is_an_error_backward(which):
+    """Every tensor argument of the backward, alone on the meta device: a clear error."""
+    x, w, b, dy = make(3, 16, torch.float32, "cpu")
     _, mean, rstd = layer_norm_forward(x, 16, w, b)
-    with pytest.raises(RuntimeError, match="is on meta"):
-        layer_norm_backward(dy, x, 16, mean.to("meta"), rstd, w)
+    args = {"dy": dy, "x": x, "mean": mean, "rstd": rstd, "weight": w}
+    args[which] = args[which].to("meta")
+    with pytest.raises(RuntimeError, match="is on meta|is on cpu"):
+        layer_norm_backward(args["dy"], args["x"], 16, args["mean"], args["rstd"], args["weight"])
+
+
+@pytest.mark.parametrize("version", range(7))
+def test_every_version_is_accepted_on_cpu(version):
+    """0 (auto) to 6 are valid everywhere (the CPU checks the range and ignores the value)."""
+    x, w, b, dy = make(3, 16, torch.float32, "cpu")
+    run_and_check(x, w, b, dy, (16,), version=version)
 
 
 def test_library_reads_no_environment():
@@ -604,18 +616,86 @@ def test_knobs_reject_unknown_names():
 
 
 @requires_cuda
-def test_cuda_cpu_mix_is_an_error():
+@pytest.mark.parametrize("which", ["x", "weight", "bias"])
+def test_cuda_cpu_mix_is_an_error(which):
+    """Each tensor argument of the forward on the other device than the rest: a clear error."""
     x, w, b, dy = make(4, 16, torch.float32, "cuda")
-    with pytest.raises(RuntimeError, match="weight is on cpu"):
-        layer_norm(x, 16, w.cpu())
-    with pytest.raises(RuntimeError, match="bias is on cpu"):
-        layer_norm(x, 16, w, b.cpu())
-    y, mean, rstd = layer_norm_forward(x, 16, w, b)
-    with pytest.raises(RuntimeError, match="grad_out is on cpu"):
-        layer_norm_backward(dy.cpu(), x, 16, mean, rstd, w)
-    with pytest.raises(RuntimeError, match="mean is on cpu"):
-        layer_norm_backward(dy, x, 16, mean.cpu(), rstd, w)
+    args = {"x": x, "weight": w, "bias": b}
+    args[which] = args[which].cpu()
+    with pytest.raises(RuntimeError, match="is on (cpu|cuda)"):
+        layer_norm(args["x"], 16, args["weight"], args["bias"])
     run_and_check(x, w, b, dy, (16,))
+
+
+@requires_cuda
+@pytest.mark.parametrize("which", ["dy", "x", "mean", "rstd", "weight"])
+def test_cuda_cpu_mix_is_an_error_backward(which):
+    """Each tensor argument of the backward on the CPU, the rest on the GPU: a clear error."""
+    x, w, b, dy = make(4, 16, torch.float32, "cuda")
+    y, mean, rstd = layer_norm_forward(x, 16, w, b)
+    args = {"dy": dy, "x": x, "mean": mean, "rstd": rstd, "weight": w}
+    args[which] = args[which].cpu()
+    with pytest.raises(RuntimeError, match="is on (cpu|cuda)"):
+        layer_norm_backward(args["dy"], args["x"], 16, args["mean"], args["rstd"], args["weight"])
+    run_and_check(x, w, b, dy, (16,))
+
+
+# ------------------------------------------------------------------ the plan
+def _plan(rows, cols, dtype, version=0, mask=(True, True, True), offset=False):
+    from day26_layernorm import ops
+
+    x, w, b, dy = make(rows, cols, dtype, "cuda")
+    if offset:  # one element in: no 16-byte vectors
+        x, dy = (testing.offset_view(t) for t in (x, dy))
+    _, mean, rstd = layer_norm_forward(x, cols, w, b)
+    return ops.backward_plan(dy, x, cols, mean, rstd, w, mask, version)
+
+
+# version 0's family on sm_90+ (aligned tensors), from the table in csrc/layernorm_bwd_plan.cu
+AUTO_FAMILY_SM90 = {
+    torch.float32: {256: 5, 768: 5, 2048: 4, 8192: 5, 16384: 6},
+    torch.bfloat16: {256: 4, 768: 4, 2048: 5, 8192: 5, 16384: 6},
+}
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [256, 768, 2048, 8192, 16384])
+def test_cuda_plan_auto_table(dtype, cols):
+    """Version 0's family per shape is the table's (layernorm_bwd_plan.cu, README), its
+    workspace is one [2][cols] fp32 row per partial row, and none without dweight/dbias."""
+    p = _plan(64, cols, dtype)
+    if p["cc"] < 90:
+        pytest.skip("the table's entries are for sm_90+")
+    want = AUTO_FAMILY_SM90[dtype][cols]
+    assert p["family"] == want, p
+    assert p["cluster"] == (2 if want == 6 else 1)
+    assert p["workspace_floats"] == p["partial_rows"] * 2 * cols
+    assert p["finalize"] == (1 if cols <= 1024 else 2)
+    q = _plan(64, cols, dtype, mask=(True, False, False))
+    assert q["family"] == want and q["workspace_floats"] == 0 and q["finalize"] == 0
+
+
+@requires_cuda
+def test_cuda_plan_fallbacks():
+    """A version that cannot run a shape runs the next of its chain (layernorm_versions.h)."""
+    assert _plan(16, 256, torch.float32, version=3)["family"] == 2  # warp rows: no cp.async path
+    assert _plan(4, 65536, torch.float32, version=2)["family"] == 1  # longer than registers hold
+    assert _plan(16, 768, torch.bfloat16, version=5, offset=True)["family"] == 4  # no 16-byte vectors
+    assert _plan(16, 4096, torch.bfloat16, version=6)["family"] in (5, 4)  # 4096: no split (cluster 1)
+    p = _plan(16, 768, torch.bfloat16, version=4)
+    assert p["family"] == 4 and p["prefetch"] == 1 and p["vec"] == 8
+    assert _plan(16, 2048, torch.bfloat16, version=4)["prefetch"] == 0
+    for v in range(1, 7):
+        assert _plan(16, 1000, torch.float32, version=v)["version"] == v
+
+
+@requires_cuda
+def test_cuda_forward_version_5_runs_4():
+    """The forward has no ring: version 5 runs version 4's kernels (bitwise the same)."""
+    x, w, b, dy = make(300, 768, torch.bfloat16, "cuda")
+    for a, c in zip(layer_norm_forward(x, 768, w, b, version=5), layer_norm_forward(x, 768, w, b, version=4)):
+        assert torch.equal(a, c)
 
 
 def test_cuda_tests_are_not_silently_skipped_on_a_gpu_machine():

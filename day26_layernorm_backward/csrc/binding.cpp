@@ -5,9 +5,11 @@
 // layer_norm_bwd(dy, x, normalized_shape, mean, rstd, weight?, output_mask, version)
 //   -> (dx, dweight, dbias); an output whose mask entry is false (or dweight
 //   without a weight) is returned as an empty tensor of shape [0].
-// version (CUDA; the CPU ignores it): 1 = the seed's algorithm, 2 = row in
-// registers, 3 = 2 on a cp.async pipeline, 4 = row slots with register sums
-// where they measured fastest, 2/3 elsewhere (the default; see the README).
+// version (CUDA; the CPU checks its range and ignores it): 0 = auto (the
+// default, written here once: the plan's table per shape), 1 = the seed's
+// algorithm, 2 = row in registers, 3 = 2 on a cp.async pipeline, 4 = row
+// slots, 5 = 4 on a copy-engine ring (backward), 6 = rows split across a
+// thread-block cluster (layernorm_versions.h: the fallbacks; the README).
 #include <torch/library.h>
 #include <torch/python.h>
 
@@ -15,10 +17,10 @@
 #include "layernorm_autograd.h"
 
 TORCH_LIBRARY(day26, m) {
-  m.def("layer_norm_fwd(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, int version=4)"
+  m.def("layer_norm_fwd(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, int version=0)"
         " -> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_bwd(Tensor dy, Tensor x, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight,"
-        " bool[3] output_mask, int version=4) -> (Tensor, Tensor, Tensor)");
+        " bool[3] output_mask, int version=0) -> (Tensor, Tensor, Tensor)");
 }
 
 // Importing the module runs the registrations above. layer_norm_fwd here is
@@ -28,9 +30,13 @@ namespace day26 {
 // The tuning-knob table (layernorm.h): every entry -1 (the library's choices)
 // until a test or tool sets one through _set_knob.
 int* ln_knobs() {
-  static int table[kNumKnobs] = {-1, -1, -1, -1, -1, -1, -1, -1};
-  static_assert(kNumKnobs == 8, "one initialiser per knob");
+  static int table[kNumKnobs] = {-1, -1, -1, -1, -1};
+  static_assert(kNumKnobs == 5, "one initialiser per knob");
   return table;
+}
+LnBwdPlanQuery& ln_backward_plan_query() {
+  static LnBwdPlanQuery query = nullptr;
+  return query;
 }
 }  // namespace day26
 
@@ -46,7 +52,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     day26::ln_knobs()[knob] = value;
   });
   m.def("_knob_names", [] {
-    return std::vector<std::string>{"target_iters", "ept", "prefetch", "l2_prefetch", "force",
-                                    "grid", "ring", "cluster"};
+    return std::vector<std::string>{"target_iters", "l2_prefetch", "grid", "ring_stages", "cluster"};
+  });
+  // Private (tests, tools/): day26_layernorm.ops.backward_plan() is the way to use it.
+  m.def("_backward_plan", [](const at::Tensor& dy, const at::Tensor& x, std::vector<int64_t> nshape,
+                             const at::Tensor& mean, const at::Tensor& rstd, std::optional<at::Tensor> weight,
+                             std::array<bool, 3> mask, int64_t version) {
+    TORCH_CHECK(day26::ln_backward_plan_query() != nullptr, "day26: the backward plan needs a CUDA build");
+    TORCH_CHECK(x.is_cuda(), "day26: the backward plan is for CUDA tensors");
+    const auto pairs = day26::ln_backward_plan_query()(dy, x, nshape, mean, rstd, weight, mask, version);
+    pybind11::dict d;
+    for (const auto& [k, v] : pairs) d[pybind11::str(k)] = v;
+    return d;
   });
 }

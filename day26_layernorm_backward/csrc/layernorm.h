@@ -1,5 +1,13 @@
-// LayerNorm launchers (torch-free). Kernels live in layernorm_fwd.cu and
-// layernorm_bwd.cu; the torch glue in layernorm_cuda.cpp calls these.
+// LayerNorm launchers (torch-free); the torch glue in layernorm_cuda.cpp calls
+// these. Versions 0 (auto) and 1-6: layernorm_versions.h. Files:
+//   layernorm_fwd.cu           the forward: versions 1, 2, 3, 4, 6 and its plan
+//   layernorm_bwd_plan.cu      the backward's plan (the auto table, fallbacks) and launch
+//   layernorm_bwd_v1.cu        1: the seed's kernels
+//   layernorm_bwd_v2.cu        2: registers
+//   layernorm_bwd_v3.cu        3: cp.async pipeline
+//   layernorm_bwd_v4.cu        4: row slots
+//   layernorm_bwd_ring.cu      5: ring, 6: ring with the row split across a cluster
+//   layernorm_bwd_finalize.cu  the dweight/dbias finalize (sum of the partial rows)
 //
 // Shapes: x, y, dy, dx are [rows, cols] row-major with rows contiguous
 // (row stride = cols). mean and rstd are fp32 [rows]. weight and bias are
@@ -11,6 +19,7 @@
 
 #include "kc/types.h"
 #include "layernorm_knobs.h"
+#include "layernorm_versions.h"
 
 namespace day26 {
 
@@ -36,22 +45,53 @@ struct LnBackwardArgs {
   void* dx;            // may be null (not requested)
   void* dweight;       // may be null (not requested, or no weight)
   void* dbias;         // may be null
-  float* workspace;    // ln_backward_workspace_floats() floats, fp32
+  float* workspace;    // LnBwdPlan::workspace_floats floats, fp32
   int64_t rows, cols;
   kc::DType dt, wdt;
 };
 
-// version 1: the seed's algorithm; 2: the row in registers; 3: v2's math on a
-// cp.async pipeline (block path with 16-byte vectors; otherwise v2). 2 and 3
-// fall back to 1 for rows longer than 16384 (8192 without 16-byte vectors).
+// A backward plan: everything the launch needs, computed once per call by
+// ln_backward_plan (layernorm_bwd_plan.cu) from the arguments, the version and
+// the device; ln_backward launches exactly it, and the glue allocates
+// workspace_floats floats of fp32 workspace before. The same arguments on the
+// same device give the same plan, hence the same partition of rows and
+// bitwise-identical dweight/dbias.
+struct LnBwdPlan {
+  int version = 0;           // asked for (0: auto)
+  int family = kSeed;        // the kernel family that runs (layernorm_versions.h), after the fallbacks
+  bool partials = false;     // dweight or dbias asked for: partial rows, then the finalize kernel
+  int vec = 1;               // elements per vector access (1 or 16 bytes' worth)
+  int iters = 1;             // vector accesses per thread per row (or row share)
+  int tpr = 0;               // threads per row (or per row share)
+  bool warp = false;         // 2: one warp per row
+  bool prefetch = false;     // 4: the next row prefetched into registers
+  int stages = 0;            // 3, 5, 6: rows in flight per block (per row slot for 5, 6)
+  int cluster = 1;           // 6: CTAs per row
+  int slots = 1;             // 4, 5, 6: row slots per block
+  int threads = 0;           // block size
+  int64_t grid = 0;          // blocks launched (0: no main kernel)
+  size_t smem = 0;           // dynamic shared memory per block, bytes
+  int64_t partial_rows = 0;  // rows of [2][cols] fp32 partials (blocks, or clusters for 6)
+  int64_t workspace_floats = 0;
+  int finalize = 0;          // 0: none (no partials, or 1's column kernel), 1: narrow, 2: wide
+};
+
+// Number of multiprocessors and compute capability of the current device
+// (cached per device): what the plan tables are keyed on besides the shape.
+struct LnDevice {
+  int sms = 1;
+  int cc = 0;  // 10 * major + minor
+  bool sm90() const { return cc >= 90; }
+};
+LnDevice ln_device();
+
+// version: layernorm_versions.h (0 auto .. 6). Versions the launchers do not
+// know run as auto; the range is checked once, by the ops (layernorm_checks.h).
 cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream);
 
-// fp32 scratch the backward needs for the dweight/dbias partials (0 if none),
-// for the arguments `a` (all set but `workspace`). It depends on the sizes,
-// dtypes, pointer alignment and device only: the same inputs give the same
-// partition of rows, hence bitwise-identical dweight/dbias.
-int64_t ln_backward_workspace_floats(const LnBackwardArgs& a, int version);
-cudaError_t ln_backward(const LnBackwardArgs& a, int version, cudaStream_t stream);
-
+// `a` with every field set but `workspace`.
+LnBwdPlan ln_backward_plan(const LnBackwardArgs& a, int version, const LnDevice& dev);
+// `a.workspace`: plan.workspace_floats floats (when > 0).
+cudaError_t ln_backward(const LnBackwardArgs& a, const LnBwdPlan& plan, cudaStream_t stream);
 
 }  // namespace day26

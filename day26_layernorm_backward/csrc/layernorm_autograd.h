@@ -3,8 +3,12 @@
 // what the pybind11 module exposes as the host fast path.
 #pragma once
 
+#include <array>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -14,5 +18,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_layer_norm_fwd(const at::Ten
                                                                    const std::optional<at::Tensor>& weight,
                                                                    const std::optional<at::Tensor>& bias, double eps,
                                                                    int64_t version);
+
+// The backward's plan for a call (private: tests and tools/, through the
+// module's _backward_plan), as (name, value) pairs. Set by layernorm_cuda.cpp
+// in CUDA builds; null in CPU-only builds. Defined in binding.cpp.
+using LnBwdPlanQuery = std::vector<std::pair<std::string, int64_t>> (*)(
+    const at::Tensor& dy, const at::Tensor& x, at::IntArrayRef nshape, const at::Tensor& mean, const at::Tensor& rstd,
+    const std::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version);
+LnBwdPlanQuery& ln_backward_plan_query();
 
 }  // namespace day26

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "kc/torch_utils.h"
+#include "layernorm_versions.h"
 
 namespace day26 {
 
@@ -20,9 +21,13 @@ inline bool ln_dtype_ok(const at::Tensor& t, bool allow_f64) {
   return s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || (allow_f64 && s == at::kDouble);
 }
 
+// Also the one check of the version's range (layernorm_versions.h): every op
+// (CPU, CUDA; forward through ln_check_backward too) validates it here.
 inline LnShape ln_check_inputs(const at::Tensor& x, at::IntArrayRef normalized_shape,
                                const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
-                               bool allow_f64) {
+                               bool allow_f64, int64_t version) {
+  TORCH_CHECK(ln_version_ok(version), "layer_norm: version must be ", kc::fmt(int64_t(kMinVersion)), " (auto) to ",
+              kc::fmt(int64_t(kMaxVersion)), ", got ", kc::fmt(version));
   TORCH_CHECK(ln_dtype_ok(x, allow_f64), "layer_norm: input must be float32, float16 or bfloat16",
               allow_f64 ? " (or float64 on CPU)" : "", ", got ", x.scalar_type());
   const int64_t k = int64_t(normalized_shape.size());
@@ -61,8 +66,8 @@ inline LnShape ln_check_inputs(const at::Tensor& x, at::IntArrayRef normalized_s
 
 inline LnShape ln_check_backward(const at::Tensor& dy, const at::Tensor& x, at::IntArrayRef normalized_shape,
                                  const at::Tensor& mean, const at::Tensor& rstd,
-                                 const c10::optional<at::Tensor>& weight, bool allow_f64) {
-  LnShape s = ln_check_inputs(x, normalized_shape, weight, c10::nullopt, allow_f64);
+                                 const c10::optional<at::Tensor>& weight, bool allow_f64, int64_t version) {
+  LnShape s = ln_check_inputs(x, normalized_shape, weight, c10::nullopt, allow_f64, version);
   TORCH_CHECK(dy.sizes().equals(x.sizes()), "layer_norm backward: grad_out of shape ", kc::fmt(dy.sizes()),
               " must match input of shape ", kc::fmt(x.sizes()));
   TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "layer_norm backward: grad_out dtype ", dy.scalar_type(),

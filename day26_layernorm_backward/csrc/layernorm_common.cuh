@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_runtime.h>
 
 #include "layernorm.h"
@@ -71,6 +72,24 @@ inline V2Config v2_config(int64_t cols, int vec) {
   }
   c.ok = c.iters * vec <= (c.warp ? kMaxEptWarp : kMaxEpt) && c.iters <= 16;
   return c;
+}
+
+// Bytes per element of x, y, dy, dx.
+inline size_t elem_size(kc::DType d) { return d == kc::DType::F32 ? 4 : 2; }
+
+// f(std::integral_constant<int, I>{}) for I = iters among 1, 2, 4, 8, 16 up to
+// kMax; `otherwise` for any other iters. The compile-time ITERS of a kernel from
+// a plan's run-time iters: instantiates nothing above kMax.
+template <int kMax, typename R, typename F>
+R with_iters(int iters, R otherwise, F&& f) {
+  switch (iters) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: if constexpr (kMax >= 2) return f(std::integral_constant<int, 2>{}); break;
+    case 4: if constexpr (kMax >= 4) return f(std::integral_constant<int, 4>{}); break;
+    case 8: if constexpr (kMax >= 8) return f(std::integral_constant<int, 8>{}); break;
+    case 16: if constexpr (kMax >= 16) return f(std::integral_constant<int, 16>{}); break;
+  }
+  return otherwise;
 }
 
 // Number of multiprocessors of the current device (cached per device).
@@ -225,29 +244,14 @@ struct V4Config {
   int tpr = 32;     // threads per row (a multiple of 32, <= 512)
 };
 
-// Elements per thread v4 aims at (registers: x, dy and, in the backward, two fp32
-// accumulators per element). Knob kKnobEpt (4, 8, 16, 32); default 16.
-inline int v4_target_ept() {
-  const int v = ln_knob(kKnobEpt);
-  return (v == 4 || v == 8 || v == 16 || v == 32) ? v : 16;
-}
-
-// Whether v4 prefetches the next row into registers: knob kKnobPrefetch (0, 1);
-// unset: `dflt` (the launcher's measured choice, see the README's log).
-inline bool v4_prefetch(bool dflt) {
-  const int v = ln_knob(kKnobPrefetch);
-  return v == 0 || v == 1 ? v == 1 : dflt;
-}
+// Elements per thread v4 aims at (registers: x, dy and, in the backward, two
+// fp32 accumulators per element): 16 (8 or 32 measured no better: README's log).
+constexpr int kV4TargetEpt = 16;
 // Whether v4's forward, where a thread holds 4 vectors of a row (one row slot
 // per SM: 16-bit rows over 8192 columns, fp32 shares of 8192 in the cluster
 // split), also asks the copy engine to prefetch into L2 the row after the one
 // it prefetches into registers: knob kKnobL2Prefetch (0, 1; default 1; README's log).
 inline bool v4_l2_prefetch() { return ln_knob(kKnobL2Prefetch) != 0; }
-// version 4 runs v2's (or v3's) kernels for the shapes where those measured
-// faster on the H200 (README); knob kKnobForce = 1 runs v4's kernels wherever
-// they can run (tests, experiments).
-inline bool v4_forced() { return ln_knob(kKnobForce) == 1; }
-
 
 // The largest iters (most elements per thread, up to the target) whose rounding
 // of tpr up to a multiple of 32 leaves at most 1/8 of the lanes idle; failing
@@ -256,7 +260,7 @@ inline V4Config v4_config(int64_t cols, int vec) {
   V4Config c;
   c.vec = vec;
   const int64_t nv = (cols + vec - 1) / vec;
-  const int ept = v4_target_ept();
+  const int ept = kV4TargetEpt;
   int64_t best_waste = -1;
   for (int iters : {4, 2, 1}) {
     if (iters * vec > ept && iters > 1) continue;
@@ -350,42 +354,12 @@ V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t sme
   return p;
 }
 
-// v4 on a ring ("ring"): each slot keeps its next rows in flight into a
-// shared-memory ring of `stages` rows (row_bytes each: the tensors a row needs,
-// padded to tpr * iters * vec elements), filled by the copy engine (sm_90+), so
-// the loads run ahead of the slot's reductions without costing registers. Knob kKnobRing: 0 off,
-// 1 on with the stage count below, 2..kRingMaxStages on with that many stages;
-// unset: `dflt` (the launcher's measured choice).
+// The ring (versions 5, 6): each slot keeps its next rows in flight into a
+// shared-memory ring of `stages` rows (the tensors a row needs, padded to
+// tpr * iters * vec elements), filled by the copy engine (sm_90+), so the loads
+// run ahead of the slot's reductions without costing registers. At most
+// kRingMaxStages stages.
 constexpr int kRingMaxStages = 6;
-inline int v4_ring(int dflt) {
-  const int v = ln_knob(kKnobRing);
-  return v >= 0 && v <= kRingMaxStages ? v : dflt;
-}
-
-struct RingPlan {
-  V4Plan p;
-  int stages = 0;  // 0: no ring fits (run v4 without one)
-};
-
-// want: 1 = the most stages (up to kRingMaxStages) that keep as many threads
-// resident per SM as the 2-stage ring does; 2.. = exactly that many (if it fits).
-template <typename Kernel>
-RingPlan ring_plan(Kernel kernel, int tpr, int64_t rows, size_t row_bytes, int want) {
-  RingPlan r;
-  const V4Plan base = v4_plan(kernel, tpr, kV4SmallThreads, rows, 2 * row_bytes, 0);
-  if (!base.fits) return r;
-  const int resident = base.per_sm * base.threads;
-  for (int s = want >= 2 ? want : kRingMaxStages; s >= 2; --s) {
-    const V4Plan p = s == 2 ? base : v4_plan(kernel, tpr, kV4SmallThreads, rows, size_t(s) * row_bytes, 0);
-    if (p.fits && (want >= 2 || p.per_sm * p.threads >= resident)) {
-      r.p = p;
-      r.stages = s;
-      return r;
-    }
-    if (want >= 2) break;
-  }
-  return r;
-}
 
 // Rows split across a cluster of CTAs (sm_90+; the ring backward, and the v4
 // forward for fp32): CTA rank r of a cluster owns columns [r * D / size,

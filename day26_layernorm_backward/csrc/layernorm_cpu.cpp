@@ -25,9 +25,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tens
                                                                   const c10::optional<at::Tensor>& weight,
                                                                   const c10::optional<at::Tensor>& bias, double eps,
                                                                   int64_t version) {
+  const LnShape s = ln_check_inputs(x_, nshape, weight, bias, /*allow_f64=*/true, version);  // devices too
   TORCH_CHECK(x_.device().is_cpu(), "layer_norm: input must be a CPU tensor here");
-  const LnShape s = ln_check_inputs(x_, nshape, weight, bias, /*allow_f64=*/true);
-  TORCH_CHECK(version >= 1 && version <= 4, "layer_norm: version must be 1, 2, 3 or 4, got ", kc::fmt(version));
   const at::Tensor x = x_.contiguous();
   at::Tensor y = kc::new_output_like(x);
   at::Tensor mean = kc::new_output(s.lead, x.options().dtype(stat_dtype(x)));
@@ -67,9 +66,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
     const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
     const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version) {
+  const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight, /*allow_f64=*/true, version);
   TORCH_CHECK(x_.device().is_cpu(), "layer_norm backward: input must be a CPU tensor here");
-  const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight, /*allow_f64=*/true);
-  TORCH_CHECK(version >= 1 && version <= 4, "layer_norm backward: version must be 1, 2, 3 or 4, got ", kc::fmt(version));
   const at::Tensor x = x_.contiguous(), dy = dy_.contiguous();
   const at::Tensor mean = mean_.to(at::kDouble).contiguous(), rstd = rstd_.to(at::kDouble).contiguous();
   const bool has_w = weight.has_value() && weight->defined();

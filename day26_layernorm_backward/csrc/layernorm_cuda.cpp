@@ -1,5 +1,6 @@
-// CUDA glue: validate, pick dtypes, allocate outputs (and the fp32 workspace of
-// the dweight/dbias partials), launch on the current stream, check the launch.
+// CUDA glue: validate, pick dtypes, allocate outputs, plan the backward once
+// (ln_backward_plan: kernels, grid, workspace), allocate its fp32 workspace,
+// launch the plan on the current stream, check the launch.
 #include <array>
 
 #include <ATen/ATen.h>
@@ -10,6 +11,7 @@
 
 #include "kc/torch_utils.h"
 #include "layernorm.h"
+#include "layernorm_autograd.h"
 #include "layernorm_checks.h"
 
 namespace day26 {
@@ -28,9 +30,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
                                                                    const c10::optional<at::Tensor>& weight_,
                                                                    const c10::optional<at::Tensor>& bias_,
                                                                    double eps, int64_t version) {
+  const LnShape s = ln_check_inputs(x_, nshape, weight_, bias_, /*allow_f64=*/false, version);  // devices too
   TORCH_CHECK(x_.is_cuda(), "layer_norm: input must be a CUDA tensor here");
-  const LnShape s = ln_check_inputs(x_, nshape, weight_, bias_, /*allow_f64=*/false);
-  TORCH_CHECK(version >= 1 && version <= 4, "layer_norm: version must be 1, 2, 3 or 4, got ", kc::fmt(version));
   const at::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous();
   const auto weight = contiguous_or_none(weight_), bias = contiguous_or_none(bias_);
@@ -53,44 +54,82 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
   return {y, mean, rstd};
 }
 
+// A backward call's tensors (inputs made contiguous, outputs allocated), its
+// arguments and its plan: what the op launches, and what _backward_plan shows.
+struct BwdCall {
+  at::Tensor x, dy, mean, rstd, dx, dw, db, ws;
+  c10::optional<at::Tensor> weight;
+  LnBackwardArgs a{};
+  LnBwdPlan plan;
+};
+
+BwdCall prepare_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
+                         const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, std::array<bool, 3> mask,
+                         int64_t version) {
+  const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight_, /*allow_f64=*/false, version);
+  TORCH_CHECK(x_.is_cuda(), "layer_norm backward: input must be a CUDA tensor here");
+  BwdCall c;
+  c.x = x_.contiguous();
+  c.dy = dy_.contiguous();
+  c.mean = mean_.contiguous();
+  c.rstd = rstd_.contiguous();
+  c.weight = contiguous_or_none(weight_);
+  const bool has_w = c.weight.has_value();
+  const auto opts = c.x.options();
+  const auto wdt = has_w ? c.weight->scalar_type() : c.x.scalar_type();
+  c.dx = mask[0] ? kc::new_output_like(c.x) : at::empty({0}, opts);
+  c.dw = mask[1] && has_w ? kc::new_output(nshape, opts.dtype(wdt)) : at::empty({0}, opts);
+  c.db = mask[2] ? kc::new_output(nshape, opts.dtype(wdt)) : at::empty({0}, opts);
+  LnBackwardArgs& a = c.a;
+  a.dy = c.dy.data_ptr();
+  a.x = c.x.data_ptr();
+  a.mean = c.mean.data_ptr<float>();
+  a.rstd = c.rstd.data_ptr<float>();
+  a.weight = ptr_or_null(c.weight);
+  a.dx = mask[0] ? c.dx.data_ptr() : nullptr;
+  a.dweight = mask[1] && has_w ? c.dw.data_ptr() : nullptr;
+  a.dbias = mask[2] ? c.db.data_ptr() : nullptr;
+  a.rows = s.rows;
+  a.cols = s.cols;
+  a.dt = kc::to_kc_dtype(c.x, "input");
+  a.wdt = has_w ? kc::to_kc_dtype(*c.weight, "weight") : a.dt;
+  c.plan = ln_backward_plan(a, int(version), ln_device());
+  return c;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
     const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
     const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, std::array<bool, 3> mask, int64_t version) {
-  TORCH_CHECK(x_.is_cuda(), "layer_norm backward: input must be a CUDA tensor here");
-  const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight_, /*allow_f64=*/false);
-  TORCH_CHECK(version >= 1 && version <= 4, "layer_norm backward: version must be 1, 2, 3 or 4, got ", kc::fmt(version));
   const at::cuda::CUDAGuard guard(x_.device());
-  const at::Tensor x = x_.contiguous(), dy = dy_.contiguous();
-  const at::Tensor mean = mean_.contiguous(), rstd = rstd_.contiguous();
-  const auto weight = contiguous_or_none(weight_);
-  const bool has_w = weight.has_value();
-  const auto wdt = has_w ? weight->scalar_type() : x.scalar_type();
-  at::Tensor dx = mask[0] ? kc::new_output_like(x) : at::empty({0}, x.options());
-  at::Tensor dw = mask[1] && has_w ? kc::new_output(nshape, x.options().dtype(wdt)) : at::empty({0}, x.options());
-  at::Tensor db = mask[2] ? kc::new_output(nshape, x.options().dtype(wdt)) : at::empty({0}, x.options());
-
-  LnBackwardArgs a{};
-  a.dy = dy.data_ptr();
-  a.x = x.data_ptr();
-  a.mean = mean.data_ptr<float>();
-  a.rstd = rstd.data_ptr<float>();
-  a.weight = ptr_or_null(weight);
-  a.dx = mask[0] ? dx.data_ptr() : nullptr;
-  a.dweight = mask[1] && has_w ? dw.data_ptr() : nullptr;
-  a.dbias = mask[2] ? db.data_ptr() : nullptr;
-  a.rows = s.rows;
-  a.cols = s.cols;
-  a.dt = kc::to_kc_dtype(x, "input");
-  a.wdt = has_w ? kc::to_kc_dtype(*weight, "weight") : a.dt;
-  at::Tensor ws;
-  if (a.dweight || a.dbias) {
-    const int64_t n = ln_backward_workspace_floats(a, int(version));
-    ws = at::empty({n > 0 ? n : 1}, x.options().dtype(at::kFloat));
-    a.workspace = ws.data_ptr<float>();
+  BwdCall c = prepare_backward(dy_, x_, nshape, mean_, rstd_, weight_, mask, version);
+  if (c.plan.workspace_floats > 0) {
+    c.ws = at::empty({c.plan.workspace_floats}, c.x.options().dtype(at::kFloat));
+    c.a.workspace = c.ws.data_ptr<float>();
   }
-  KC_TORCH_CHECK_CUDA(ln_backward(a, int(version), at::cuda::getCurrentCUDAStream()));
-  return {dx, dw, db};
+  KC_TORCH_CHECK_CUDA(ln_backward(c.a, c.plan, at::cuda::getCurrentCUDAStream()));
+  return {c.dx, c.dw, c.db};
 }
+
+// The private _backward_plan (binding.cpp): the plan of this call, as (name, value) pairs.
+std::vector<std::pair<std::string, int64_t>> backward_plan_query(
+    const at::Tensor& dy, const at::Tensor& x, at::IntArrayRef nshape, const at::Tensor& mean, const at::Tensor& rstd,
+    const c10::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version) {
+  const at::cuda::CUDAGuard guard(x.device());
+  const LnBwdPlan p = prepare_backward(dy, x, nshape, mean, rstd, weight, mask, version).plan;
+  const LnDevice d = ln_device();
+  return {{"version", p.version},     {"family", p.family},
+          {"partials", p.partials},   {"vec", p.vec},
+          {"iters", p.iters},         {"tpr", p.tpr},
+          {"warp", p.warp},           {"prefetch", p.prefetch},
+          {"stages", p.stages},       {"cluster", p.cluster},
+          {"slots", p.slots},         {"threads", p.threads},
+          {"grid", p.grid},           {"smem", int64_t(p.smem)},
+          {"partial_rows", p.partial_rows}, {"workspace_floats", p.workspace_floats},
+          {"finalize", p.finalize},   {"sms", d.sms},
+          {"cc", d.cc}};
+}
+
+const bool registered = (ln_backward_plan_query() = &backward_plan_query, true);
 
 }  // namespace
 }  // namespace day26

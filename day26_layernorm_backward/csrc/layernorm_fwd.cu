@@ -2,21 +2,24 @@
 //   mean = sum(x) / D,  var = sum((x - mean)^2) / D,  rstd = 1 / sqrt(var + eps).
 // mean and rstd (fp32) are saved for the backward.
 //
-// Versions:
-//   v1  the seed's structure: one block of 256 threads per row, three passes
-//       over the row in global memory (sum, squared deviations, write), scalar
-//       loads, block reductions through shared memory. Any D.
-//   v2  the row is read once into registers (16-byte vector loads where every
-//       pointer and D allow it), both statistics come from the registers
-//       (two-pass variance: accurate, no extra memory traffic), then y is written
-//       once. One warp per row for D <= 512 (8 rows per block, warp shuffles
-//       only), one block per row above that (128..512 threads, <= 32 elements
-//       per thread). Rows longer than 16384 fall back to v1.
-//   v3  v2's math on a cp.async pipeline: a persistent grid, each block keeps
-//       the next `stages - 1` rows in flight into shared memory (each thread
-//       copies, and later reads, only its own 16-byte vectors, so no barrier
-//       guards the stages). Several rows per block in flight, no registers
-//       spent on them. Block path with 16-byte vectors only; else as v2.
+// Versions (layernorm_versions.h; 0 = auto: fwd_plan's table below):
+//   1  the seed's structure: one block of 256 threads per row, three passes
+//      over the row in global memory (sum, squared deviations, write), scalar
+//      loads, block reductions through shared memory. Any D.
+//   2  the row is read once into registers (16-byte vector loads where every
+//      pointer and D allow it), both statistics come from the registers
+//      (two-pass variance: accurate, no extra memory traffic), then y is written
+//      once. One warp per row for D <= 512 (8 rows per block, warp shuffles
+//      only), one block per row above that (128..512 threads, <= 32 elements
+//      per thread). Rows longer than 16384 run 1.
+//   3  2's math on a cp.async pipeline: a persistent grid, each block keeps
+//      the next `stages - 1` rows in flight into shared memory (each thread
+//      copies, and later reads, only its own 16-byte vectors, so no barrier
+//      guards the stages). Block path with 16-byte vectors only; else 2.
+//   4  row slots (layernorm_common.cuh): independent row teams per block, the
+//      next row prefetched into registers for 16-bit rows; else 2.
+//   5  no forward kernel (the ring lost to 4's register prefetch: docs/log.md): runs 4.
+//   6  4 with each row split across a thread-block cluster (sm_90+); else 4.
 // Traffic: v2 reads x once and writes y once (the floor: 2 passes); v1 reads x
 // three times (mostly from L2 when the rows of the blocks in flight fit there).
 #include <type_traits>
@@ -26,8 +29,8 @@
 
 #include "kc/async_copy.cuh"
 #include "kc/bulk_copy.cuh"
-#include "kc/launch.cuh"
 #include "kc/check.cuh"
+#include "kc/cluster.cuh"
 #include "kc/reduce.cuh"
 #include "kc/switch.cuh"
 
@@ -243,8 +246,9 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 
 // v4. Row slots (layernorm_common.cuh): blockDim.x = slots * tpr; slot k walks
 // rows blockIdx.x * slots + k + i * gridDim.x * slots, syncing only its own
-// threads; with kPrefetch the next row is loaded into registers before the
-// current one is reduced.
+// threads; with kPrefetch (16-bit rows, and every cluster split: the plan's
+// measured choice, fwd_plan; fp32 rows unsplit measured no consistent gain from
+// it) the next row is loaded into registers before the current one is reduced.
 // kCluster (sm_90+): each row split across the CTAs of a cluster, as the ring
 // backward does: CTA rank r owns columns [r * Dc, (r + 1) * Dc) of every row its
 // cluster walks (slot k of every CTA walks the same rows). Each CTA reduces its
@@ -263,11 +267,12 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 // Assumptions (launcher): blockDim.x = slots * tpr, tpr a multiple of 32,
 // ITERS * VEC * tpr >= Dc; kCluster: VEC = 16 bytes of T, D = cluster size *
 // Dc, every pointer and Dc allow VEC.
-template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kCluster, bool kL2pf = false>
+template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf>
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
           int64_t rows, int64_t D, int64_t Dc, float eps, int tpr) {
+  constexpr bool kPrefetch = sizeof(T) == 2 || kCluster;
   __shared__ float red[kV4MaxSlots][2 * 32];
   __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX][kRingMaxCluster];
   __shared__ uint64_t xbar[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX];
@@ -364,276 +369,210 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   if constexpr (kCluster) kc::cluster_sync();  // no CTA leaves while a peer may still access its shared memory
 }
 
-// v4 on a ring of rows in shared memory, filled by the copy engine: row slots as
-// ln_fwd_v4, each slot keeping its next `stages` rows in its own ring; one
-// thread of the slot copies a whole row with one bulk copy (kc/bulk_copy.cuh)
-// that completes on the stage's mbarrier. A row is copied from the ring into
-// registers before its first reduction, so the stage is refilled (with the row
-// `stages` rows later) right after that reduction's barrier.
-// Assumptions (launcher): sm_90+; VEC = 16 bytes of T, every pointer and D allow
-// it; blockDim.x = slots * tpr; 2 <= stages <= kRingMaxStages; dynamic shared
-// memory: slots * stages * span elements of T, span = tpr * ITERS * VEC.
-template <typename T, typename TW, int ITERS>
-__global__ void __launch_bounds__(kV4SmallThreads)
-ln_fwd_ring(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
-            T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-            int64_t rows, int64_t D, float eps, int tpr, int stages) {
-  constexpr int VEC = kc::max_vec_elems<T>();
-  extern __shared__ __align__(128) unsigned char ring_smem[];
-  __shared__ float red[kV4MaxSlots][2 * 32];
-  __shared__ uint64_t full[kV4MaxSlots][kRingMaxStages];
-  const int slots = blockDim.x / tpr;
-  const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
-  const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
-  const int64_t span = int64_t(tpr) * ITERS * VEC;
-  T* const ring = reinterpret_cast<T*>(ring_smem) + int64_t(slot) * stages * span;
-  uint64_t* const bars = full[slot];
-  const unsigned row_bytes = unsigned(D * int64_t(sizeof(T)));
-  const int64_t stride = int64_t(gridDim.x) * slots;
-  int64_t row = int64_t(blockIdx.x) * slots + slot;
-  auto issue = [&](int64_t r, int s) {  // thread 0 of the slot: row r -> stage s
-    kc::mbar_arrive_expect_tx(&bars[s], row_bytes);
-    kc::bulk_copy_g2s(ring + s * span, x + r * D, row_bytes, &bars[s]);
-  };
-  if (t == 0) {
-    for (int s = 0; s < stages; ++s) kc::mbar_init(&bars[s], 1);
-    kc::mbar_init_fence();
-  }
-  __syncthreads();
-  if (t == 0)
-    for (int s = 0; s < stages; ++s)
-      if (row + s * stride < rows) issue(row + s * stride, s);
-  const RowCols<VEC, ITERS> rc(D, tpr, t);
-  const float inv_d = 1.f / float(D);
-  int stage = 0, parity = 0;
-  unsigned phase = 0;  // parity of the ring's current round
-  for (; row < rows; row += stride) {
-    kc::mbar_wait(&bars[stage], phase);  // this row has landed
-    RowRegs<T, VEC, ITERS> cur;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it)
-      if (rc.has(it)) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(ring + stage * span + rc.col(it));
-    bool refilled = false;
-    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t, [&](float v) {
-      float r[1] = {v};
-      slot_reduce_sum<1>(r, red[slot], parity, 1 + slot, nw, wis, lane);
-      if (!refilled) {  // every thread of the slot holds this row in registers now
-        refilled = true;
-        if (nw == 1) __syncwarp();
-        const int64_t next = row + int64_t(stages) * stride;
-        if (t == 0 && next < rows) issue(next, stage);
-      }
-      return r[0];
+
+// ------------------------------------------------------------------ the plan
+// The forward's plan: the family that runs (layernorm_versions.h) and its
+// launch shape, computed once per call (fwd_plan), launched by fwd_launch.
+struct FwdPlan {
+  int family = kSeed;
+  int vec = 1;
+  V2Config c2;        // 2, 3
+  int stages = 0;     // 3
+  V4Config c4;        // 4, 6 (6: a CTA's share of D / cluster columns)
+  V4Plan p4;          // 4, 6: slots, threads, grid (6: grid = clusters * cluster)
+  int cluster = 1;    // 6
+  bool l2pf = false;  // 4, 6: the row after next prefetched into L2
+};
+
+template <typename T, typename TW>
+using FwdV4Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, int64_t, float, int);
+
+// The v4 instantiation of a plan. kL2pf only where a thread holds 4 full
+// vectors and prefetches the next row (kPrefetch: 16-bit or split rows).
+template <typename T, typename TW>
+FwdV4Kernel<T, TW> fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf) {
+  constexpr int V = kc::max_vec_elems<T>();
+  auto pick = [&](auto v) {
+    constexpr int VEC = decltype(v)::value;
+    return with_iters<4>(iters, FwdV4Kernel<T, TW>(nullptr), [&](auto it) {
+      constexpr int I = decltype(it)::value;
+      return KC_BOOL_SWITCH(cluster, kCl, [&] {
+        if constexpr (kCl && VEC != V) {
+          return FwdV4Kernel<T, TW>(nullptr);
+        } else {
+          constexpr bool kL2able = VEC == V && I == 4 && (sizeof(T) == 2 || kCl);
+          if constexpr (kL2able)
+            if (l2pf) return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, VEC, I, kCl, true>);
+          return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, VEC, I, kCl, false>);
+        }
+      });
     });
-    if (++stage == stages) stage = 0, phase ^= 1u;
-  }
-  // every row issued was waited for above: no copy is in flight at exit
+  };
+  return vec == V ? pick(std::integral_constant<int, V>{}) : pick(std::integral_constant<int, 1>{});
 }
 
-// *ran = false when no ring fits the shared memory (the caller runs v4 without one).
-template <typename T, typename TW, int ITERS>
-cudaError_t launch_fwd_ring(const LnForwardArgs& a, const V4Config& cfg, int want, cudaStream_t stream, bool* ran) {
-  auto kernel = ln_fwd_ring<T, TW, ITERS>;
-  const RingPlan r =
-      ring_plan(kernel, cfg.tpr, a.rows, size_t(cfg.tpr) * ITERS * cfg.vec * sizeof(T), want);
-  *ran = r.stages > 0;
-  if (*ran && r.p.grid > 0) {
-    kernel<<<unsigned(r.p.grid), r.p.threads, r.p.smem, stream>>>(
-        static_cast<const T*>(a.x), static_cast<const TW*>(a.weight), static_cast<const TW*>(a.bias),
-        static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.cols, a.eps, cfg.tpr, r.stages);
-    KC_CUDA_LAUNCH_TRY();
+// Version 0 (auto), the forward's table (H200 measurements, README "The plan"):
+// - fp32 rows longer than 8192 on sm_90+ (16-byte vectors): split across a
+//   cluster (6), the next row prefetched: 85% of the floor at 4096 x 16384
+//   against v3's 80% (probe run 42); else 3 for rows over 8192 (v3 measured
+//   faster than v2 there), 2 below (v4 with the next row prefetched was 1-3%
+//   faster than v2 at 1024 and 8192 columns in probe runs 37-38 but 3-8% slower
+//   in bench run 39: no consistent gain).
+// - 16-bit rows: 4 (row slots, the next row prefetched); split across a cluster
+//   they measured much slower (one 512-thread slot per SM waits for every row's
+//   exchange: 110 against 77 us), so not split unless knob cluster is set.
+// Where a thread holds 4 vectors (one slot per SM), 4 and 6 also prefetch the row
+// after next into L2 (4096 x 16384: bf16 77.0 -> 73.5 us, fp32 148.2 -> 139.8,
+// probe run 49; knob l2_prefetch = 0 turns it off).
+template <typename T, typename TW>
+int fwd_auto_families(const LnForwardArgs& a, bool vec_ok, const LnDevice& dev, int (&out)[4]) {
+  int n = 0;
+  if (vec_ok && dev.sm90() && (sizeof(T) == 4 || ring_cluster_forced())) out[n++] = kClusterSplit;
+  if (sizeof(T) == 2) out[n++] = kRowSlots;
+  else if (a.cols > 8192) out[n++] = kCpAsync;
+  out[n++] = kRegisters;
+  out[n++] = kSeed;
+  return n;
+}
+
+// Whether family f can run the shape; if so, its launch shape into p.
+template <typename T, typename TW>
+bool fwd_plan_family(const LnForwardArgs& a, int f, const LnDevice& dev, FwdPlan& p) {
+  constexpr int V = kc::max_vec_elems<T>();
+  const bool vec_ok = p.vec == V;
+  switch (f) {
+    case kSeed: return true;
+    case kRegisters: p.c2 = v2_config(a.cols, p.vec); return p.c2.ok;
+    case kCpAsync: {
+      const V2Config c = v2_config(a.cols, p.vec);
+      p.stages = pipe_stages(size_t(a.cols) * sizeof(T));
+      if (!c.ok || !vec_ok || c.warp || p.stages < 2) return false;
+      p.c2 = v3_config(a.cols, V);
+      return true;
+    }
+    case kRowSlots:
+    case kClusterSplit: {
+      const bool split = f == kClusterSplit;
+      if (split && (!vec_ok || !dev.sm90())) return false;
+      p.cluster = split ? ring_cluster(a.cols, V) : 1;
+      if (split && p.cluster < 2) return false;
+      p.c4 = v4_config(a.cols / p.cluster, p.vec);
+      if (!p.c4.ok) return false;
+      p.l2pf = dev.sm90() && v4_l2_prefetch() && vec_ok && p.c4.iters == 4 && (split || sizeof(T) == 2);
+      const auto kernel = fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf);
+      if (!kernel) return false;
+      p.p4 = v4_plan(kernel, p.c4.tpr, kV4SmallThreads, a.rows, 0, 0);
+      if (split) {
+        const int64_t groups = cluster_groups(kernel, p.p4, p.cluster, a.rows);
+        if (groups <= 0) return false;
+        p.p4.grid = groups * p.cluster;
+      }
+      return true;
+    }
   }
-  return cudaSuccess;
+  return false;  // 5: no forward ring (layernorm_versions.h)
 }
 
 template <typename T, typename TW>
-cudaError_t dispatch_fwd_ring(const LnForwardArgs& a, const V4Config& cfg, int want, cudaStream_t stream, bool* ran) {
-  switch (cfg.iters) {
-    case 1: return launch_fwd_ring<T, TW, 1>(a, cfg, want, stream, ran);
-    case 2: return launch_fwd_ring<T, TW, 2>(a, cfg, want, stream, ran);
-    case 4: return launch_fwd_ring<T, TW, 4>(a, cfg, want, stream, ran);
+FwdPlan fwd_plan(const LnForwardArgs& a, int version, const LnDevice& dev) {
+  constexpr int V = kc::max_vec_elems<T>();
+  FwdPlan base;
+  const bool vec_ok = kc::can_vectorize<T, V>(a.x, a.cols) && kc::can_vectorize<T, V>(a.y, a.cols) &&
+                      (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V)) &&
+                      (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
+  base.vec = vec_ok ? V : 1;
+  int chain[8], n = 0;
+  if (version >= kSeed && version <= kMaxVersion) {
+    for (int f = version; f != 0; f = ln_fallback(f, /*forward=*/true)) chain[n++] = f;
+  } else {
+    int first[4];
+    const int k = fwd_auto_families<T, TW>(a, vec_ok, dev, first);
+    for (int i = 0; i < k; ++i) chain[n++] = first[i];
   }
-  *ran = false;
-  return cudaSuccess;
+  for (int i = 0; i < n; ++i) {
+    FwdPlan p = base;
+    p.family = chain[i];
+    if (fwd_plan_family<T, TW>(a, p.family, dev, p)) return p;
+  }
+  return base;  // version 1
 }
 
-// csize > 1: each row split across a cluster of csize CTAs (cfg: the
-// configuration of a share of D / csize columns; sm_90+, 16-byte vectors);
-// *ran = false when no such cluster fits the GPU (the caller runs another kernel).
-template <typename T, typename TW, int VEC, int ITERS, bool kPrefetch, bool kCluster, bool kL2pf = false>
-cudaError_t launch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, int csize, cudaStream_t stream, bool* ran) {
-  auto kernel = ln_fwd_v4<T, TW, VEC, ITERS, kPrefetch, kCluster, kL2pf>;
-  const V4Plan p = v4_plan(kernel, cfg.tpr, kV4SmallThreads, a.rows, 0, 0);
+// ---------------------------------------------------------------- launching
+template <typename T, typename TW>
+using FwdV2Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, float);
+template <typename T, typename TW>
+using FwdV3Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, float, int);
+
+// warp rows: at most kMaxEptWarp elements a thread, block rows kMaxEpt (v2_config's limits)
+template <typename T, typename TW>
+FwdV2Kernel<T, TW> fwd_v2_kernel(const FwdPlan& p) {
+  constexpr int V = kc::max_vec_elems<T>();
+  auto pick = [&](auto v) {
+    constexpr int VEC = decltype(v)::value;
+    return KC_BOOL_SWITCH(p.c2.warp, kWarp, [&] {
+      constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / VEC;
+      return with_iters<kMax>(p.c2.iters, FwdV2Kernel<T, TW>(nullptr), [&](auto it) {
+        return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, VEC, decltype(it)::value, kWarp>);
+      });
+    });
+  };
+  return p.vec == V ? pick(std::integral_constant<int, V>{}) : pick(std::integral_constant<int, 1>{});
+}
+
+template <typename T, typename TW>
+cudaError_t fwd_launch(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t stream) {
+  constexpr int V = kc::max_vec_elems<T>();
   const T* x = static_cast<const T*>(a.x);
   const TW* w = static_cast<const TW*>(a.weight);
   const TW* b = static_cast<const TW*>(a.bias);
   T* y = static_cast<T*>(a.y);
-  if constexpr (kCluster) {
-    const int64_t groups = cluster_groups(kernel, p, csize, a.rows);
-    *ran = groups > 0;
-    if (groups > 0)
-      KC_CUDA_TRY(kc::launch_cluster(kernel, dim3(unsigned(groups * csize)), dim3(unsigned(p.threads)), 0, stream,
-                                     unsigned(csize), x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols / csize,
-                                     a.eps, cfg.tpr));
-  } else {
-    *ran = true;
-    if (p.grid > 0) {
-      kernel<<<unsigned(p.grid), p.threads, 0, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols, a.eps,
-                                                         cfg.tpr);
+  switch (p.family) {
+    case kRegisters: {
+      const auto kernel = fwd_v2_kernel<T, TW>(p);
+      if (!kernel) return cudaErrorInvalidConfiguration;
+      int per_sm = 0;
+      KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.c2.threads, 0));
+      const int64_t rows_per_block = p.c2.warp ? p.c2.threads / 32 : 1;
+      const int64_t needed = (a.rows + rows_per_block - 1) / rows_per_block;
+      const int64_t cap = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1) * 4;  // up to 4 waves
+      kernel<<<unsigned(needed < cap ? needed : cap), p.c2.threads, 0, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows,
+                                                                                 a.cols, a.eps);
+      return cudaGetLastError();
+    }
+    case kCpAsync: {
+      const auto kernel = with_iters<kMaxEpt / V>(p.c2.iters, FwdV3Kernel<T, TW>(nullptr), [&](auto it) {
+        return FwdV3Kernel<T, TW>(ln_fwd_v3<T, TW, decltype(it)::value>);
+      });
+      if (!kernel) return cudaErrorInvalidConfiguration;
+      const size_t smem = size_t(p.stages) * size_t(a.cols) * sizeof(T);
+      KC_CUDA_TRY(allow_dynamic_smem(kernel, smem));
+      int per_sm = 0;
+      KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.c2.threads, smem));
+      const int64_t grid = persistent_grid(a.rows, per_sm);
+      kernel<<<unsigned(grid), p.c2.threads, smem, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.eps,
+                                                             p.stages);
+      return cudaGetLastError();
+    }
+    case kRowSlots:
+    case kClusterSplit: {
+      const bool split = p.family == kClusterSplit;
+      const auto kernel = fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf);
+      if (!kernel) return cudaErrorInvalidConfiguration;
+      if (p.p4.grid <= 0) return cudaSuccess;
+      if (split)
+        return kc::launch_cluster(kernel, dim3(unsigned(p.p4.grid)), dim3(unsigned(p.p4.threads)), 0, stream,
+                                  unsigned(p.cluster), x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols / p.cluster,
+                                  a.eps, p.c4.tpr);
+      kernel<<<unsigned(p.p4.grid), p.p4.threads, 0, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols,
+                                                               a.eps, p.c4.tpr);
       KC_CUDA_LAUNCH_TRY();
+      return cudaSuccess;
     }
   }
-  return cudaSuccess;
-}
-
-template <typename T, typename TW, int VEC>
-cudaError_t dispatch_fwd_v4(const LnForwardArgs& a, const V4Config& cfg, int csize, bool prefetch,
-                            cudaStream_t stream, bool* ran) {
-  constexpr bool kFullVec = VEC == kc::max_vec_elems<T>();
-  *ran = false;
-  return KC_BOOL_SWITCH(prefetch, kPrefetch, [&] {
-    auto go = [&](auto iters) -> cudaError_t {
-      constexpr int I = decltype(iters)::value;
-      // one row slot per SM (4 vectors a thread, the next row in registers):
-      // also the row after it into L2 (sm_90+: the bulk-copy engine)
-      constexpr bool kL2able = kFullVec && kPrefetch && I == 4;
-      const bool l2pf = kc::sm90_or_newer() && v4_l2_prefetch();  // (used where kL2able)
-      if (csize > 1) {
-        if constexpr (kL2able)
-          if (l2pf) return launch_fwd_v4<T, TW, VEC, I, kPrefetch, true, true>(a, cfg, csize, stream, ran);
-        if constexpr (kFullVec) return launch_fwd_v4<T, TW, VEC, I, kPrefetch, true>(a, cfg, csize, stream, ran);
-        return cudaErrorInvalidConfiguration;
-      }
-      if constexpr (kL2able && sizeof(T) == 2)  // (fp32 rows of 4 vectors a thread fit two slots per SM)
-        if (l2pf) return launch_fwd_v4<T, TW, VEC, I, kPrefetch, false, true>(a, cfg, 1, stream, ran);
-      return launch_fwd_v4<T, TW, VEC, I, kPrefetch, false>(a, cfg, 1, stream, ran);
-    };
-    switch (cfg.iters) {
-      case 1: return go(std::integral_constant<int, 1>{});
-      case 2: return go(std::integral_constant<int, 2>{});
-      case 4: return go(std::integral_constant<int, 4>{});
-    }
-    return cudaErrorInvalidConfiguration;
-  });
-}
-
-template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
-cudaError_t launch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStream_t stream) {
-  auto kernel = ln_fwd_v2<T, TW, VEC, ITERS, kWarp>;
-  int per_sm = 0;
-  KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, 0));
-  const int64_t rows_per_block = kWarp ? cfg.threads / 32 : 1;
-  const int64_t needed = (a.rows + rows_per_block - 1) / rows_per_block;
-  const int64_t cap = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1) * 4;  // up to 4 waves
-  const unsigned grid = unsigned(needed < cap ? needed : cap);
-  kernel<<<grid, cfg.threads, 0, stream>>>(static_cast<const T*>(a.x), static_cast<const TW*>(a.weight),
-                                           static_cast<const TW*>(a.bias), static_cast<T*>(a.y), a.mean,
-                                           a.rstd, a.rows, a.cols, a.eps);
-  return cudaGetLastError();
-}
-
-template <typename T, typename TW, int ITERS>
-cudaError_t launch_fwd_v3(const LnForwardArgs& a, const V2Config& cfg, int stages, cudaStream_t stream) {
-  auto kernel = ln_fwd_v3<T, TW, ITERS>;
-  const size_t smem = size_t(stages) * size_t(a.cols) * sizeof(T);
-  KC_CUDA_TRY(allow_dynamic_smem(kernel, smem));
-  int per_sm = 0;
-  KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, smem));
-  const int64_t grid = persistent_grid(a.rows, per_sm);
-  kernel<<<unsigned(grid), cfg.threads, smem, stream>>>(static_cast<const T*>(a.x), static_cast<const TW*>(a.weight),
-                                                        static_cast<const TW*>(a.bias), static_cast<T*>(a.y), a.mean,
-                                                        a.rstd, a.rows, a.cols, a.eps, stages);
-  return cudaGetLastError();
-}
-
-template <typename T, typename TW, int VEC>
-cudaError_t dispatch_fwd_v2(const LnForwardArgs& a, const V2Config& cfg, cudaStream_t stream) {
-  return KC_BOOL_SWITCH(cfg.warp, kWarp, [&] {
-    switch (cfg.iters) {
-      case 1: return launch_fwd_v2<T, TW, VEC, 1, kWarp>(a, cfg, stream);
-      case 2: return launch_fwd_v2<T, TW, VEC, 2, kWarp>(a, cfg, stream);
-      case 4: if constexpr (4 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 4, kWarp>(a, cfg, stream); break;
-      case 8: if constexpr (8 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 8, kWarp>(a, cfg, stream); break;
-      case 16: if constexpr (16 * VEC <= kMaxEpt) return launch_fwd_v2<T, TW, VEC, 16, kWarp>(a, cfg, stream); break;
-    }
-    return cudaErrorInvalidConfiguration;
-  });
-}
-
-template <typename T, typename TW>
-cudaError_t dispatch_fwd_v3(const LnForwardArgs& a, const V2Config& cfg, int stages, cudaStream_t stream) {
-  constexpr int V = kc::max_vec_elems<T>();
-  switch (cfg.iters) {
-    case 1: return launch_fwd_v3<T, TW, 1>(a, cfg, stages, stream);
-    case 2: return launch_fwd_v3<T, TW, 2>(a, cfg, stages, stream);
-    case 4: if constexpr (4 * V <= kMaxEpt) return launch_fwd_v3<T, TW, 4>(a, cfg, stages, stream); break;
-    case 8: if constexpr (8 * V <= kMaxEpt) return launch_fwd_v3<T, TW, 8>(a, cfg, stages, stream); break;
-  }
-  return cudaErrorInvalidConfiguration;
-}
-
-template <typename T, typename TW>
-cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stream) {
-  const T* x = static_cast<const T*>(a.x);
-  if (version >= 2) {
-    constexpr int V = kc::max_vec_elems<T>();
-    const bool vec_ok = kc::can_vectorize<T, V>(a.x, a.cols) && kc::can_vectorize<T, V>(a.y, a.cols) &&
-                        (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V)) &&
-                        (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
-    // version 4: fp32 rows longer than 8192 split across a cluster of CTAs
-    // (sm_90+, 16-byte vectors), the next row prefetched: 85% of the floor at
-    // 4096 x 16384 against v3's 80% (probe run 42, H200); 16-bit rows split
-    // that way measured much slower (one 512-thread slot per SM waits for every
-    // row's exchange: 110 against 77 µs), so not split. Knob kKnobCluster = 1, 2 or 4
-    // overrides (any dtype, any D it divides). Otherwise v4's kernels (next row
-    // prefetched) for 16-bit types; for fp32, v2's, and v3's for rows over 8192
-    // (v4 with the next row prefetched was 1-3% faster than v2 at 1024 and 8192
-    // columns in probe runs 37-38 but 3-8% slower in bench run 39: no consistent
-    // gain). Knob kKnobForce = 1: v4's kernels wherever they can run
-    // (kKnobPrefetch = 1 with them for fp32). Where a thread holds 4 vectors
-    // (one slot per SM), v4 also prefetches the row after next into L2
-    // (dispatch_fwd_v4; 4096 x 16384: bf16 77.0 -> 73.5 µs, fp32 148.2 -> 139.8,
-    // probe run 49).
-    if (version == 4 && vec_ok && kc::sm90_or_newer() && (sizeof(T) == 4 || ring_cluster_forced())) {
-      const int csize = ring_cluster(a.cols, V);
-      const V4Config cc = v4_config(a.cols / csize, V);
-      if (csize > 1 && cc.ok) {
-        bool ran = false;
-        const cudaError_t e = dispatch_fwd_v4<T, TW, V>(a, cc, csize, v4_prefetch(true), stream, &ran);
-        if (ran || e != cudaSuccess) return e;
-      }
-    }
-    const bool use_v4 = version == 4 && (sizeof(T) == 2 || v4_forced());
-    if (use_v4) {
-      const V4Config c4 = v4_config(a.cols, vec_ok ? V : 1);
-      const int ring = kc::sm90_or_newer() ? v4_ring(0) : 0;  // off by default: measured slower (README)
-      if (c4.ok && vec_ok && ring) {
-        bool ran = false;
-        const cudaError_t e = dispatch_fwd_ring<T, TW>(a, c4, ring, stream, &ran);
-        if (ran || e != cudaSuccess) return e;
-      }
-      if (c4.ok) {
-        bool ran = false;
-        const bool pf = v4_prefetch(sizeof(T) == 2);
-        return vec_ok ? dispatch_fwd_v4<T, TW, V>(a, c4, 1, pf, stream, &ran)
-                      : dispatch_fwd_v4<T, TW, 1>(a, c4, 1, pf, stream, &ran);
-      }
-    }
-    if (version == 4 && !use_v4 && a.cols > 8192) version = 3;
-    const V2Config cfg = v2_config(a.cols, vec_ok ? V : 1);
-    if (cfg.ok) {
-      const int stages = pipe_stages(size_t(a.cols) * sizeof(T));
-      if (version == 3 && vec_ok && !cfg.warp && stages >= 2)
-        return dispatch_fwd_v3<T, TW>(a, v3_config(a.cols, V), stages, stream);
-      return vec_ok ? dispatch_fwd_v2<T, TW, V>(a, cfg, stream) : dispatch_fwd_v2<T, TW, 1>(a, cfg, stream);
-    }
-  }
-  // v1 (and v2's fallback for long rows): one block per row, in chunks that fit a grid
+  // 1: one block per row, in chunks that fit a grid
   for (int64_t r0 = 0; r0 < a.rows; r0 += 0x7fffffff) {
     const int64_t n = a.rows - r0 < 0x7fffffff ? a.rows - r0 : 0x7fffffff;
-    ln_fwd_v1<T, TW><<<unsigned(n), 256, 0, stream>>>(x, static_cast<const TW*>(a.weight),
-                                                      static_cast<const TW*>(a.bias), static_cast<T*>(a.y),
-                                                      a.mean, a.rstd, r0, a.cols, a.eps);
+    ln_fwd_v1<T, TW><<<unsigned(n), 256, 0, stream>>>(x, w, b, y, a.mean, a.rstd, r0, a.cols, a.eps);
     KC_CUDA_LAUNCH_TRY();
   }
   return cudaSuccess;
@@ -643,12 +582,12 @@ cudaError_t forward_typed(const LnForwardArgs& a, int version, cudaStream_t stre
 
 cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
-  if (version < 1 || version > 4) return cudaErrorInvalidValue;
+  const LnDevice dev = ln_device();
   const bool w_f32 = a.wdt == kc::DType::F32;
   return KC_DTYPE_SWITCH(a.dt, T, [&] {
     return KC_BOOL_SWITCH(w_f32, kWF32, [&] {
       using TW = typename std::conditional<kWF32, float, T>::type;
-      return forward_typed<T, TW>(a, version, stream);
+      return fwd_launch<T, TW>(a, fwd_plan<T, TW>(a, version, dev), stream);
     });
   });
 }

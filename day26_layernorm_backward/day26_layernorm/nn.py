@@ -11,7 +11,9 @@ class LayerNorm(torch.nn.LayerNorm):
 
     Same constructor (normalized_shape, eps, elementwise_affine, bias, device,
     dtype), same parameters (`weight`, `bias`) and state_dict, so it loads a
-    torch.nn.LayerNorm's weights. `version` picks the kernels (1: the seed's, 2: registers, 3: cp.async pipeline, 4: row slots, the default).
+    torch.nn.LayerNorm's weights. `version` picks the CUDA kernels (0: auto, the
+    default; 1: the seed's, 2: registers, 3: cp.async pipeline, 4: row slots, 5:
+    copy-engine ring, 6: cluster split; see day26_layernorm.layer_norm).
     """
 
     def __init__(self, *args, version: int = DEFAULT_VERSION, **kwargs):

@@ -69,10 +69,11 @@ def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=
 
 @contextlib.contextmanager
 def knobs(**values: int):
-    """Private, for tests and tools/: override the CUDA launchers' own choices
-    inside the block (names in csrc/layernorm.h's LnKnob: target_iters, ept,
-    prefetch, l2_prefetch, force, smem_acc, grid, ring, cluster; ints, bools as
-    0/1), restored to the library's choices after. Not thread-safe, not for models."""
+    """Private, for tests and tools/: override the CUDA plans' own choices inside
+    the block (names in csrc/layernorm_knobs.h's LnKnob: target_iters,
+    l2_prefetch, grid, ring_stages, cluster; ints, bools as 0/1), restored to the
+    plans' choices after. The kernel family is the `version`, not a knob.
+    Not thread-safe, not for models."""
     names = list(_C._knob_names())
     bad = sorted(set(values) - set(names))
     if bad:
@@ -84,6 +85,18 @@ def knobs(**values: int):
     finally:
         for k in values:
             _C._set_knob(names.index(k), -1)
+
+
+def backward_plan(dy, x, normalized_shape, mean, rstd, weight=None,
+                  output_mask: Sequence[bool] = (True, True, True), version: int = DEFAULT_VERSION) -> dict:
+    """Private, for tests and tools/ (CUDA builds, CUDA tensors): the plan that
+    layer_norm_backward would launch for these arguments (csrc/layernorm.h's
+    LnBwdPlan: family, vec, iters, tpr, warp, prefetch, stages, cluster, slots,
+    threads, grid, smem, partial_rows, workspace_floats, finalize; and the device's
+    sms and cc), as a dict of ints. `family` is the kernel family that runs (1-6,
+    after the fallbacks of csrc/layernorm_versions.h)."""
+    return dict(_C._backward_plan(dy, x, _as_shape(normalized_shape), mean, rstd, weight,
+                                  [bool(m) for m in output_mask], int(version)))
 
 
 def _as_shape(normalized_shape) -> list[int]:
@@ -111,9 +124,11 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, v
 
     x: (..., *normalized_shape) in float32, float16 or bfloat16 (float64 on CPU);
     weight, bias: normalized_shape, in x's dtype or float32. Statistics and all
-    sums are computed in fp32 (fp64 on CPU). CUDA kernel versions: 1 = the
-    seed's algorithm, 2 = row in registers, 3 = 2 on a cp.async pipeline,
-    4 = row slots (the default: v4's kernels where they measured fastest, v2's
-    or v3's elsewhere; see the README). The CPU path ignores it.
+    sums are computed in fp32 (fp64 on CPU). CUDA kernel versions: 0 = auto
+    (the default: the plan's table picks per shape), 1 = the seed's algorithm,
+    2 = row in registers, 3 = 2 on a cp.async pipeline, 4 = row slots, 5 = 4 on
+    a copy-engine ring (backward; the forward runs 4), 6 = rows split across a
+    thread-block cluster. A version that cannot run a shape falls back
+    (csrc/layernorm_versions.h; the README). The CPU path checks it and ignores it.
     """
     return _fwd(x, _as_shape(normalized_shape), weight, bias, float(eps), int(version))[0]

@@ -1,10 +1,10 @@
 """Where does the time go? (GPU; a development probe, not the benchmark.)
 
 For each benchmark shape and each variant ("V" or "V:KNOB=VAL:KNOB=VAL", e.g.
-"4:prefetch=0"; knob names: day26_layernorm.ops.knobs): the whole backward, dx only (no dgamma/dbeta), and the
+"5:ring_stages=4"; versions 0 (auto) to 6, knob names: day26_layernorm.ops.knobs): the whole backward, dx only (no dgamma/dbeta), and the
 forward; plus torch.add(x, dy, out=dx) - the backward's 3 passes of bytes with no
 math - and copy_ (the forward's 2 passes).
-    python tools/probe_bwd.py [--variants 2,4] [--dtypes float32,bfloat16] [--no-dx] [--fwd-only]
+    python tools/probe_bwd.py [--variants 2,0] [--dtypes float32,bfloat16] [--no-dx] [--fwd-only]
                               [--shapes 32768x1024,8192x8192]
 """
 import argparse
@@ -20,7 +20,7 @@ SHAPES = [(4096, 768), (32768, 1024), (16384, 4096), (8192, 8192), (4096, 16384)
 
 
 def env_set(env):
-    """day26's private tuning knobs (ops.knobs) set inside the block, e.g. {"prefetch": "0"}."""
+    """day26's private tuning knobs (ops.knobs) set inside the block, e.g. {"ring_stages": "4"}."""
     return knobs(**{k: int(v) for k, v in env.items()})
 
 
@@ -34,7 +34,7 @@ def parse_variant(s):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--variants", default="2,4")
+    p.add_argument("--variants", default="2,0")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--no-dx", action="store_true")
     p.add_argument("--fwd-only", action="store_true", help="time the forward only")

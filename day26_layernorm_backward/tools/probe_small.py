@@ -1,6 +1,6 @@
 """Where do the microseconds of a small shape go? (GPU; a development probe.)
 
-For 4096x768 (the benchmark's smallest shape), ours (version 4) and torch native, forward and
+For 4096x768 (the benchmark's smallest shape), ours (the default, version 0) and torch native, forward and
 backward:
 - bench: bench.time_us as bench.py measures it (L2 flushed before each repeat; the host's
   dispatch of the op is exposed wherever it takes longer than the flush runs on the GPU);

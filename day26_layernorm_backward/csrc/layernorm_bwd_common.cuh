@@ -1,0 +1,244 @@
+// Shared by the backward's files (layernorm_bwd_*.cu): the device helpers of
+// more than one version, the per-family plan/launch functions the plan
+// (layernorm_bwd_plan.cu) calls, and the dtype dispatch.
+//
+// The backward, with xhat = (x - mean) * rstd, g = dy * weight and D the row
+// length (derivation in the README):
+//   dx      = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))      per row
+//   dweight = sum_rows(dy * xhat),  dbias = sum_rows(dy)            per column
+// Versions 2-6 write one fp32 partial row of (dweight, dbias) per block (or per
+// cluster), [partial_rows][2][D], summed in a fixed order by the finalize kernel
+// (layernorm_bwd_finalize.cu): no float atomics anywhere, so the same inputs on
+// the same GPU give bitwise the same dweight/dbias.
+#pragma once
+
+#include <type_traits>
+
+#include "layernorm.h"
+#include "layernorm_common.cuh"
+
+#include "kc/switch.cuh"
+
+namespace day26 {
+
+// ------------------------------------------------------------- per family
+// bwd_plan_*: the launch shape of the family's kernel for `a`, written into p
+// (p.vec and p.partials already set); false when the family cannot run the
+// shape (the plan tries the next family of the chain, layernorm_versions.h).
+// bwd_launch_*: launches exactly p's main kernel (no choice left); ln_backward
+// launches the finalize after it when p.finalize says so.
+bool bwd_plan_v2(const LnBackwardArgs& a, LnBwdPlan& p);
+bool bwd_plan_v3(const LnBackwardArgs& a, LnBwdPlan& p);
+bool bwd_plan_v4(const LnBackwardArgs& a, LnBwdPlan& p);
+bool bwd_plan_ring(const LnBackwardArgs& a, LnBwdPlan& p);  // 5 (p.cluster == 1) and 6
+cudaError_t bwd_launch_v1(const LnBackwardArgs& a, cudaStream_t stream);
+cudaError_t bwd_launch_v2(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
+cudaError_t bwd_launch_v3(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
+cudaError_t bwd_launch_v4(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
+cudaError_t bwd_launch_ring(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
+// the finalize: p.partial_rows partial rows -> dweight, dbias (PDL on sm_90+)
+cudaError_t bwd_launch_finalize(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
+// finalize kernel for rows of at most kFinNarrowMaxD columns (else the wide one)
+constexpr int kFinNarrowMaxD = 1024;
+
+// f(T{}, TW{}) for the input dtype T and the weight dtype TW (T or float).
+template <typename F>
+auto ln_typed(kc::DType dt, kc::DType wdt, F&& f) {
+  const bool w_f32 = wdt == kc::DType::F32;
+  return KC_DTYPE_SWITCH(dt, T, [&] {
+    return KC_BOOL_SWITCH(w_f32, kWF32, [&] {
+      using TW = typename std::conditional<kWF32, float, T>::type;
+      return f(T{}, TW{});
+    });
+  });
+}
+
+// Tensor arguments of every backward kernel, typed.
+template <typename T, typename TW>
+struct BwdPtrs {
+  const T* dy;
+  const T* x;
+  const TW* w;
+  T* dx;
+  explicit BwdPtrs(const LnBackwardArgs& a)
+      : dy(static_cast<const T*>(a.dy)), x(static_cast<const T*>(a.x)), w(static_cast<const TW*>(a.weight)),
+        dx(static_cast<T*>(a.dx)) {}
+};
+
+// Launches plan p's main kernel (persistent grid: p.grid blocks of p.threads,
+// p.smem bytes) with the arguments every backward kernel takes, then `extra`;
+// nothing when p.grid is 0 (no rows). A null kernel: p names no instantiation.
+template <typename T, typename TW, typename... KArgs, typename... Extra>
+cudaError_t launch_bwd_main(void (*kernel)(KArgs...), const LnBackwardArgs& a, const LnBwdPlan& p,
+                            cudaStream_t stream, Extra... extra) {
+  if (!kernel) return cudaErrorInvalidConfiguration;
+  if (p.grid <= 0) return cudaSuccess;
+  const BwdPtrs<T, TW> q(a);
+  kernel<<<unsigned(p.grid), p.threads, p.smem, stream>>>(q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows,
+                                                          a.cols, extra...);
+  return cudaGetLastError();
+}
+
+// ------------------------------------------------------- device helpers
+// 2 and 3:
+// pass 1 of a row: the row sums of g = dy * w and g * xhat; per column dy * xhat
+// and dy into pw/pb. pass 2: dx = rstd * (g - a - xhat * b).
+template <typename T, typename TW, int VEC>
+__device__ __forceinline__ void bwd_pass1(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv, const TW* w,
+                                          int64_t c, float mu, float rs, float (&sums)[2], float (&pw)[VEC],
+                                          float (&pb)[VEC]) {
+  float wv[VEC];
+  load_param<TW, VEC>(w, c, 1.f, wv);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+    const float d = kc::to_float(dv.v[j]);
+    const float g = d * wv[j];
+    sums[0] += g;
+    sums[1] += g * xhat;
+    pw[j] = d * xhat;
+    pb[j] = d;
+  }
+}
+
+template <typename T, typename TW, int VEC>
+__device__ __forceinline__ void bwd_pass2(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv, const TW* w,
+                                          int64_t c, float mu, float rs, float a, float b, T* dxr) {
+  float wv[VEC], out[VEC];
+  load_param<TW, VEC>(w, c, 1.f, wv);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+    const float g = kc::to_float(dv.v[j]) * wv[j];
+    out[j] = rs * (g - a - xhat * b);
+  }
+  store_from_f32<T, VEC>(dxr + c, out);
+}
+
+// 3, 4, 5, 6:
+// Write a thread's register sums (columns (it * tpr + t) * VEC + j < D) into a
+// partial row: out[c] = dweight partial, out[ld + c] = dbias partial.
+template <int VEC, int ITERS>
+__device__ __forceinline__ void store_partial_row(float* out, const float (&accw)[ITERS][VEC],
+                                                  const float (&accb)[ITERS][VEC], int64_t D, int64_t ld, int tpr,
+                                                  int t) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int64_t c = (int64_t(it) * tpr + t) * VEC;
+    if (c < D) {
+      if constexpr (VEC % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < VEC; j += 4) {
+          *reinterpret_cast<float4*>(out + c + j) =
+              make_float4(accw[it][j], accw[it][j + 1], accw[it][j + 2], accw[it][j + 3]);
+          *reinterpret_cast<float4*>(out + ld + c + j) =
+              make_float4(accb[it][j], accb[it][j + 1], accb[it][j + 2], accb[it][j + 3]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          out[c + j] = accw[it][j];
+          out[ld + c + j] = accb[it][j];
+        }
+      }
+    }
+  }
+}
+
+// The end of a row-slot kernel (v4, v4 ring) with register sums: slots 1, 2, ...
+// park their sums in `buf` ([slots - 1][ITERS][2 * VEC][tpr] floats: consecutive
+// threads, consecutive words; written once, read once), slot 0 adds them in slot
+// order and writes the block's partial row `out` (columns < D, dbias at out + ld).
+// Every thread of the block calls it, after its last use of the shared memory
+// that `buf` overlays.
+template <int VEC, int ITERS>
+__device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], float (&accb)[ITERS][VEC],
+                                                    float* buf, float* out, int64_t D, int64_t ld, int slots,
+                                                    int slot, int tpr, int t) {
+  if (slots > 1) {
+    __syncthreads();  // every slot is done with its rows (and with what buf overlays)
+    if (slot > 0) {
+      float* b = buf + int64_t(slot - 1) * ITERS * 2 * VEC * tpr + t;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          b[(it * 2 * VEC + j) * tpr] = accw[it][j];
+          b[(it * 2 * VEC + VEC + j) * tpr] = accb[it][j];
+        }
+    }
+    __syncthreads();
+    if (slot == 0) {
+      for (int k = 1; k < slots; ++k) {
+        const float* b = buf + int64_t(k - 1) * ITERS * 2 * VEC * tpr + t;
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            accw[it][j] += b[(it * 2 * VEC + j) * tpr];
+            accb[it][j] += b[(it * 2 * VEC + VEC + j) * tpr];
+          }
+      }
+    }
+  }
+  if (slot == 0) store_partial_row<VEC, ITERS>(out, accw, accb, D, ld, tpr, t);
+}
+
+// 4, 5, 6:
+// One vector of a row in v4 and the ring (weights wv in fp32). Each 16-byte
+// vector of x and dy is converted to fp32 once (kc::vec_to_float: a 16-bit pair
+// is one 32-bit word). Pass 1: the row sums of g = dy * w and g * xhat into sums,
+// and (kCols) dy * xhat and dy added to the column sums cw, cb.
+template <typename T, int VEC, bool kCols>
+__device__ __forceinline__ void bwd_vec_pass1(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv,
+                                              const float (&wv)[VEC], float mu, float rs, float (&sums)[2],
+                                              float (&cw)[VEC], float (&cb)[VEC]) {
+  float xf[VEC], df[VEC];
+  kc::vec_to_float(xv, xf);
+  kc::vec_to_float(dv, df);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (xf[j] - mu) * rs;
+    const float g = df[j] * wv[j];
+    sums[0] += g;
+    sums[1] = fmaf(g, xhat, sums[1]);
+    if (kCols) {
+      cw[j] = fmaf(df[j], xhat, cw[j]);
+      cb[j] += df[j];
+    }
+  }
+}
+
+// Pass 2, one row's terms: dx = rstd * (g - a - xhat * b), a and b the row sums
+// over D. fp32 output: computed as written (distributed into FMAs, rstd * b and
+// rstd * a are rounded first, and dx is a small difference of large terms for
+// short rows: measured 4.5e-6 relative error at D = 3 in fp32, over the tests'
+// 3e-6). 16-bit output, whose rounding is 2^-8 or 2^-11 of dx, far above those
+// fp32 roundings: dx = k1 * (x - mean) + (rstd * g + k0) with k1 = -rstd^2 * b,
+// k0 = -rstd * a per row: 4 instructions an element instead of 6.
+struct DxRow {
+  float mu, rs, a, b, k0, k1;
+  __device__ __forceinline__ DxRow(float mu_, float rs_, const float (&sums)[2], float inv_d)
+      : mu(mu_), rs(rs_), a(sums[0] * inv_d), b(sums[1] * inv_d), k0(-rs_ * a), k1(-(rs_ * rs_) * b) {}
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ void bwd_vec_dx(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv,
+                                           const float (&wv)[VEC], const DxRow& r, T* p) {
+  float xf[VEC], df[VEC], out[VEC];
+  kc::vec_to_float(xv, xf);
+  kc::vec_to_float(dv, df);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float g = df[j] * wv[j];
+    if constexpr (sizeof(T) == 4) {
+      const float xhat = (xf[j] - r.mu) * r.rs;
+      out[j] = r.rs * (g - r.a - xhat * r.b);
+    } else {
+      out[j] = fmaf(r.k1, xf[j] - r.mu, fmaf(r.rs, g, r.k0));
+    }
+  }
+  store_from_f32<T, VEC>(p, out);
+}
+
+}  // namespace day26
