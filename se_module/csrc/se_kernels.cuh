@@ -258,6 +258,56 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_kernel(ReduceArgs<T> a) 
   if constexpr (kSumGX) a.part_gx[o] = sgx;
 }
 
+// NCHW with short rows (L <= kTileMaxL: EfficientNet's 7x7 and 14x14 stages).
+// A warp per row reads only L elements (49 at 7x7: two loads per lane, then a
+// shuffle reduction per row), and rows that are not a multiple of 16 bytes long
+// leave every access scalar. Instead a block stages kTileRows whole rows, one
+// contiguous piece of memory, into shared memory with 16-byte loads (all issued
+// before any is stored), then thread r < kTileRows adds row r in order
+// (deterministic; L odd or even, the row stride in shared memory spreads the
+// threads over the banks well enough for a sum that is not the bottleneck).
+// Shared memory: NS * kTileRows * L elements of T (dynamic). No splits.
+constexpr int kTileRows = 128;
+constexpr int64_t kTileMaxL = 64;
+
+template <typename T, int VEC, bool kSumX, bool kSumGX>
+__global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T> a) {
+  static_assert(kSumX, "sum g x needs x staged too");
+  constexpr int NS = int(kSumX) + int(kSumGX);
+  extern __shared__ float4 tile4[];
+  T* tile = reinterpret_cast<T*>(tile4);
+  if (int64_t(blockIdx.x) >= a.reduce_blocks) return cast_params_block(a.cast, int(blockIdx.x - a.reduce_blocks));
+  grid_dependency_wait();
+  launch_dependents();
+  const int64_t rows = a.n * a.c;
+  const int64_t row0 = int64_t(blockIdx.x) * kTileRows;
+  const int nrows = int(min(int64_t(kTileRows), rows - row0));
+  const int64_t len = int64_t(nrows) * a.l;  // elements of this block's piece (a multiple of VEC: see the launcher)
+  const int64_t base = row0 * a.l;
+  using V = kc::Vec<T, VEC>;
+  const T* srcs[2] = {kSumX ? a.x : a.g, a.g};
+  for (int q = 0; q < NS; ++q) {
+    const V* src = reinterpret_cast<const V*>(srcs[q] + base);
+    V* dst = reinterpret_cast<V*>(tile + int64_t(q) * kTileRows * a.l);
+    batched_loop<8>(threadIdx.x, len / VEC, kThreads, [&](int64_t i) { return kc::load_vec<VEC>(reinterpret_cast<const T*>(src + i)); },
+                    [&](int64_t i, V v) { dst[i] = v; });
+  }
+  __syncthreads();
+  const int r = threadIdx.x;
+  if (r >= nrows) return;
+  const T* xr = tile + int64_t(r) * a.l;
+  const T* gr = tile + (int64_t(NS - 1) * kTileRows + r) * a.l;
+  float sx = 0.f, sgx = 0.f;
+  for (int64_t l = 0; l < a.l; ++l) {
+    if constexpr (kSumX) sx += kc::to_float(xr[l]);
+    if constexpr (kSumGX) sgx += kc::to_float(gr[l]) * kc::to_float(xr[l]);
+  }
+  // splits = 1: part[n * C + c] = part[row]
+  if constexpr (kSumX) a.part_x[row0 + r] = sx;
+  if constexpr (kSumGX) a.part_gx[row0 + r] = sgx;
+}
+inline size_t tile_smem_bytes(int64_t l, int ns, size_t elem) { return size_t(ns) * kTileRows * size_t(l) * elem; }
+
 // NHWC: x is [N, L, C]; a sum per column c over the rows l of one sample.
 // Block = one (n, split, column tile). Thread t owns vector column
 // t % tc of the tile and rows l = l0 + t / tc, stepping by rows_par = kThreads / tc,
@@ -368,6 +418,11 @@ inline void nhwc_tiles(int64_t c, int vec, int* tc, int* col_tiles) {
   *tc = int(ceil_div(cv, *col_tiles));
 }
 
+// NCHW rows short enough for reduce_rows_tile_kernel (and the plan did not split them)
+inline bool use_row_tiles(const Dims& d, const ReducePlan& p) {
+  return d.layout == Layout::NCHW && d.l <= kTileMaxL && p.splits == 1;
+}
+
 template <bool kSumX, bool kSumGX, bool kWriteGS>
 cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs_out, kc::DType dt,
                           const Dims& d, const ReducePlan& p, float* part_x, float* part_gx,
@@ -388,6 +443,27 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
     };
     return KC_BOOL_SWITCH(vec, kVec, [&]() -> cudaError_t {
       constexpr int VEC = kVec ? MV : 1;
+      if (kSumX && !kWriteGS && use_row_tiles(d, p)) {
+        // every block's piece starts at row0 * L, row0 a multiple of kTileRows: 16-byte
+        // aligned when x is; the last piece is a multiple of VEC when N * C * L is.
+        constexpr int NS = int(kSumX) + int(kSumGX);
+        const bool tvec = kc::is_aligned(x, 16) && (g == nullptr || kc::is_aligned(g, 16)) &&
+                          (d.n * d.c * d.l) % MV == 0 && (int64_t(kTileRows) * d.l) % MV == 0;
+        const size_t smem = tile_smem_bytes(d.l, NS, sizeof(T));
+        const unsigned blocks = grid(ceil_div(d.n * d.c, kTileRows));
+        if (blocks == 0) return cudaErrorInvalidConfiguration;
+        auto go = [&](auto kernel) -> cudaError_t {
+          if (smem > 48 * 1024) {
+            KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+          }
+          kernel<<<blocks, kThreads, smem, stream>>>(a);
+          return cudaGetLastError();
+        };
+        if constexpr (kSumX && !kWriteGS) {
+          return tvec ? go(reduce_rows_tile_kernel<T, MV, kSumX, kSumGX>) : go(reduce_rows_tile_kernel<T, 1, kSumX, kSumGX>);
+        }
+      }
       if (d.layout == Layout::NCHW) {
         const int64_t units = d.n * d.c * p.splits;
         if (nchw_team(d) == 32) {
@@ -477,6 +553,7 @@ struct EwArgs {
   int64_t c, l;
   FastDiv div_a, div_b;  // NCHW: div_a = L. NHWC: div_a = C, div_b = L * C (32-bit path only)
   bool reverse, streaming;
+  bool straddle;  // NCHW with L not a multiple of VEC: a vector's elements may lie in two rows
   int ew_blocks;
   WgradArgs wg;
 };
@@ -549,8 +626,17 @@ __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
       // NCHW: all VEC elements share one channel; NHWC: VEC consecutive channels
       // (ch a multiple of VEC, so their factors are whole 16-byte vectors of s)
       float sv[VEC], cv[VEC];
-      channel_factors<LAY, VEC>(a.s, ch, sv);
-      if constexpr (MODE == Ew::Dx) channel_factors<LAY, VEC>(a.coef, ch, cv);
+      if (LAY == Layout::NCHW && VEC > 1 && a.straddle) {  // short odd rows (7x7): a channel per element
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const int64_t chk = channel_of<LAY, k64>(a, e + k);
+          sv[k] = __ldg(a.s + chk);
+          if constexpr (MODE == Ew::Dx) cv[k] = __ldg(a.coef + chk);
+        }
+      } else {
+        channel_factors<LAY, VEC>(a.s, ch, sv);
+        if constexpr (MODE == Ew::Dx) channel_factors<LAY, VEC>(a.coef, ch, cv);
+      }
       float o[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
@@ -576,9 +662,11 @@ cudaError_t launch_ew(const void* in, const float* s, const float* coef, float a
     // NHWC vectors also read their VEC factors of s (and coef) as 16-byte vectors
     const bool factors_ok = d.layout == Layout::NCHW ||
                             (kc::is_aligned(s, 16) && (coef == nullptr || kc::is_aligned(coef, 16)));
-    const bool vec = (in == nullptr || kc::is_aligned(in, 16)) && kc::is_aligned(out, 16) && inner % MV == 0 &&
-                     factors_ok;
     const int64_t total = d.n * d.c * d.l;
+    // NCHW vectors may straddle rows (each element then finds its own channel)
+    const bool straddle = d.layout == Layout::NCHW && inner % MV != 0;
+    const bool vec = (in == nullptr || kc::is_aligned(in, 16)) && kc::is_aligned(out, 16) &&
+                     (straddle ? total % MV == 0 : inner % MV == 0) && factors_ok;
     const bool big = total >= (int64_t(1) << 31);
     return KC_BOOL_SWITCH(vec, kVec, [&]() -> cudaError_t {
       constexpr int VEC = kVec ? MV : 1;
@@ -597,6 +685,7 @@ cudaError_t launch_ew(const void* in, const float* s, const float* coef, float a
       }
       a.reverse = reverse;
       a.streaming = streaming;
+      a.straddle = straddle && VEC > 1;
       const int64_t want = ceil_div(a.total_vec, int64_t(kThreads) * 4);
       const int64_t cap = int64_t(num_sms > 0 ? num_sms : 1) * 8;
       a.ew_blocks = int(want < cap ? want : cap);
