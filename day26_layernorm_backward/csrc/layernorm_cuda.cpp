@@ -63,11 +63,17 @@ struct BwdCall {
   LnBwdPlan plan;
 };
 
-BwdCall prepare_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
-                         const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, std::array<bool, 3> mask,
-                         int64_t version) {
+// The checks (devices too) come before the caller's CUDAGuard, which needs x on a CUDA device.
+LnShape check_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
+                       const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, int64_t version) {
   const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight_, /*allow_f64=*/false, version);
   TORCH_CHECK(x_.is_cuda(), "layer_norm backward: input must be a CUDA tensor here");
+  return s;
+}
+
+BwdCall prepare_backward(const LnShape& s, const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape,
+                         const at::Tensor& mean_, const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_,
+                         std::array<bool, 3> mask, int64_t version) {
   BwdCall c;
   c.x = x_.contiguous();
   c.dy = dy_.contiguous();
@@ -100,8 +106,9 @@ BwdCall prepare_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArr
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
     const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
     const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, std::array<bool, 3> mask, int64_t version) {
+  const LnShape s = check_backward(dy_, x_, nshape, mean_, rstd_, weight_, version);
   const at::cuda::CUDAGuard guard(x_.device());
-  BwdCall c = prepare_backward(dy_, x_, nshape, mean_, rstd_, weight_, mask, version);
+  BwdCall c = prepare_backward(s, dy_, x_, nshape, mean_, rstd_, weight_, mask, version);
   if (c.plan.workspace_floats > 0) {
     c.ws = at::empty({c.plan.workspace_floats}, c.x.options().dtype(at::kFloat));
     c.a.workspace = c.ws.data_ptr<float>();
@@ -114,8 +121,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
 std::vector<std::pair<std::string, int64_t>> backward_plan_query(
     const at::Tensor& dy, const at::Tensor& x, at::IntArrayRef nshape, const at::Tensor& mean, const at::Tensor& rstd,
     const c10::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version) {
+  const LnShape s = check_backward(dy, x, nshape, mean, rstd, weight, version);
   const at::cuda::CUDAGuard guard(x.device());
-  const LnBwdPlan p = prepare_backward(dy, x, nshape, mean, rstd, weight, mask, version).plan;
+  const LnBwdPlan p = prepare_backward(s, dy, x, nshape, mean, rstd, weight, mask, version).plan;
   const LnDevice d = ln_device();
   return {{"version", p.version},     {"family", p.family},
           {"partials", p.partials},   {"vec", p.vec},
