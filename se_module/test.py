@@ -561,10 +561,14 @@ def test_cuda_lowp_params_are_widened_exactly(version, wdtype, shape):
         assert torch.equal(a, b.to(wdtype)), f"{name} v{version}: 16-bit parameters differ from their fp32 values"
 
 
-# v4's spread MLP (2 S C >= 65536 weights): N not a multiple of the sample tile (4),
-# N = 1, S over 32 (several column chunks), C not a multiple of 32, H * W = 1, and
-# both unrolled loops' remainders (I not a multiple of 4 x 32 or 8 x 8).
-SPREAD = [(5, 600, 3, 3, 60), (1, 1152, 2, 3, 48), (6, 1152, 7, 7, 48), (2, 410, 1, 1, 90), (9, 300, 5, 5, 130)]
+# v4's spread MLP (2 S C >= 65536 weights): N not a multiple of the sample tiles (4 in
+# gemv_kernel, 32 in gemv_narrow_kernel; 33: a second narrow tile of one sample),
+# N = 1, S over 32 (several column chunks), C not a multiple of 32, H * W = 1, both
+# unrolled loops' remainders (I not a multiple of 4 x 32 or 8 x 8), S over
+# kNarrowMaxI = 256 (fc2 on gemv_kernel), and H * W = 225 (odd: the NCHW row tiles
+# read scalars, 16 rows of 16 threads each in the backward).
+SPREAD = [(5, 600, 3, 3, 60), (1, 1152, 2, 3, 48), (6, 1152, 7, 7, 48), (2, 410, 1, 1, 90), (9, 300, 5, 5, 130),
+          (3, 520, 2, 2, 260), (33, 700, 15, 15, 50)]
 
 
 @requires_cuda
@@ -617,7 +621,8 @@ CUDA_BIG = [
     (1, 64, 112, 112, 16),   # N * C small: more splits
     (4, 1100, 3, 3, 8),      # NHWC with more than one column tile (C / 4 > 256)
     (1, 16, 64, 64, 4),      # NHWC, one sample: rows split across blocks
-    (32, 672, 7, 7, 28),     # EfficientNet-like: short rows, warp per row
+    (32, 672, 7, 7, 28),     # EfficientNet-like: short rows (NCHW: 128 rows per tile)
+    (5, 2688, 12, 12, 112),  # B4's last stage: rows of 144 (NCHW: 64 / 32 rows per tile), S over 32
 ]
 
 

@@ -52,13 +52,23 @@
 //       read once per tile of samples, and the grid fills the GPU at any N.
 //       Forward 4 kernels, backward 6; below the threshold v4 is v3.
 //
-// gemv_kernel (v4) assumptions: kThreads threads; grid (output chunks, sample tiles);
-// dynamic shared memory kTileN * I floats (the tile's inputs) + kWarps * kTileN * 32
-// floats (column-mode partials); outputs of samples past N are computed on zeros and
-// not stored. Two access modes, chosen by which way the weight matrix is contiguous:
-//   Row: W(o, i) = w[o * I + i]: a warp per output, lanes over i (coalesced), warp sum;
-//   Col: W(o, i) = w[i * O + o]: lanes over 32 consecutive outputs (coalesced), warps
-//        over slices of i, the 8 warps' partials added in order through shared memory.
+// v4's products, out[n, o] = epilogue(sum_i W(o, i) in[n, i]), W = w [O, I] row-major:
+//   rows of length C (fc1, and w2^T dz2): gemv_kernel. kThreads threads; grid (output
+//     chunks of kWarps, sample tiles of kTileN); dynamic shared memory kTileN * I floats
+//     (the tile's inputs); outputs of samples past N are computed on zeros and not
+//     stored. One warp per output o, lanes over i of the row (coalesced; 16-byte loads
+//     where I % 4 == 0 and w is aligned), 8 loads per lane in flight, then a warp sum;
+//     lane b finishes sample b.
+//   rows of length S <= kNarrowMaxI (fc2, and w1^T dz1): gemv_narrow_kernel. Grid
+//     (chunks of kNarrowO outputs, tiles of kNarrowN samples); both tiles staged in
+//     shared memory; lane = output, each warp kNarrowN / kWarps of the samples.
+// The backward's transposed products read w2^T and w1^T, written as fp32 copies by
+// extra blocks of the backward's first kernel (ParamCast), so every product reads rows.
+// (Latency is what matters at these sizes: a product of 128 x 1152 x 48 is a few
+// MFLOP; each kernel stages its operands in one or two batched passes of loads.
+// H100, 2026-11-24, ncu: fc2 at (128, 1152, 7, 7) took 30 us as a warp per 48-long
+// row, and fc1 at (32, 2688, 12, 12) 34 us while its staging waited on one load per
+// (element, split).)
 #include "se_act.cuh"
 #include "se_kernels.cuh"
 
@@ -273,16 +283,16 @@ struct GemvArgs {
   const float* in;     // [N, I]; Fc1: the reduction's partials [N, splits, I], summed and scaled here
   int splits;
   float in_scale;      // Fc1: 1 / L
-  const float* w;      // Row: [O, I]; Col: [I, O]
+  const float* w;      // [O, I] (Da: w2^T, Coef: w1^T)
   const float* bias;   // [O] (Fc1, Fc2*)
   int64_t n, i_dim, o_dim;
-  int rows_per_warp;   // Row mode: outputs per warp (the block covers kWarps * rows_per_warp)
   float* out;          // [N, O]: Fc1 a, Fc2* s, Da dz1, Coef dp / L
   float* out2;         // Fc1: z1 [N, S] (may be null); Fc2Bwd: dz2 [N, C]
   const float* aux;    // Fc2Bwd: partials of sum g x [N, splits, C]; Da: z1 [N, S]
   float* pool_out;     // Fc1 (backward): p [N, C], written by the first output chunk's blocks
   float out_scale;     // Coef: 1 / L
   Gate gate;           // Fc2*: the scale activation
+  dev::FastDiv div_i;  // by I (gemv_narrow_kernel's staging)
 };
 
 template <Act ACT, Epi EPI>
@@ -308,7 +318,7 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int6
   }
 }
 
-template <Act ACT, Epi EPI, bool ROW>
+template <Act ACT, Epi EPI, bool V4>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
   extern __shared__ float4 sm4[];
   float* in_s = reinterpret_cast<float*>(sm4);  // [kTileN, I]
@@ -317,117 +327,189 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
   const int64_t I = g.i_dim, O = g.o_dim;
   dev::grid_dependency_wait();
   dev::launch_dependents();
-  dev::batched_loop<4>(
-      threadIdx.x, kTileN * I, kThreads,
-      [&](int64_t e) {
-        const int b = int(e / I);
-        const int64_t i = e - b * I;
-        float v = 0.f;
-        if (b < nb) {
-          if constexpr (EPI == Epi::Fc1) {
-            for (int sp = 0; sp < g.splits; ++sp) v += g.in[((n0 + b) * g.splits + sp) * I + i];
-          } else {
-            v = g.in[(n0 + b) * I + i];
+  // Fc1's input is the sum of the reduction's splits: one batched pass per split,
+  // each adding to what the same thread staged before (p = ((x0 + x1) + x2) ...,
+  // the plain order). A loop over the splits inside each load would wait on every
+  // load in turn: one L2 latency per (element, split), 20-30 us at C = 1152-2688.
+  // Each index i moves the tile's 4 samples (no division of a flat index by I:
+  // 64-bit divisions per element cost more than the loads at 6 splits).
+  static_assert(kTileN == 4, "the staging moves 4 samples (a float4) per index");
+  const int passes = EPI == Epi::Fc1 ? g.splits : 1;
+  for (int sp = 0; sp < passes; ++sp) {
+    dev::batched_loop<8>(
+        threadIdx.x, I, kThreads,
+        [&](int64_t i) {
+          float4 v;
+          float* vb = &v.x;
+#pragma unroll
+          for (int b = 0; b < kTileN; ++b) {
+            const int64_t at = EPI == Epi::Fc1 ? ((n0 + b) * g.splits + sp) * I + i : (n0 + b) * I + i;
+            vb[b] = b < nb ? g.in[at] : 0.f;
           }
-        }
-        return v;
-      },
-      [&](int64_t e, float v) {
-        if constexpr (EPI == Epi::Fc1) {
-          v *= g.in_scale;
-          const int b = int(e / I);
-          if (b < nb && g.pool_out != nullptr && blockIdx.x == 0) g.pool_out[(n0 + b) * I + (e - b * I)] = v;
-        }
-        in_s[e] = v;
-      });
+          return v;
+        },
+        [&](int64_t i, float4 v) {
+          const float* vb = &v.x;
+#pragma unroll
+          for (int b = 0; b < kTileN; ++b) {
+            float t = sp > 0 ? in_s[b * I + i] + vb[b] : vb[b];
+            if (EPI == Epi::Fc1 && sp == passes - 1) {
+              t *= g.in_scale;
+              if (b < nb && g.pool_out != nullptr && blockIdx.x == 0) g.pool_out[(n0 + b) * I + i] = t;
+            }
+            in_s[b * I + i] = t;
+          }
+        });
+  }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  if constexpr (ROW) {
-    const int64_t o_base = int64_t(blockIdx.x) * kWarps * g.rows_per_warp + int64_t(warp) * g.rows_per_warp;
-    for (int r = 0; r < g.rows_per_warp; ++r) {
-      const int64_t o = o_base + r;
-      if (o >= O) break;  // the whole warp leaves together
-      const float* w = g.w + o * I;
-      float acc[kTileN];
+  const int64_t o = int64_t(blockIdx.x) * kWarps + warp;
+  if (o >= O) return;  // the whole warp leaves together; no barrier follows
+  float acc[kTileN];
 #pragma unroll
-      for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
-      dev::batched_loop<8>(lane, I, 32, [&](int64_t i) { return __ldg(w + i); }, [&](int64_t i, float wv) {
-#pragma unroll
-        for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
-      });
+  for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
+  if constexpr (V4) {  // I % 4 == 0: rows of w and of in_s are 16-byte aligned
+    const float4* w4 = reinterpret_cast<const float4*>(g.w + o * I);
+    const float4* in4 = reinterpret_cast<const float4*>(in_s);
+    const int64_t I4 = I / 4;
+    dev::batched_loop<8>(lane, I4, 32, [&](int64_t i) { return __ldg(w4 + i); }, [&](int64_t i, float4 wv) {
 #pragma unroll
       for (int b = 0; b < kTileN; ++b) {
-        const float v = kc::warp_reduce_sum<32>(acc[b]);  // every lane active: o is warp-uniform
-        if (lane == 0 && b < nb) gemv_epilogue<ACT, EPI>(g, n0 + b, o, v);
+        const float4 xv = in4[b * I4 + i];
+        acc[b] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
       }
-    }
+    });
   } else {
-    float* part = in_s + kTileN * I;  // [kWarps, kTileN, 32]
-    const int64_t o = int64_t(blockIdx.x) * 32 + lane;
-    float acc[kTileN];
+    const float* w = g.w + o * I;
+    dev::batched_loop<16>(lane, I, 32, [&](int64_t i) { return __ldg(w + i); }, [&](int64_t i, float wv) {
 #pragma unroll
-    for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
-    if (o < O) {
-      dev::batched_loop<8>(warp, I, kWarps, [&](int64_t i) { return __ldg(g.w + i * O + o); }, [&](int64_t i, float wv) {
+      for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
+    });
+  }
+  float mine = 0.f;  // lane b keeps sample b's sum (every lane gets every sum from the butterfly)
 #pragma unroll
-        for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
+  for (int b = 0; b < kTileN; ++b) {
+    const float v = kc::warp_reduce_sum<32>(acc[b]);  // every lane active: o is warp-uniform
+    if (lane == b) mine = v;
+  }
+  if (lane < nb) gemv_epilogue<ACT, EPI>(g, n0 + lane, o, mine);
+}
+
+// Short rows (I = S: fc2 and the backward's w1^T product, O = C outputs). gemv_kernel's
+// warp per output would leave most lanes idle on an S-long row and stage the same few
+// inputs in thousands of blocks. Here a block is a tile of kNarrowO outputs x kNarrowN
+// samples: it stages both tiles (inputs [kNarrowN, I], weights [kNarrowO, I], one
+// batched pass), then lane = output and warp = kNarrowN / kWarps samples, so every
+// thread adds kNarrowN / kWarps dots of length I from shared memory (weight rows
+// padded to an odd stride: the lanes' rows fall in distinct banks; the inputs are
+// read by every lane at once, a broadcast), and the epilogue's stores and reads
+// are coalesced over outputs. Each dot is added i = 0, 1, ... by one thread: a fixed
+// order (run-to-run identical), not gemv_kernel's (lanes, then a warp sum).
+constexpr int kNarrowO = 32;
+constexpr int kNarrowN = 32;
+constexpr int kNarrowPerWarp = kNarrowN / kWarps;
+constexpr int64_t kNarrowMaxI = 256;  // shared memory 2 * 32 * 257 floats at most
+
+__host__ __device__ inline int64_t narrow_stride(int64_t i_dim) { return i_dim | 1; }
+
+template <Act ACT, Epi EPI>
+__global__ void __launch_bounds__(kThreads) gemv_narrow_kernel(GemvArgs g) {
+  extern __shared__ float4 sm4[];
+  const int I = int(g.i_dim);
+  const int ws = int(narrow_stride(I));
+  float* in_s = reinterpret_cast<float*>(sm4);  // [kNarrowN, I]
+  float* w_s = in_s + kNarrowN * I;             // [kNarrowO, ws]
+  const int64_t o0 = int64_t(blockIdx.x) * kNarrowO, n0 = int64_t(blockIdx.y) * kNarrowN;
+  const int n_in = kNarrowN * I;
+  const int64_t valid_in = min(int64_t(kNarrowN), g.n - n0) * I;   // inputs past N stage as zeros
+  const int64_t valid_w = min(int64_t(kNarrowO), g.o_dim - o0) * I;  // so do rows past O
+  dev::grid_dependency_wait();
+  dev::launch_dependents();
+  dev::batched_loop<8>(
+      threadIdx.x, n_in + kNarrowO * I, kThreads,
+      [&](int64_t e) {
+        if (e < n_in) return e < valid_in ? g.in[n0 * I + e] : 0.f;
+        return e - n_in < valid_w ? g.w[o0 * I + (e - n_in)] : 0.f;
+      },
+      [&](int64_t e, float v) {
+        if (e < n_in) {
+          in_s[e] = v;
+        } else {
+          const int f = int(e - n_in), r = int(g.div_i.div(uint32_t(f)));
+          w_s[r * ws + (f - r * I)] = v;
+        }
       });
-    }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const float* wr = w_s + lane * ws;
+  const float* xr = in_s + warp * kNarrowPerWarp * I;
+  float acc[kNarrowPerWarp];
 #pragma unroll
-    for (int b = 0; b < kTileN; ++b) part[(warp * kTileN + b) * 32 + lane] = acc[b];
-    __syncthreads();
-    if (warp == 0 && o < O) {
-      for (int b = 0; b < nb; ++b) {
-        float v = 0.f;
+  for (int b = 0; b < kNarrowPerWarp; ++b) acc[b] = 0.f;
+  for (int i = 0; i < I; ++i) {
+    const float wv = wr[i];
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += part[(w * kTileN + b) * 32 + lane];
-        gemv_epilogue<ACT, EPI>(g, n0 + b, o, v);
-      }
-    }
+    for (int b = 0; b < kNarrowPerWarp; ++b) acc[b] += wv * xr[b * I + i];
+  }
+  const int64_t o = o0 + lane;
+  if (o >= g.o_dim) return;
+#pragma unroll
+  for (int b = 0; b < kNarrowPerWarp; ++b) {
+    const int64_t n = n0 + warp * kNarrowPerWarp + b;
+    if (n < g.n) gemv_epilogue<ACT, EPI>(g, n, o, acc[b]);
   }
 }
 
-size_t gemv_smem(int64_t i_dim, bool row) {
-  return (size_t(kTileN) * size_t(i_dim) + (row ? 0 : size_t(kWarps) * kTileN * 32)) * sizeof(float);
+size_t gemv_narrow_smem(int64_t i_dim) {
+  return size_t(kNarrowN * i_dim + kNarrowO * narrow_stride(i_dim)) * sizeof(float);
 }
+
+size_t gemv_smem(int64_t i_dim) { return size_t(kTileN) * size_t(i_dim) * sizeof(float); }
 
 // Whether v4's spread MLP runs for this shape (and fits: the largest input row staged).
 bool spread_mlp(const Dims& d, int64_t S, const LaunchOpts& o) {
   if (!o.spread || 2 * S * d.c < kSpreadMinWeights) return false;
   if (dev::ceil_div(d.n, kTileN) > 65535) return false;  // grid.y
-  const size_t need = gemv_smem(d.c > S ? d.c : S, false);
-  return need <= size_t(o.max_smem);
+  if (dev::ceil_div(d.n, kNarrowN) > 65535) return false;
+  return gemv_smem(d.c > S ? d.c : S) <= size_t(o.max_smem) &&
+         gemv_narrow_smem(S < kNarrowMaxI ? S : kNarrowMaxI) <= size_t(o.max_smem);
 }
 
-template <Act ACT, Epi EPI, bool ROW>
-cudaError_t launch_gemv(GemvArgs g, const LaunchOpts& o, cudaStream_t stream) {
-  const size_t smem = gemv_smem(g.i_dim, ROW);
-  auto kernel = gemv_kernel<ACT, EPI, ROW>;
+template <Act ACT, Epi EPI>
+cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
+  if (EPI != Epi::Fc1 && EPI != Epi::Da && g.i_dim <= kNarrowMaxI) {  // rows of length S
+    const size_t smem = gemv_narrow_smem(g.i_dim);
+    auto kernel = gemv_narrow_kernel<ACT, EPI>;
+    if (smem > 48 * 1024) {
+      KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    }
+    const int64_t chunks = dev::ceil_div(g.o_dim, kNarrowO);
+    KC_CUDA_TRY(dev::check_grid(chunks));
+    return dev::launch(kernel, dim3(unsigned(chunks), unsigned(dev::ceil_div(g.n, kNarrowN))), dim3(kThreads), smem,
+                       stream, o.pdl, g);
+  }
+  const size_t smem = gemv_smem(g.i_dim);
+  const bool v4 = g.i_dim % 4 == 0 && kc::is_aligned(g.w, 16);
+  auto kernel = v4 ? gemv_kernel<ACT, EPI, true> : gemv_kernel<ACT, EPI, false>;
   if (smem > 48 * 1024) {
     KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
   const int64_t tiles = dev::ceil_div(g.n, kTileN);
-  int64_t chunks;
-  if constexpr (ROW) {
-    // 4 outputs per warp where that still gives two blocks per SM, else 1 (small N and O)
-    g.rows_per_warp = dev::ceil_div(g.o_dim, kWarps * 4) * tiles >= 2 * int64_t(o.num_sms) ? 4 : 1;
-    chunks = dev::ceil_div(g.o_dim, kWarps * g.rows_per_warp);
-  } else {
-    chunks = dev::ceil_div(g.o_dim, 32);
-  }
+  const int64_t chunks = dev::ceil_div(g.o_dim, kWarps);
   KC_CUDA_TRY(dev::check_grid(chunks));
   return dev::launch(kernel, dim3(unsigned(chunks), unsigned(tiles)), dim3(kThreads), smem, stream, o.pdl, g);
 }
 
 // Only the epilogues that apply act or act' are instantiated per activation;
 // the others (Fc2Fwd, Fc2Bwd, Coef) once.
-template <Epi EPI, bool ROW>
+template <Epi EPI>
 cudaError_t launch_gemv_act(Act act, const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
   if constexpr (EPI == Epi::Fc1 || EPI == Epi::Da) {
-    return with_act(act, [&](auto tag) { return launch_gemv<decltype(tag)::value, EPI, ROW>(g, o, stream); });
+    return with_act(act, [&](auto tag) { return launch_gemv<decltype(tag)::value, EPI>(g, o, stream); });
   } else {
-    return launch_gemv<Act::ReLU, EPI, ROW>(g, o, stream);
+    return launch_gemv<Act::ReLU, EPI>(g, o, stream);
   }
 }
 
@@ -442,8 +524,8 @@ GemvArgs gemv_args(const Dims& d, const float* in, const float* w, const float* 
   g.bias = bias;
   g.n = d.n;
   g.i_dim = i_dim;
+  g.div_i = dev::FastDiv(uint32_t(i_dim));
   g.o_dim = o_dim;
-  g.rows_per_warp = 1;
   g.out = out;
   g.out_scale = 1.f;
   return g;
@@ -465,35 +547,50 @@ int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p, k
 }
 
 int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt) {
-  return param_floats(d, S, wdt) + 2 * d.n * p.splits * d.c + 4 * d.n * d.c + 3 * d.n * S;  // ..., a, dz1, z1 (v4)
+  // ..., a, dz1, z1 (v4), and v4's transposed w1, w2
+  return param_floats(d, S, wdt) + 2 * d.n * p.splits * d.c + 4 * d.n * d.c + 3 * d.n * S + 2 * pad4(S * d.c);
 }
 
 namespace {
 // The parameters as fp32 pointers: w's own, or (16-bit) their copies at the
 // start of ws, widened by the reduction kernel's extra blocks that *cast
-// describes (cast->blocks = 0 when there is nothing to widen). Advances ws past them.
+// describes; with `transposed`, also fp32 copies of w1^T [C, S] and w2^T [S, C]
+// written by those blocks. cast->blocks = 0 when there is nothing to copy.
+// Advances ws past the copies.
 struct Fp32Params {
   const float *w1, *b1, *w2, *b2;
+  const float *w1t, *w2t;  // with `transposed` only
 };
-Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, float*& ws, dev::ParamCast* cast) {
+Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transposed, float*& ws,
+                       dev::ParamCast* cast) {
   *cast = dev::ParamCast{};
-  if (w.dt == kc::DType::F32) {
-    return {static_cast<const float*>(w.w1), static_cast<const float*>(w.b1), static_cast<const float*>(w.w2),
-            static_cast<const float*>(w.b2)};
-  }
   const int64_t len[4] = {S * d.c, S, d.c * S, d.c};
+  const int64_t cols[4] = {d.c, S, S, d.c};
   const void* src[4] = {w.w1, w.b1, w.w2, w.b2};
-  float* dst = ws;
+  const bool widen = w.dt != kc::DType::F32;
+  Fp32Params f{};
+  const float** fp[4] = {&f.w1, &f.b1, &f.w2, &f.b2};
   for (int t = 0; t < 4; ++t) {
     cast->src[t] = src[t];
-    cast->dst[t] = dst;
     cast->len[t] = len[t];
-    dst += pad4(len[t]);
+    cast->cols[t] = cols[t];
+    if (widen) {
+      cast->dst[t] = ws;
+      ws += pad4(len[t]);
+    }
+    *fp[t] = widen ? cast->dst[t] : static_cast<const float*>(src[t]);
+  }
+  if (transposed) {
+    cast->dst_t[0] = ws;
+    ws += pad4(len[0]);
+    cast->dst_t[2] = ws;
+    ws += pad4(len[2]);
+    f.w1t = cast->dst_t[0];
+    f.w2t = cast->dst_t[2];
   }
   cast->dt = w.dt;
-  cast->blocks = dev::cast_blocks(len[0] + len[1] + len[2] + len[3]);
-  ws = dst;
-  return {cast->dst[0], cast->dst[1], cast->dst[2], cast->dst[3]};
+  cast->blocks = widen || transposed ? dev::cast_blocks(len[0] + len[1] + len[2] + len[3]) : 0;
+  return f;
 }
 }  // namespace
 
@@ -502,7 +599,7 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
   if (d.n == 0) return cudaSuccess;
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
   dev::ParamCast cast;
-  const Fp32Params f = fp32_params(w, d, S, ws, &cast);
+  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/false, ws, &cast);
   float* part = ws;
   float* s = ws + d.n * p.splits * d.c;
   KC_CUDA_TRY(
@@ -512,8 +609,8 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
     GemvArgs f1 = gemv_args(d, part, f.w1, f.b1, d.c, S, a);  // a = act(w1 p + b1)
     f1.splits = p.splits;
     f1.in_scale = 1.f / float(d.l);
-    KC_CUDA_TRY((launch_gemv_act<Epi::Fc1, true>(act, f1, o, stream)));
-    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd, true>(act, gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate), o, stream)));
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc1>(act, f1, o, stream)));
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd>(act, gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate), o, stream)));
     return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
                                           nullptr, stream);
   }
@@ -533,7 +630,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   if (d.n == 0) return cudaSuccess;  // the glue zero-fills the weight gradients
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
   dev::ParamCast cast;
-  const Fp32Params f = fp32_params(w, d, S, ws, &cast);
+  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/spread_mlp(d, S, o), ws, &cast);
   const int64_t np = d.n * p.splits * d.c, nc = d.n * d.c;
   float* part_x = ws;
   float* part_gx = part_x + np;
@@ -553,18 +650,18 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     f1.in_scale = 1.f / float(d.l);
     f1.out2 = z1;
     f1.pool_out = pool;
-    KC_CUDA_TRY((launch_gemv_act<Epi::Fc1, true>(act, f1, o, stream)));
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc1>(act, f1, o, stream)));
     GemvArgs f2 = gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate);  // s, dz2 = (sum g x) gate'(z2)
     f2.out2 = dz2;
     f2.aux = part_gx;
     f2.splits = p.splits;
-    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Bwd, true>(act, f2, o, stream)));
-    GemvArgs da = gemv_args(d, dz2, f.w2, nullptr, d.c, S, dz1);  // dz1 = (w2^T dz2) act'(z1); w2 is [C, S] = [I, O]
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Bwd>(act, f2, o, stream)));
+    GemvArgs da = gemv_args(d, dz2, f.w2t, nullptr, d.c, S, dz1);  // dz1 = (w2^T dz2) act'(z1); w2^T is [S, C] = [O, I]
     da.aux = z1;
-    KC_CUDA_TRY((launch_gemv_act<Epi::Da, false>(act, da, o, stream)));
-    GemvArgs cf = gemv_args(d, dz1, f.w1, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1 is [S, C] = [I, O]
+    KC_CUDA_TRY((launch_gemv_act<Epi::Da>(act, da, o, stream)));
+    GemvArgs cf = gemv_args(d, dz1, f.w1t, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1^T is [C, S] = [O, I]
     cf.out_scale = 1.f / float(d.l);
-    KC_CUDA_TRY((launch_gemv_act<Epi::Coef, false>(act, cf, o, stream)));
+    KC_CUDA_TRY((launch_gemv_act<Epi::Coef>(act, cf, o, stream)));
   } else {
   MlpArgs m = mlp_args(part_x, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
   m.params_late = cast.blocks > 0;

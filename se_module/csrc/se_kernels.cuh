@@ -117,13 +117,17 @@ __device__ __forceinline__ void store_f(T* p, const float (&f)[VEC], bool stream
 
 // ------------------------------------------------------------------ reductions
 // Extra blocks of a reduction kernel that widen the MLP's 16-bit parameters to
-// fp32 (dst: the fused kernels' workspace), so that no cast kernel is launched.
+// fp32 (dst: the fused kernels' workspace), so that no cast kernel is launched,
+// and/or write transposed fp32 copies of the weight matrices (dst_t, for the
+// backward's products with w1^T and w2^T). A null dst / dst_t skips that copy.
 struct ParamCast {
   const void* src[4];  // w1, b1, w2, b2
   float* dst[4];
+  float* dst_t[4];     // [cols, rows] copy of a [rows, cols] tensor
   int64_t len[4];
+  int64_t cols[4];     // row length of each tensor (len for a vector)
   kc::DType dt;
-  int blocks;          // 0: nothing to widen
+  int blocks;          // 0: nothing to copy
 };
 constexpr int kCastUnroll = 4;
 
@@ -145,7 +149,11 @@ __device__ __forceinline__ void cast_params_block(const ParamCast& pc, int block
       [&](int64_t e, float v) {
         int t;
         const int64_t i = locate(e, t);
-        pc.dst[t][i] = v;
+        if (pc.dst[t] != nullptr) pc.dst[t][i] = v;
+        if (pc.dst_t[t] != nullptr) {
+          const int64_t r = i / pc.cols[t], c = i - r * pc.cols[t];
+          pc.dst_t[t][c * (pc.len[t] / pc.cols[t]) + r] = v;
+        }
       });
 }
 inline int cast_blocks(int64_t elems) { return int(ceil_div(elems, int64_t(kThreads) * kCastUnroll)); }
@@ -258,20 +266,27 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_kernel(ReduceArgs<T> a) 
   if constexpr (kSumGX) a.part_gx[o] = sgx;
 }
 
-// NCHW with short rows (L <= kTileMaxL: EfficientNet's 7x7 and 14x14 stages).
-// A warp per row reads only L elements (49 at 7x7: two loads per lane, then a
-// shuffle reduction per row), and rows that are not a multiple of 16 bytes long
-// leave every access scalar. Instead a block stages kTileRows whole rows, one
-// contiguous piece of memory, into shared memory with 16-byte loads (all issued
-// before any is stored), then thread r < kTileRows adds row r in order
-// (deterministic; L odd or even, the row stride in shared memory spreads the
-// threads over the banks well enough for a sum that is not the bottleneck).
-// Shared memory: NS * kTileRows * L elements of T (dynamic). No splits.
-constexpr int kTileRows = 128;
-constexpr int64_t kTileMaxL = 64;
+// NCHW with short rows (L <= kTileMaxL: EfficientNet's 7x7, 12x12 and 14x14 stages).
+// A warp per row reads only L elements (49 at 7x7: two loads per lane; 144 at 12x12:
+// one 16-byte load per lane, then a shuffle reduction per row), too few bytes in
+// flight per SM to stream from DRAM, and rows that are not a multiple of 16 bytes
+// long leave every access scalar. Instead a block stages RB whole rows, one
+// contiguous piece of memory, into shared memory with 16-byte loads (8 per thread
+// issued before any is stored), then TPR = kThreads / RB threads add each row:
+// thread j of a row takes l = j, j + TPR, ... in order, and the TPR partial sums
+// meet in a fixed shuffle order (deterministic). RB (a power of two, 8..128) is the
+// most rows whose tiles fit in kTileSmem bytes (tile_rows); no splits.
+constexpr int64_t kTileMaxL = 256;
+constexpr int64_t kTileSmem = 48 * 1024;
+
+inline int tile_rows(int64_t l, int ns, size_t elem) {
+  int rb = 128;
+  while (rb >= 8 && int64_t(ns) * rb * l * int64_t(elem) > kTileSmem) rb /= 2;
+  return rb >= 8 ? rb : 0;
+}
 
 template <typename T, int VEC, bool kSumX, bool kSumGX>
-__global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T> a) {
+__global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T> a, int rb) {
   static_assert(kSumX, "sum g x needs x staged too");
   constexpr int NS = int(kSumX) + int(kSumGX);
   extern __shared__ float4 tile4[];
@@ -280,33 +295,40 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T
   grid_dependency_wait();
   launch_dependents();
   const int64_t rows = a.n * a.c;
-  const int64_t row0 = int64_t(blockIdx.x) * kTileRows;
-  const int nrows = int(min(int64_t(kTileRows), rows - row0));
+  const int64_t row0 = int64_t(blockIdx.x) * rb;
+  const int nrows = int(min(int64_t(rb), rows - row0));
   const int64_t len = int64_t(nrows) * a.l;  // elements of this block's piece (a multiple of VEC: see the launcher)
   const int64_t base = row0 * a.l;
   using V = kc::Vec<T, VEC>;
   const T* srcs[2] = {kSumX ? a.x : a.g, a.g};
   for (int q = 0; q < NS; ++q) {
     const V* src = reinterpret_cast<const V*>(srcs[q] + base);
-    V* dst = reinterpret_cast<V*>(tile + int64_t(q) * kTileRows * a.l);
+    V* dst = reinterpret_cast<V*>(tile + int64_t(q) * rb * a.l);
     batched_loop<8>(threadIdx.x, len / VEC, kThreads, [&](int64_t i) { return kc::load_vec<VEC>(reinterpret_cast<const T*>(src + i)); },
                     [&](int64_t i, V v) { dst[i] = v; });
   }
   __syncthreads();
-  const int r = threadIdx.x;
-  if (r >= nrows) return;
+  const int tpr = kThreads / rb;  // a power of two <= 32: a row's threads share a warp
+  const int r = threadIdx.x / tpr, j = threadIdx.x % tpr;
+  const bool live = r < nrows;
   const T* xr = tile + int64_t(r) * a.l;
-  const T* gr = tile + (int64_t(NS - 1) * kTileRows + r) * a.l;
+  const T* gr = tile + (int64_t(NS - 1) * rb + r) * a.l;
   float sx = 0.f, sgx = 0.f;
-  for (int64_t l = 0; l < a.l; ++l) {
-    if constexpr (kSumX) sx += kc::to_float(xr[l]);
-    if constexpr (kSumGX) sgx += kc::to_float(gr[l]) * kc::to_float(xr[l]);
+  if (live) {
+    for (int64_t l = j; l < a.l; l += tpr) {
+      if constexpr (kSumX) sx += kc::to_float(xr[l]);
+      if constexpr (kSumGX) sgx += kc::to_float(gr[l]) * kc::to_float(xr[l]);
+    }
   }
+  for (int off = tpr / 2; off > 0; off /= 2) {  // every lane takes part: no early exit above
+    if constexpr (kSumX) sx += __shfl_xor_sync(0xffffffffu, sx, off);
+    if constexpr (kSumGX) sgx += __shfl_xor_sync(0xffffffffu, sgx, off);
+  }
+  if (!live || j != 0) return;
   // splits = 1: part[n * C + c] = part[row]
   if constexpr (kSumX) a.part_x[row0 + r] = sx;
   if constexpr (kSumGX) a.part_gx[row0 + r] = sgx;
 }
-inline size_t tile_smem_bytes(int64_t l, int ns, size_t elem) { return size_t(ns) * kTileRows * size_t(l) * elem; }
 
 // NHWC: x is [N, L, C]; a sum per column c over the rows l of one sample.
 // Block = one (n, split, column tile). Thread t owns vector column
@@ -443,21 +465,21 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
     };
     return KC_BOOL_SWITCH(vec, kVec, [&]() -> cudaError_t {
       constexpr int VEC = kVec ? MV : 1;
-      if (kSumX && !kWriteGS && use_row_tiles(d, p)) {
-        // every block's piece starts at row0 * L, row0 a multiple of kTileRows: 16-byte
+      constexpr int NS = int(kSumX) + int(kSumGX);
+      const int rb = tile_rows(d.l, NS, sizeof(T));
+      if (kSumX && !kWriteGS && use_row_tiles(d, p) && rb > 0) {
+        // every block's piece starts at row0 * L, row0 a multiple of rb: 16-byte
         // aligned when x is; the last piece is a multiple of VEC when N * C * L is.
-        constexpr int NS = int(kSumX) + int(kSumGX);
         const bool tvec = kc::is_aligned(x, 16) && (g == nullptr || kc::is_aligned(g, 16)) &&
-                          (d.n * d.c * d.l) % MV == 0 && (int64_t(kTileRows) * d.l) % MV == 0;
-        const size_t smem = tile_smem_bytes(d.l, NS, sizeof(T));
-        const unsigned blocks = grid(ceil_div(d.n * d.c, kTileRows));
-        if (blocks == 0) return cudaErrorInvalidConfiguration;
+                          (d.n * d.c * d.l) % MV == 0 && (int64_t(rb) * d.l) % MV == 0;
+        const size_t smem = size_t(NS) * size_t(rb) * size_t(d.l) * sizeof(T);
+        const unsigned blocks = grid(ceil_div(d.n * d.c, rb));
         auto go = [&](auto kernel) -> cudaError_t {
           if (smem > 48 * 1024) {
             KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
           }
-          kernel<<<blocks, kThreads, smem, stream>>>(a);
+          kernel<<<blocks, kThreads, smem, stream>>>(a, rb);
           return cudaGetLastError();
         };
         if constexpr (kSumX && !kWriteGS) {
