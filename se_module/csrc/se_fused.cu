@@ -57,7 +57,7 @@
 //     chunks of kWarps, sample tiles of kTileN); dynamic shared memory kTileN * I floats
 //     (the tile's inputs); outputs of samples past N are computed on zeros and not
 //     stored. One warp per output o, lanes over i of the row (coalesced; 16-byte loads
-//     where I % 4 == 0 and w is aligned), 8 loads per lane in flight, then a warp sum;
+//     where I % 4 == 0 and w is aligned), 16 loads per lane in flight, then a warp sum;
 //     lane b finishes sample b.
 //   rows of length S <= kNarrowMaxI (fc2, and w1^T dz1): gemv_narrow_kernel. Grid
 //     (chunks of kNarrowO outputs, tiles of kNarrowN samples); both tiles staged in
@@ -292,7 +292,8 @@ struct GemvArgs {
   float* pool_out;     // Fc1 (backward): p [N, C], written by the first output chunk's blocks
   float out_scale;     // Coef: 1 / L
   Gate gate;           // Fc2*: the scale activation
-  dev::FastDiv div_i;  // by I (gemv_narrow_kernel's staging)
+  dev::FastDiv div_i;       // by I (gemv_narrow_kernel's staging)
+  dev::FastDiv div_splits;  // by splits (1 but for Fc1; gemv_kernel's staging)
 };
 
 template <Act ACT, Epi EPI>
@@ -327,40 +328,51 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
   const int64_t I = g.i_dim, O = g.o_dim;
   dev::grid_dependency_wait();
   dev::launch_dependents();
-  // Fc1's input is the sum of the reduction's splits: one batched pass per split,
-  // each adding to what the same thread staged before (p = ((x0 + x1) + x2) ...,
-  // the plain order). A loop over the splits inside each load would wait on every
-  // load in turn: one L2 latency per (element, split), 20-30 us at C = 1152-2688.
-  // Each index i moves the tile's 4 samples (no division of a flat index by I:
-  // 64-bit divisions per element cost more than the loads at 6 splits).
+  // Fc1's input is the sum of the reduction's splits. The thread's loads run over
+  // (index k, split sp) pairs, sp fastest, 16 pairs in flight (each 4 loads: the
+  // tile's samples), and each element is summed as x0 + x1 + x2 ... in order, in
+  // registers, then scaled and stored. (A loop over the splits inside each load
+  // waited on every load in turn: one L2 latency per (element, split), 20-30 us at
+  // C = 1152-2688; one pass per split still made 18 passes at N = 1, where the
+  // reduction splits L 18 ways. Divisions by I or splits per element are avoided or
+  // done by multiply-high: 64-bit ones cost more than the loads.)
   static_assert(kTileN == 4, "the staging moves 4 samples (a float4) per index");
-  const int passes = EPI == Epi::Fc1 ? g.splits : 1;
-  for (int sp = 0; sp < passes; ++sp) {
-    dev::batched_loop<8>(
-        threadIdx.x, I, kThreads,
-        [&](int64_t i) {
-          float4 v;
-          float* vb = &v.x;
+  const int splits = EPI == Epi::Fc1 ? g.splits : 1;
+  const int64_t own = threadIdx.x < I ? (I - 1 - threadIdx.x) / kThreads + 1 : 0;  // indices of this thread
+  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  dev::batched_loop<16>(
+      0, own * splits, 1,
+      [&](int64_t f) {
+        const int k = int(g.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
+        const int64_t i = threadIdx.x + int64_t(k) * kThreads;
+        float4 v;
+        float* vb = &v.x;
+#pragma unroll
+        for (int b = 0; b < kTileN; ++b) {
+          const int64_t at = EPI == Epi::Fc1 ? ((n0 + b) * splits + sp) * I + i : (n0 + b) * I + i;
+          vb[b] = b < nb ? g.in[at] : 0.f;
+        }
+        return v;
+      },
+      [&](int64_t f, float4 v) {
+        const int k = int(g.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
+        const int64_t i = threadIdx.x + int64_t(k) * kThreads;
+        const float* vb = &v.x;
+        float* ab = &sum.x;
+#pragma unroll
+        for (int b = 0; b < kTileN; ++b) ab[b] = sp > 0 ? ab[b] + vb[b] : vb[b];
+        if (sp == splits - 1) {
 #pragma unroll
           for (int b = 0; b < kTileN; ++b) {
-            const int64_t at = EPI == Epi::Fc1 ? ((n0 + b) * g.splits + sp) * I + i : (n0 + b) * I + i;
-            vb[b] = b < nb ? g.in[at] : 0.f;
-          }
-          return v;
-        },
-        [&](int64_t i, float4 v) {
-          const float* vb = &v.x;
-#pragma unroll
-          for (int b = 0; b < kTileN; ++b) {
-            float t = sp > 0 ? in_s[b * I + i] + vb[b] : vb[b];
-            if (EPI == Epi::Fc1 && sp == passes - 1) {
+            float t = ab[b];
+            if constexpr (EPI == Epi::Fc1) {
               t *= g.in_scale;
               if (b < nb && g.pool_out != nullptr && blockIdx.x == 0) g.pool_out[(n0 + b) * I + i] = t;
             }
             in_s[b * I + i] = t;
           }
-        });
-  }
+        }
+      });
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t o = int64_t(blockIdx.x) * kWarps + warp;
@@ -372,7 +384,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
     const float4* w4 = reinterpret_cast<const float4*>(g.w + o * I);
     const float4* in4 = reinterpret_cast<const float4*>(in_s);
     const int64_t I4 = I / 4;
-    dev::batched_loop<8>(lane, I4, 32, [&](int64_t i) { return __ldg(w4 + i); }, [&](int64_t i, float4 wv) {
+    dev::batched_loop<16>(lane, I4, 32, [&](int64_t i) { return __ldg(w4 + i); }, [&](int64_t i, float4 wv) {
 #pragma unroll
       for (int b = 0; b < kTileN; ++b) {
         const float4 xv = in4[b * I4 + i];
@@ -608,6 +620,7 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
     float* a = s + d.n * d.c;
     GemvArgs f1 = gemv_args(d, part, f.w1, f.b1, d.c, S, a);  // a = act(w1 p + b1)
     f1.splits = p.splits;
+    f1.div_splits = dev::FastDiv(uint32_t(p.splits));
     f1.in_scale = 1.f / float(d.l);
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc1>(act, f1, o, stream)));
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd>(act, gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate), o, stream)));
@@ -647,6 +660,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   if (spread_mlp(d, S, o)) {
     GemvArgs f1 = gemv_args(d, part_x, f.w1, f.b1, d.c, S, a);  // p, z1, a
     f1.splits = p.splits;
+    f1.div_splits = dev::FastDiv(uint32_t(p.splits));
     f1.in_scale = 1.f / float(d.l);
     f1.out2 = z1;
     f1.pool_out = pool;
