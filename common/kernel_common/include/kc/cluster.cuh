@@ -10,8 +10,15 @@
 //   cluster_sync()            every thread of every CTA of the cluster arrives
 //                             (release) and waits (acquire): all of them must
 //                             call it, the same number of times
+//   cluster_arrive(), cluster_wait()
+//                             cluster_sync() in two halves (arrive with release,
+//                             wait with acquire): work placed between them overlaps
+//                             the other CTAs' arrival. Each thread alternates them.
 //   map_rank(p, rank)         the shared::cluster address of `p` (a variable in
 //                             this CTA's shared memory) in CTA `rank`'s copy
+//   ld_cluster(addr)          load a float from a shared::cluster address (a peer's
+//                             shared memory, written before a cluster_sync /
+//                             cluster_arrive + cluster_wait that separates the two)
 //   st_async_cluster(addr, a, b, bar)
 //                             store two floats at a shared::cluster address (a
 //                             peer's, or this CTA's own) and complete 8 bytes of
@@ -96,6 +103,33 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 #else
   __trap();
+#endif
+}
+
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ float ld_cluster(unsigned addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+#else
+  __trap();
+  return 0.f;
 #endif
 }
 
