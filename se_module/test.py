@@ -483,7 +483,7 @@ def test_bad_inputs_raise_and_process_stays_usable(device):
         (lambda: T.se_block(x, w1, b1, w2, b2, 7, 3), "activation must be 0"),
         (lambda: T.se_block(x, w1, b1, w2, b2, 1, 3, 2), "scale_activation must be 0"),
         (lambda: T.se_block_backward(g, x, w1, b1, w2, b2, 1, 3, -1), "scale_activation must be 0"),
-        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3 or 4"),
+        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3, 4 or 5"),
         (lambda: T.se_block(x[:, :, :0], w1, b1, w2, b2, 1, 3), "at least 1"),
         (lambda: T.se_block_backward(g[:1], x, w1, b1, w2, b2, 1, 3), "grad must have x's shape"),
         (lambda: T.global_avg_pool(x, 3), "version must be 1"),
@@ -543,7 +543,7 @@ def test_cuda_versions_agree_bitwise(version, layout):
 
 
 @requires_cuda
-@pytest.mark.parametrize("version", [1, 3, 4])
+@pytest.mark.parametrize("version", [1, 3, 4, 5])
 @pytest.mark.parametrize("wdtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(3, 40, 9, 9, 10), (5, 600, 3, 3, 60), (6, 1152, 7, 7, 48)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -602,19 +602,83 @@ def test_cuda_spread_mlp(layout, shape):
 @pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
 def test_cuda_pairs_versions(layout, pair):
     """Each (activation, gate) pair through every kernel version: v1-v3 (and v4 below
-    the spread threshold) bitwise equal, v4's spread MLP close to v3, all close to float64."""
+    the spread threshold) bitwise equal, v4's spread MLP and v5's cluster kernels (their own
+    summation order) close, all close to float64."""
     act, gate = pair
     run = lambda v: (lambda *t: ops.se_block(*t, activation=act, version=v, scale_activation=gate))  # noqa: E731
     for shape, spread in [((3, 96, 20, 20, 24), False), ((5, 600, 3, 3, 60), True)]:
         x, w, g = make(*shape, device="cuda", layout=layout)
         ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
         base = grads_of(run(1), [x, *w], g)
-        for version in (1, 2, 3, 4):
+        for version in (1, 2, 3, 4, 5):
             ours = grads_of(run(version), [x, *w], g)
             for a, b, r, name in zip(ours, base, ref, NAMES):
-                if version < 4 or not spread:
+                if version < 4 or (version == 4 and not spread):
                     assert torch.equal(a, b), f"v{version} {name} differs from v1 ({act}, {gate}, {shape})"
                 close(a, r, 2e-5, f"{name} v{version} ({act}, {gate}, {shape})")
+
+# v5 (se_cluster.cu: a sample per thread-block cluster, its channels shared among the
+# cluster's CTAs in shared memory; sm_90; up to 32 samples). Shapes: many channels over a
+# small image, one sample (16 CTAs a sample), one unit of channels (clusters of one CTA),
+# S over the block size (300), odd H * W (NCHW shares of 4 or 8 channels), and shapes it
+# does not take (33 samples; (2, 2688, 12, 12), whose share does not fit): version 4 runs them.
+CLUSTER = [(3, 96, 20, 20, 24), (1, 1152, 7, 7, 48), (33, 240, 14, 14, 10), (4, 320, 5, 5, 300),
+           (32, 8, 4, 4, 2), (2, 2688, 12, 12, 112)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("shape", CLUSTER, ids=lambda s: "x".join(map(str, s)))
+def test_cuda_cluster_v5(layout, shape):
+    """v5 against float64 (fp32; bf16 within 2x PyTorch's own bf16 error), bitwise against
+    itself (fixed summation orders, whatever the cluster shape), and against v4 to rounding."""
+    act = "hardswish" if shape[0] % 2 else "silu"
+    gate = "hardsigmoid" if shape[1] % 3 else "sigmoid"
+    run = lambda v: (lambda *t: ops.se_block(*t, activation=act, version=v, scale_activation=gate))  # noqa: E731
+    x, w, g = make(*shape, device="cuda", layout=layout)
+    ours = grads_of(run(5), [x, *w], g)
+    again = grads_of(run(5), [x, *w], g)
+    v4 = grads_of(run(4), [x, *w], g)
+    ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
+    for a, b, c, r, name in zip(ours, again, v4, ref, NAMES):
+        assert torch.equal(a, b), f"{name} not deterministic"
+        close(a, r, 2e-5, f"{name} v5")
+        close(a, c.double(), 2e-5, f"{name} v5 vs v4")
+    xb, wb, gb = make(*shape, device="cuda", dtype=torch.bfloat16, layout=layout)
+    ours = grads_of(run(5), [xb, *wb], gb)
+    ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (xb, *wb)], gb.double())
+    theirs = torch_lowp_grads(xb, wb, gb, act, gate)
+    for o, r, t, name in zip(ours, ref, theirs, NAMES):
+        testing.assert_lowp_close(o, r, t, name=f"{name} bf16 v5")
+
+
+def cuda_kernel_names(fn):
+    """Names of the CUDA kernels that fn() launches (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@requires_cuda
+@no_sanitize
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] < 9, reason="v5 needs sm_90 (clusters)")
+@pytest.mark.parametrize("case", [((3, 96, 20, 20, 24), "nchw", torch.float32), ((1, 1152, 7, 7, 48), "cl", torch.bfloat16),
+                                  ((4, 672, 7, 7, 28), "nchw", torch.float32), ((32, 8, 4, 4, 2), "cl", torch.float16)],
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}-{str(c[2])[6:]}")
+def test_cuda_v5_takes_the_cluster_kernel(case):
+    """Where the share fits (worked out by hand from se_cluster.cu's rules: at most 32
+    samples, 56 KB per CTA, at most 16 CTAs a sample), the default runs the cluster kernel: one launch forward, the
+    cluster kernel and the weight-gradient kernel backward; no v4 kernel."""
+    shape, layout, dtype = case
+    x, w, g = make(*shape, device="cuda", dtype=dtype, layout=layout)
+    x.requires_grad_()
+    ours = lambda names: [n for n in names if "se::" in n]  # noqa: E731  (not the tests' NaN fills)
+    fwd = ours(cuda_kernel_names(lambda: ops.se_block(x, *w)))
+    assert len(fwd) == 1 and "se_cluster_kernel" in fwd[0], fwd
+    bwd = ours(cuda_kernel_names(lambda: T.se_block_backward(g, x.detach(), *w, 1, se_module.DEFAULT_VERSION)))
+    assert len(bwd) == 2 and "se_cluster_kernel" in bwd[0] and "wgrad_tile_kernel" in bwd[1], bwd
+
 
 CUDA_BIG = [
     (2, 64, 112, 112, 16),   # the seed's shape: split reduction, one block per row piece
@@ -683,7 +747,7 @@ def test_cuda_64bit_indexing():
 
 @requires_cuda
 @pytest.mark.skipif(SAN, reason="KC_SANITIZE=1: sanitize.sh turns the caching allocator off, which graph capture needs")
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_cuda_graph_capture(version):
     m = SqueezeExcitation(32, 8, version=version).cuda()
     static_x = testing.fresh(4, 32, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last)
@@ -760,7 +824,7 @@ def test_fast_entry_same_as_op(device):
         g = testing.fresh(3, 24, 5, 7, device=device).contiguous(memory_format=fmt)
         out_fast = m(x)
         gr_fast = torch.autograd.grad(out_fast, [x, *w], g)
-        out_op = T.se_block.default(x, *w, 1, 3)
+        out_op = T.se_block.default(x, *w, 1, se_module.DEFAULT_VERSION)
         gr_op = torch.autograd.grad(out_op, [x, *w], g)
         assert torch.equal(out_fast, out_op) and out_fast.stride() == out_op.stride()
         assert out_fast.storage_offset() == 0 and gr_fast[0].storage_offset() == 0
@@ -779,7 +843,7 @@ def test_fast_entry_same_as_op(device):
     with Record():
         y = m(x)
     assert T.se_block.default in seen
-    assert torch.equal(y, T.se_block.default(x, *w, 1, 3))
+    assert torch.equal(y, T.se_block.default(x, *w, 1, se_module.DEFAULT_VERSION))
 
 
 def test_module_rejects_unsupported():

@@ -223,8 +223,15 @@ at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::T
   const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, gate, false);  // checks x too
   const Prepared p = prepare(x_);
   if (p.d.n == 0) return new_like_x(p, x_);
-  const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
   at::Tensor out = new_like_x(p, x_);
+  se::ClusterPlan cp;
+  const void* ptrs[2] = {p.x.const_data_ptr(), out.const_data_ptr()};
+  if (se::cluster_plan(p.d, f.S, f.dt, f.wdt, /*backward=*/false, ptrs, 2, f.opts, &cp)) {  // v5: no workspace
+    KC_TORCH_CHECK_CUDA(se::cluster_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), se::Gate(gate),
+                                            f.params(), out.mutable_data_ptr(), cp, at::cuda::getCurrentCUDAStream()));
+    return out;
+  }
+  const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
   at::Tensor ws = workspace(se::fused_forward_workspace(p.d, f.S, plan, f.wdt), x_);
   KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), se::Gate(gate), f.params(),
                                      out.mutable_data_ptr(), ws.mutable_data_ptr<float>(), f.opts,
@@ -256,10 +263,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
     dw1.zero_(), db1.zero_(), dw2.zero_(), db2.zero_();
   } else {
     const at::Tensor g = in_layout(grad_, p.d);
-    const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
-    at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan, f.wdt), x_);
     const se::SeParamGrads dw{dw1.mutable_data_ptr(), db1.mutable_data_ptr(), dw2.mutable_data_ptr(),
                               db2.mutable_data_ptr()};
+    se::ClusterPlan cp;
+    const void* ptrs[3] = {g.const_data_ptr(), p.x.const_data_ptr(), dx.const_data_ptr()};
+    if (se::cluster_plan(p.d, S, f.dt, f.wdt, /*backward=*/true, ptrs, 3, f.opts, &cp)) {  // v5
+      at::Tensor ws = workspace(se::cluster_backward_workspace(p.d, S), x_);
+      KC_TORCH_CHECK_CUDA(se::cluster_backward(g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act),
+                                               se::Gate(gate), f.params(), dx.mutable_data_ptr(), dw,
+                                               ws.mutable_data_ptr<float>(), cp, at::cuda::getCurrentCUDAStream()));
+      return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};
+    }
+    const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
+    at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan, f.wdt), x_);
     KC_TORCH_CHECK_CUDA(se::se_backward(g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act),
                                         se::Gate(gate), f.params(), dx.mutable_data_ptr(), dw, ws.mutable_data_ptr<float>(), f.opts,
                                         at::cuda::getCurrentCUDAStream()));

@@ -50,12 +50,13 @@ inline cudaError_t check_grid(int64_t blocks) {
 }
 
 // ------------------------------------------------------------------ index math
-// n / d with one multiply-high (the IntDivider trick): valid for 0 <= n < 2^31
+// n / d with one multiply-high (the IntDivider trick; built on the host or in a
+// kernel): valid for 0 <= n < 2^31
 // and 1 <= d < 2^31.
 struct FastDiv {
   uint32_t d = 1, m = 1, s = 0;
   FastDiv() = default;
-  explicit FastDiv(uint32_t div) : d(div) {
+  __host__ __device__ explicit FastDiv(uint32_t div) : d(div) {
     s = 0;
     while ((uint64_t(1) << s) < d) ++s;
     m = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << s) - d)) / d + 1);

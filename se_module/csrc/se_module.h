@@ -49,6 +49,7 @@ struct LaunchOpts {
   bool pdl;        // v3+: programmatic dependent launch (sm_90+): next kernel launches while this one drains
   int max_smem;    // bytes of shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin)
   bool spread;     // v4+: the MLP spread over (sample tile, output chunk) blocks where the weights are large
+  bool cluster;    // v5 (sm_90+): a sample per thread-block cluster, where its share fits shared memory
 };
 LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem);
 
@@ -104,6 +105,29 @@ int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, 
 cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act,
                         Gate gate, const SeParams& w, void* dx, const SeParamGrads& dw, float* ws,
                         LaunchOpts o, cudaStream_t stream);
+
+// ---------------------------------------------------------------- v5 (se_cluster.cu)
+// The whole block of one sample in one thread-block cluster of k CTAs, each
+// holding a share of the channels in shared memory: x read once, out written
+// once (forward: one launch), grad and x read once, dx written once (backward:
+// the cluster kernel, then the weight gradients' kernel). cluster_plan says
+// whether it runs (o.cluster, alignment of every pointer in ptrs, sizes) and
+// how; otherwise versions 1-4's se_forward / se_backward run.
+struct ClusterPlan {
+  int k = 1;          // CTAs per sample (cluster size)
+  int unit = 1;       // channels per share unit
+  int64_t units = 0;  // ceil(C / unit)
+  int cmax = 0;       // most channels in one CTA's share
+  size_t smem = 0;    // dynamic shared memory per CTA, bytes
+};
+bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
+                  int nptrs, const LaunchOpts& o, ClusterPlan* plan);
+cudaError_t cluster_forward(const void* x, kc::DType dt, const Dims& d, int64_t S, Act act, Gate gate,
+                            const SeParams& w, void* out, const ClusterPlan& p, cudaStream_t stream);
+int64_t cluster_backward_workspace(const Dims& d, int64_t S);  // floats
+cudaError_t cluster_backward(const void* grad, const void* x, kc::DType dt, const Dims& d, int64_t S, Act act,
+                             Gate gate, const SeParams& w, void* dx, const SeParamGrads& dw, float* ws,
+                             const ClusterPlan& p, cudaStream_t stream);
 
 // Dynamic shared memory the fused MLP kernels need (bytes), and the most any
 // block may have on the current device; the glue rejects shapes above it.
