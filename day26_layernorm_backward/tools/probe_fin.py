@@ -5,16 +5,19 @@ torch.profiler; for each kernel of one call: when it started and ended,
 relative to the start of the call's first kernel (median over the calls, us).
 Shows how long the finalize runs after the main kernel ends, whether its
 launch overlaps the main kernel (PDL), and the whole span on the GPU.
-    python tools/probe_fin.py [--cases 4096x768:bfloat16,...] [--mask 111]
+    python tools/probe_fin.py [--cases 4096x768:bfloat16,...] [--mask 111] [--grid 0,132]
+--grid: the persistent grids' cap (the private knob `grid`; 0 = the plan's), one
+pass per value: fewer blocks, fewer partial rows for the finalize to add.
 """
 import argparse
+import contextlib
 import statistics
 import sys
 
 import torch
 
 from kernel_common import bench
-from day26_layernorm import layer_norm_backward, layer_norm_forward
+from day26_layernorm import layer_norm_backward, layer_norm_forward, ops
 
 
 def timeline(fn, calls=20):
@@ -53,6 +56,7 @@ def main():
     p.add_argument("--cases", default="8192x768:bfloat16,8192x768:float32,4096x768:bfloat16,32768x1024:bfloat16,"
                                       "8192x8192:bfloat16")
     p.add_argument("--mask", default="111")
+    p.add_argument("--grid", default="0")
     args = p.parse_args()
     mask = tuple(c == "1" for c in args.mask)
     cases = []
@@ -68,11 +72,20 @@ def main():
         fn = (lambda dy=dy, x=x, d=d, mean=mean, rstd=rstd, w=w:
               layer_norm_backward(dy, x, d, mean, rstd, w, output_mask=mask))
         cases.append((f"{n}x{d} {dname}", fn))
+    grids = [int(g) for g in args.grid.split(",")]
+    knob = lambda g: ops.knobs(grid=g) if g > 0 else contextlib.nullcontext()  # noqa: E731
     # every case timed before the profiler runs (CUPTI left attached slows later launches)
-    times = [bench.time_us(fn) for _, fn in cases]
-    for (label, fn), t in zip(cases, times):
-        print(f"\n{label} mask {args.mask}: bench {t:.2f} us; kernels (us from the first kernel's start):")
-        print(bench.format_table(timeline(fn), ["kernel", "start", "end", "dur"]))
+    times = {}
+    for g in grids:
+        with knob(g):
+            for label, fn in cases:
+                times[label, g] = bench.time_us(fn)
+    for g in grids:
+        with knob(g):
+            for label, fn in cases:
+                print(f"\n{label} mask {args.mask} grid {g or 'plan'}: bench {times[label, g]:.2f} us; "
+                      "kernels (us from the first kernel's start):")
+                print(bench.format_table(timeline(fn), ["kernel", "start", "end", "dur"]))
     return 0
 
 

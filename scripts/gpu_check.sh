@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One device call for this round's open issues: build common, day26 and se_module,
+# then the steps named (in order), each with its own time limit; logs under $OUT,
+# a short summary printed last.
+#
+#   bash scripts/gpu_check.sh STEP [STEP...]
+#     se-test     se_module's test.py (4 xdist workers)
+#     se-effnet   se_module bench.py --only effnet (v5 default, v4 and eager side by side)
+#     se-models   se_module bench.py --models --model-rounds 3 (EfficientNet-B0/B4 steps)
+#     se-probe5   se_module tools/probe_v5.py (v4 against v5 over batch sizes: the v5 plan's data)
+#     fin         day26 tools/probe_fin.py at 8192x768, grid cap off and 132 (issue 16: the finalize)
+#     ln-test     day26 test.py (4 xdist workers)
+#     ln-bench    day26 bench.py (issue 19's bars)
+#     ln-san      day26 under compute-sanitizer (scripts/sanitize.sh)
+#     se-san      se_module under compute-sanitizer
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/build/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+LOG=$OUT/summary.txt
+: >"$LOG"
+say() { echo "$*" | tee -a "$LOG"; }
+say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(date -u +%FT%TZ)"
+t0=$(date +%s)
+(cd common && python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/build.log" 2>&1)
+(cd se_module && python3 -m pip install -q --no-build-isolation --no-deps . >>"$OUT/build_se.log" 2>&1) &
+(cd day26_layernorm_backward && python3 -m pip install -q --no-build-isolation --no-deps . >>"$OUT/build_ln.log" 2>&1) &
+wait
+say "build $(( $(date +%s) - t0 )) s: se $(python3 -c 'import se_module' 2>&1 | tail -1 || true) ln $(python3 -c 'import day26_layernorm' 2>&1 | tail -1 || true)"
+XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n 4"
+for step in "$@"; do
+  t=$(date +%s)
+  case $step in
+    se-test) (cd se_module && timeout 240 python3 -m pytest test.py -q $XD -p no:cacheprovider ${SE_K:+-k "$SE_K"} >"$OUT/se_test.log" 2>&1)
+             say "se-test rc=$?: $(tail -1 "$OUT/se_test.log")"; grep -E "^FAILED|Error" "$OUT/se_test.log" | head -8 | tee -a "$LOG" ;;
+    se-effnet) (cd se_module && timeout 200 python3 bench.py --only effnet --out "$OUT/effnet" >"$OUT/effnet.log" 2>&1)
+               say "se-effnet rc=$?"; grep -A6 "issue 20 bars" "$OUT/effnet.log" | tee -a "$LOG" ;;
+    se-models) (cd se_module && timeout 300 python3 bench.py --models --model-rounds 3 --out "$OUT/se_models" >"$OUT/se_models.log" 2>&1)
+               say "se-models rc=$?"; tail -12 "$OUT/se_models.log" | tee -a "$LOG" ;;
+    se-probe5) (cd se_module && timeout 200 python3 tools/probe_v5.py --out "$OUT/probe5.json" >"$OUT/probe5.log" 2>&1)
+               say "se-probe5 rc=$?" ;;
+    fin) (cd day26_layernorm_backward && timeout 120 python3 tools/probe_fin.py --cases 8192x768:bfloat16,8192x768:float32 --grid 0,132 >"$OUT/fin.log" 2>&1)
+         say "fin rc=$?"; cat "$OUT/fin.log" | tee -a "$LOG" ;;
+    ln-test) (cd day26_layernorm_backward && timeout 300 python3 -m pytest test.py -q $XD -p no:cacheprovider >"$OUT/ln_test.log" 2>&1)
+             say "ln-test rc=$?: $(tail -1 "$OUT/ln_test.log")"; grep -E "^FAILED" "$OUT/ln_test.log" | head -8 | tee -a "$LOG" ;;
+    ln-bench) (cd day26_layernorm_backward && timeout 300 python3 bench.py --out "$OUT/ln_bench" >"$OUT/ln_bench.log" 2>&1)
+              say "ln-bench rc=$?"; grep -B2 -A8 -i "issue 19" "$OUT/ln_bench.log" | tail -12 | tee -a "$LOG" ;;
+    ln-san) timeout 300 bash scripts/sanitize.sh day26_layernorm_backward >"$OUT/ln_san.log" 2>&1
+            say "ln-san rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|rc=" "$OUT/ln_san.log" | tail -8 | tee -a "$LOG" ;;
+    se-san) timeout 300 bash scripts/sanitize.sh se_module >"$OUT/se_san.log" 2>&1
+            say "se-san rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|rc=" "$OUT/se_san.log" | tail -8 | tee -a "$LOG" ;;
+    *) say "unknown step $step" ;;
+  esac
+  say "  ($step: $(( $(date +%s) - t )) s)"
+done
+say "total $(( $(date +%s) - t0 )) s"
