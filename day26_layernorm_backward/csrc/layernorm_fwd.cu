@@ -9,7 +9,8 @@
 //   2  the row is read once into registers (16-byte vector loads where every
 //      pointer and D allow it), both statistics come from the registers
 //      (two-pass variance: accurate, no extra memory traffic), then y is written
-//      once. One warp per row for D <= 512 (8 rows per block, warp shuffles
+//      once; without 16-byte vectors (a fallback) a run-time loop reads the row
+//      three times instead. One warp per row for D <= 512 (8 rows per block, warp shuffles
 //      only), one block per row above that (128..512 threads, <= 32 elements
 //      per thread). Rows longer than 16384 run 1.
 //   3  2's math on a cp.async pipeline: a persistent grid, each block keeps
@@ -78,6 +79,16 @@ __device__ __forceinline__ void row_to_float(const RowRegs<T, VEC, ITERS>& r, fl
     if (rc.has(it)) kc::vec_to_float(r.v[it], v[it]);
 }
 
+// The mean of a row from its sum s: s * (1/D), corrected once by its residual
+// (one FMA computes s - mean * D exactly): within an ulp of s / D and usually
+// equal to it, at two FMAs per row instead of a division. Without it a bf16 row
+// of seven 1000.0s had mean 1000.00006, variance 3.7e-9 and rstd off by 2e-4
+// (test_forward_large_mean, H200 run 43).
+__device__ __forceinline__ float row_mean(float s, float inv_d, float dn) {
+  const float mean = s * inv_d;
+  return fmaf(fmaf(-mean, dn, s), inv_d, mean);
+}
+
 // One row in registers (fp32) -> y, mean, rstd. reduce(v): the sum of v over
 // the row's threads, returned to all of them (a warp, a block or a v4 row slot).
 // The second pass replaces x by x - mean in place, which the output reuses: per
@@ -110,13 +121,7 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
 #pragma unroll
       for (int j = 0; j < VEC; ++j) s += v[it][j];
   s = reduce(s);
-  // s * (1/D), corrected once by its residual (one FMA computes s - mean * D
-  // exactly): within an ulp of s / D and usually equal to it, at two FMAs per
-  // row instead of a division. Without it a bf16 row of seven 1000.0s had mean
-  // 1000.00006, variance 3.7e-9 and rstd off by 2e-4 (test_forward_large_mean,
-  // H200 run 43).
-  float mean = s * inv_d;
-  mean = fmaf(fmaf(-mean, dn, s), inv_d, mean);
+  const float mean = row_mean(s, inv_d, dn);
   float q = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
@@ -199,6 +204,46 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
               if constexpr (kWarp) return kc::warp_reduce_sum(v);
               else return kc::block_reduce_sum(v, red);
             });
+  }
+}
+
+// v2 without 16-byte vectors (a fallback): ln_fwd_v2's launch shape and the
+// same columns per thread in the same order, in run-time loops that read the
+// row three times (the later reads from L1 or L2) instead of ITERS register
+// slots, so one kernel serves every D; fwd_row_f32's math.
+template <typename T, typename TW, bool kWarp>
+__global__ void __launch_bounds__(kMaxTpr)
+ln_fwd_v2_scalar(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
+                 T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                 int64_t rows, int64_t D, float eps) {
+  __shared__ float red[32];
+  const int tpr = kWarp ? 32 : blockDim.x;
+  const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
+  const int64_t rows_per_block = kWarp ? (blockDim.x >> 5) : 1;
+  const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
+  const float inv_d = 1.f / float(D);
+  auto reduce = [&](float v) {
+    if constexpr (kWarp) return kc::warp_reduce_sum(v);
+    else return kc::block_reduce_sum(v, red);
+  };
+  for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
+    const T* xr = x + row * D;
+    float s = 0.f;
+    for (int64_t c = t; c < D; c += tpr) s += kc::to_float(xr[c]);
+    const float mean = row_mean(reduce(s), inv_d, float(D));
+    float q = 0.f;
+    for (int64_t c = t; c < D; c += tpr) {
+      const float v = kc::to_float(xr[c]) - mean;
+      q += v * v;
+    }
+    const float rstd = rsqrtf(reduce(q) * inv_d + eps);
+    T* yr = y + row * D;
+    for (int64_t c = t; c < D; c += tpr)
+      yr[c] = kc::from_float<T>((kc::to_float(xr[c]) - mean) * rstd * load_w(w, c) + load_b(b, c));
+    if (t == 0) {
+      mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
   }
 }
 
@@ -503,20 +548,19 @@ using FwdV2Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*,
 template <typename T, typename TW>
 using FwdV3Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, float, int);
 
-// warp rows: at most kMaxEptWarp elements a thread, block rows kMaxEpt (v2_config's limits)
+// 16-byte vectors: ITERS from the plan (warp rows: at most kMaxEptWarp elements
+// a thread, block rows kMaxEpt: v2_config's limits); else the scalar kernel,
+// whatever the plan's iters.
 template <typename T, typename TW>
 FwdV2Kernel<T, TW> fwd_v2_kernel(const FwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
-  auto pick = [&](auto v) {
-    constexpr int VEC = decltype(v)::value;
-    return KC_BOOL_SWITCH(p.c2.warp, kWarp, [&] {
-      constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / VEC;
-      return with_iters<kMax>(p.c2.iters, FwdV2Kernel<T, TW>(nullptr), [&](auto it) {
-        return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, VEC, decltype(it)::value, kWarp>);
-      });
+  return KC_BOOL_SWITCH(p.c2.warp, kWarp, [&] {
+    if (p.vec != V) return FwdV2Kernel<T, TW>(ln_fwd_v2_scalar<T, TW, kWarp>);
+    constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / V;
+    return with_iters<kMax>(p.c2.iters, FwdV2Kernel<T, TW>(nullptr), [&](auto it) {
+      return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, V, decltype(it)::value, kWarp>);
     });
-  };
-  return p.vec == V ? pick(std::integral_constant<int, V>{}) : pick(std::integral_constant<int, 1>{});
+  });
 }
 
 template <typename T, typename TW>
