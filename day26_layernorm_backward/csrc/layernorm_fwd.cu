@@ -437,23 +437,18 @@ using FwdV4Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*,
 template <typename T, typename TW>
 FwdV4Kernel<T, TW> fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf) {
   constexpr int V = kc::max_vec_elems<T>();
-  auto pick = [&](auto v) {
-    constexpr int VEC = decltype(v)::value;
-    return with_iters<4>(iters, FwdV4Kernel<T, TW>(nullptr), [&](auto it) {
-      constexpr int I = decltype(it)::value;
-      return KC_BOOL_SWITCH(cluster, kCl, [&] {
-        if constexpr (kCl && VEC != V) {
-          return FwdV4Kernel<T, TW>(nullptr);
-        } else {
-          constexpr bool kL2able = VEC == V && I == 4 && (sizeof(T) == 2 || kCl);
-          if constexpr (kL2able)
-            if (l2pf) return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, VEC, I, kCl, true>);
-          return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, VEC, I, kCl, false>);
-        }
-      });
+  if (vec != V)  // without 16-byte vectors: the one scalar instantiation (v4_config), not split
+    return iters == kV4ScalarIters && !cluster ? FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, 1, kV4ScalarIters, false, false>)
+                                               : FwdV4Kernel<T, TW>(nullptr);
+  return with_iters<4>(iters, FwdV4Kernel<T, TW>(nullptr), [&](auto it) {
+    constexpr int I = decltype(it)::value;
+    return KC_BOOL_SWITCH(cluster, kCl, [&] {
+      constexpr bool kL2able = I == 4 && (sizeof(T) == 2 || kCl);
+      if constexpr (kL2able)
+        if (l2pf) return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, true>);
+      return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, false>);
     });
-  };
-  return vec == V ? pick(std::integral_constant<int, V>{}) : pick(std::integral_constant<int, 1>{});
+  });
 }
 
 // Version 0 (auto), the forward's table (H200 measurements, README "The plan"):
