@@ -39,40 +39,16 @@ __device__ __forceinline__ void smem_accumulate(float* p, const float (&v)[VEC])
   }
 }
 
-// The block's dweight/dbias accumulators in shared memory, [slots][2][D]:
-// zeroed before the rows; after them, summed over the slots in a fixed order
-// into this block's partial row.
-__device__ __forceinline__ void acc_zero(float* acc, int64_t slots, int64_t D) {
-  for (int64_t i = threadIdx.x; i < slots * 2 * D; i += blockDim.x) acc[i] = 0.f;
-  __syncthreads();
-}
-__device__ __forceinline__ void acc_store_partial(const float* acc, float* partial, int64_t slots, int64_t D) {
-  __syncthreads();
-  float* out = partial + int64_t(blockIdx.x) * 2 * D;
-  for (int64_t i = threadIdx.x; i < 2 * D; i += blockDim.x) {
-    const int64_t which = i / D, c = i - which * D;
-    float s = 0.f;
-    for (int64_t k = 0; k < slots; ++k) s += acc[k * 2 * D + which * D + c];
-    out[i] = s;
-  }
-}
-
-// The row's two sums over its threads (a warp, or the block).
-template <bool kWarp>
-__device__ __forceinline__ void row_sums(float (&sums)[2], float* red) {
-  if (kWarp) {
-    sums[0] = kc::warp_reduce_sum(sums[0]);
-    sums[1] = kc::warp_reduce_sum(sums[1]);
-  } else {
-    kc::block_reduce_sum<2>(sums, red);
-  }
-}
-
+// ITERS = 0 (with VEC = 1: a pointer or D that allows no 16-byte vectors, a
+// fallback): no row in registers; the same threads per row and columns per
+// thread, in the same order, in a run-time loop, pass 2 reading x and dy again
+// (the row was just read: L1 or L2), so that one instantiation serves every D.
 template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
           const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
           float* __restrict__ partial, int64_t rows, int64_t D) {
+  static_assert(ITERS > 0 || VEC == 1, "ITERS = 0: the scalar loop");
   extern __shared__ __align__(16) float acc[];  // [slots][2][D]
   __shared__ float red[64];
   kc::launch_dependents();  // see launch_finalize
@@ -82,84 +58,81 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
   const float inv_d = 1.f / float(D);
 
-  if (kPartials) acc_zero(acc, slots, D);
+  if (kPartials) {
+    for (int64_t i = threadIdx.x; i < slots * 2 * D; i += blockDim.x) acc[i] = 0.f;
+    __syncthreads();
+  }
   float* acc_w = acc + slot * 2 * D;
   float* acc_b = acc_w + D;
+  // the row's two sums over its threads (a warp, or the block)
+  auto row_sums = [&](float (&sums)[2]) {
+    if (kWarp) {
+      sums[0] = kc::warp_reduce_sum(sums[0]);
+      sums[1] = kc::warp_reduce_sum(sums[1]);
+    } else {
+      kc::block_reduce_sum<2>(sums, red);
+    }
+  };
 
   for (int64_t row = blockIdx.x * slots + slot; row < rows; row += int64_t(gridDim.x) * slots) {
-    RowRegs<T, VEC, ITERS> cx, cd;
-    load_row(cx, x + row * D, D, tpr, t);
-    load_row(cd, dy + row * D, D, tpr, t);
-    const float mu = mean[row], rs = rstd[row];
-    float sums[2] = {0.f, 0.f};
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
-        float pw[VEC], pb[VEC];
-        bwd_pass1<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums, pw, pb);
+    if constexpr (ITERS == 0) {
+      const T* xr = x + row * D;
+      const T* dr = dy + row * D;
+      const float mu = mean[row], rs = rstd[row];
+      float sums[2] = {0.f, 0.f};
+      for (int64_t c = t; c < D; c += tpr) {
+        float pw[1], pb[1];
+        bwd_pass1<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, c, mu, rs, sums, pw, pb);
         if (kPartials) {
-          smem_accumulate<VEC>(acc_w + c, pw);
-          smem_accumulate<VEC>(acc_b + c, pb);
+          smem_accumulate<1>(acc_w + c, pw);
+          smem_accumulate<1>(acc_b + c, pb);
         }
       }
-    }
-    row_sums<kWarp>(sums, red);
-    if (dx) {
+      row_sums(sums);
+      if (dx)
+        for (int64_t c = t; c < D; c += tpr)
+          bwd_pass2<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, c, mu, rs, sums[0] * inv_d,
+                              sums[1] * inv_d, dx + row * D);
+    } else {
+      RowRegs<T, VEC, ITERS> cx, cd;
+      load_row(cx, x + row * D, D, tpr, t);
+      load_row(cd, dy + row * D, D, tpr, t);
+      const float mu = mean[row], rs = rstd[row];
+      float sums[2] = {0.f, 0.f};
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
-        if (c < D) bwd_pass2<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums[0] * inv_d, sums[1] * inv_d, dx + row * D);
+        if (c < D) {
+          float pw[VEC], pb[VEC];
+          bwd_pass1<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums, pw, pb);
+          if (kPartials) {
+            smem_accumulate<VEC>(acc_w + c, pw);
+            smem_accumulate<VEC>(acc_b + c, pb);
+          }
+        }
+      }
+      row_sums(sums);
+      if (dx) {
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+          const int64_t c = (int64_t(it) * tpr + t) * VEC;
+          if (c < D)
+            bwd_pass2<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums[0] * inv_d, sums[1] * inv_d, dx + row * D);
+        }
       }
     }
   }
-  if (kPartials) acc_store_partial(acc, partial, slots, D);
-}
-
-// VEC = 1 (a pointer or D that allows no 16-byte vectors: a fallback): the
-// launch shape of ln_bwd_v2 and the same columns per thread (t, t + tpr, ...,
-// in that order), in a run-time loop instead of ITERS register slots, so one
-// kernel serves every D (one per ITERS were most of this file's build time);
-// pass 2 reads x and dy again (the row was just read: L1 or L2).
-template <typename T, typename TW, bool kWarp, bool kPartials>
-__global__ void __launch_bounds__(kMaxTpr)
-ln_bwd_v2_scalar(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-                 const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
-                 float* __restrict__ partial, int64_t rows, int64_t D) {
-  extern __shared__ __align__(16) float acc[];  // [slots][2][D]
-  __shared__ float red[64];
-  kc::launch_dependents();  // see launch_finalize
-  const int tpr = kWarp ? 32 : blockDim.x;
-  const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
-  const int64_t slots = kWarp ? (blockDim.x >> 5) : 1;
-  const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
-  const float inv_d = 1.f / float(D);
-
-  if (kPartials) acc_zero(acc, slots, D);
-  float* acc_w = acc + slot * 2 * D;
-  float* acc_b = acc_w + D;
-
-  for (int64_t row = blockIdx.x * slots + slot; row < rows; row += int64_t(gridDim.x) * slots) {
-    const T* xr = x + row * D;
-    const T* dr = dy + row * D;
-    const float mu = mean[row], rs = rstd[row];
-    float sums[2] = {0.f, 0.f};
-    for (int64_t c = t; c < D; c += tpr) {
-      float pw[1], pb[1];
-      bwd_pass1<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, c, mu, rs, sums, pw, pb);
-      if (kPartials) {
-        smem_accumulate<1>(acc_w + c, pw);
-        smem_accumulate<1>(acc_b + c, pb);
-      }
-    }
-    row_sums<kWarp>(sums, red);
-    if (dx) {
-      for (int64_t c = t; c < D; c += tpr)
-        bwd_pass2<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, c, mu, rs, sums[0] * inv_d,
-                            sums[1] * inv_d, dx + row * D);
+  if (kPartials) {
+    __syncthreads();
+    // Sum the slots in a fixed order and write this block's partial row.
+    float* out = partial + int64_t(blockIdx.x) * 2 * D;
+    for (int64_t i = threadIdx.x; i < 2 * D; i += blockDim.x) {
+      const int64_t which = i / D, c = i - which * D;
+      float s = 0.f;
+      for (int64_t k = 0; k < slots; ++k) s += acc[k * 2 * D + which * D + c];
+      out[i] = s;
     }
   }
-  if (kPartials) acc_store_partial(acc, partial, slots, D);
 }
 
 template <typename T, typename TW>
@@ -168,13 +141,13 @@ using V2Kernel = void (*)(const T*, const T*, const float*, const float*, const 
 // The instantiation plan p names: 16-byte vectors, ITERS from the plan (warp
 // rows hold at most kMaxEptWarp elements a thread, block rows kMaxEpt:
 // v2_config's limits, nothing above them is instantiated); else the scalar
-// kernel, whatever the plan's iters.
+// loop (ITERS = 0), whatever the plan's iters.
 template <typename T, typename TW>
 V2Kernel<T, TW> v2_kernel(const LnBwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
   return KC_BOOL_SWITCH(p.warp, kWarp, [&] {
     return KC_BOOL_SWITCH(p.partials, kP, [&] {
-      if (p.vec != V) return V2Kernel<T, TW>(ln_bwd_v2_scalar<T, TW, kWarp, kP>);
+      if (p.vec != V) return V2Kernel<T, TW>(ln_bwd_v2<T, TW, 1, 0, kWarp, kP>);
       constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / V;
       return with_iters<kMax>(p.iters, V2Kernel<T, TW>(nullptr), [&](auto it) {
         return V2Kernel<T, TW>(ln_bwd_v2<T, TW, V, decltype(it)::value, kWarp, kP>);

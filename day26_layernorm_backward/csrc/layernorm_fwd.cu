@@ -84,7 +84,7 @@ __device__ __forceinline__ void row_to_float(const RowRegs<T, VEC, ITERS>& r, fl
 // equal to it, at two FMAs per row instead of a division. Without it a bf16 row
 // of seven 1000.0s had mean 1000.00006, variance 3.7e-9 and rstd off by 2e-4
 // (test_forward_large_mean, H200 run 43).
-__device__ __forceinline__ float row_mean(float s, float inv_d, float dn) {
+__device__ __forceinline__ float mean_of_sum(float s, float inv_d, float dn) {
   const float mean = s * inv_d;
   return fmaf(fmaf(-mean, dn, s), inv_d, mean);
 }
@@ -121,7 +121,7 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
 #pragma unroll
       for (int j = 0; j < VEC; ++j) s += v[it][j];
   s = reduce(s);
-  const float mean = row_mean(s, inv_d, dn);
+  const float mean = mean_of_sum(s, inv_d, dn);
   float q = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
@@ -176,17 +176,45 @@ __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const
   fwd_row_f32(v, w, b, yr, mean_out, rstd_out, rc, inv_d, dn, eps, t, reduce);
 }
 
+// fwd_row's math for one row without the row in registers (v2 without 16-byte
+// vectors: one instantiation for every D): the thread's columns t, t + tpr, ...
+// in that order, in run-time loops that read the row three times (the later
+// reads from L1 or L2).
+template <typename T, typename TW, typename Reduce>
+__device__ __forceinline__ void fwd_row_scalar(const T* __restrict__ xr, const TW* __restrict__ w,
+                                               const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
+                                               float* rstd_out, int64_t D, int tpr, int t, float inv_d, float eps,
+                                               Reduce&& reduce) {
+  float s = 0.f;
+  for (int64_t c = t; c < D; c += tpr) s += kc::to_float(xr[c]);
+  const float mean = mean_of_sum(reduce(s), inv_d, float(D));
+  float q = 0.f;
+  for (int64_t c = t; c < D; c += tpr) {
+    const float v = kc::to_float(xr[c]) - mean;
+    q += v * v;
+  }
+  const float rstd = rsqrtf(reduce(q) * inv_d + eps);
+  for (int64_t c = t; c < D; c += tpr)
+    yr[c] = kc::from_float<T>((kc::to_float(xr[c]) - mean) * rstd * load_w(w, c) + load_b(b, c));
+  if (t == 0) {
+    *mean_out = mean;
+    *rstd_out = rstd;
+  }
+}
+
 // v2. Assumptions (checked by the launcher):
 // - kWarp: blockDim.x = 32 * kWarpRowsPerBlock, one warp per row;
 //   else: blockDim.x = threads per row (a multiple of 32, <= kMaxTpr), one block per row;
 // - VEC > 1 only when x, y, weight, bias are aligned to a VEC-vector and D % VEC == 0;
-// - ITERS * VEC * (threads per row) >= D;
+// - ITERS * VEC * (threads per row) >= D; or ITERS = 0 (with VEC = 1: no 16-byte
+//   vectors, a fallback): no row in registers, fwd_row_scalar's run-time loops;
 // - rows are visited grid-stride, so any number of rows works with any grid.
 template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
           int64_t rows, int64_t D, float eps) {
+  static_assert(ITERS > 0 || VEC == 1, "ITERS = 0: the scalar loop");
   __shared__ float red[32];
   const int tpr = kWarp ? 32 : blockDim.x;
   const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
@@ -194,55 +222,19 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
   const RowCols<VEC, ITERS> rc(D, tpr, t);
   const float inv_d = 1.f / float(D);
-  // Warps of one block leave this loop at different times in the warp path;
-  // the block path keeps the whole block together (its reductions sync).
-  for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
-    RowRegs<T, VEC, ITERS> cur;
-    load_row(cur, x + row * D, rc);
-    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t,
-            [&](float v) {
-              if constexpr (kWarp) return kc::warp_reduce_sum(v);
-              else return kc::block_reduce_sum(v, red);
-            });
-  }
-}
-
-// v2 without 16-byte vectors (a fallback): ln_fwd_v2's launch shape and the
-// same columns per thread in the same order, in run-time loops that read the
-// row three times (the later reads from L1 or L2) instead of ITERS register
-// slots, so one kernel serves every D; fwd_row_f32's math.
-template <typename T, typename TW, bool kWarp>
-__global__ void __launch_bounds__(kMaxTpr)
-ln_fwd_v2_scalar(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
-                 T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                 int64_t rows, int64_t D, float eps) {
-  __shared__ float red[32];
-  const int tpr = kWarp ? 32 : blockDim.x;
-  const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
-  const int64_t rows_per_block = kWarp ? (blockDim.x >> 5) : 1;
-  const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
-  const float inv_d = 1.f / float(D);
   auto reduce = [&](float v) {
     if constexpr (kWarp) return kc::warp_reduce_sum(v);
     else return kc::block_reduce_sum(v, red);
   };
+  // Warps of one block leave this loop at different times in the warp path;
+  // the block path keeps the whole block together (its reductions sync).
   for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
-    const T* xr = x + row * D;
-    float s = 0.f;
-    for (int64_t c = t; c < D; c += tpr) s += kc::to_float(xr[c]);
-    const float mean = row_mean(reduce(s), inv_d, float(D));
-    float q = 0.f;
-    for (int64_t c = t; c < D; c += tpr) {
-      const float v = kc::to_float(xr[c]) - mean;
-      q += v * v;
-    }
-    const float rstd = rsqrtf(reduce(q) * inv_d + eps);
-    T* yr = y + row * D;
-    for (int64_t c = t; c < D; c += tpr)
-      yr[c] = kc::from_float<T>((kc::to_float(xr[c]) - mean) * rstd * load_w(w, c) + load_b(b, c));
-    if (t == 0) {
-      mean_out[row] = mean;
-      rstd_out[row] = rstd;
+    if constexpr (ITERS == 0) {
+      fwd_row_scalar(x + row * D, w, b, y + row * D, mean_out + row, rstd_out + row, D, tpr, t, inv_d, eps, reduce);
+    } else {
+      RowRegs<T, VEC, ITERS> cur;
+      load_row(cur, x + row * D, rc);
+      fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t, reduce);
     }
   }
 }
@@ -544,13 +536,13 @@ template <typename T, typename TW>
 using FwdV3Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, float, int);
 
 // 16-byte vectors: ITERS from the plan (warp rows: at most kMaxEptWarp elements
-// a thread, block rows kMaxEpt: v2_config's limits); else the scalar kernel,
-// whatever the plan's iters.
+// a thread, block rows kMaxEpt: v2_config's limits); else the scalar loop
+// (ITERS = 0), whatever the plan's iters.
 template <typename T, typename TW>
 FwdV2Kernel<T, TW> fwd_v2_kernel(const FwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
   return KC_BOOL_SWITCH(p.c2.warp, kWarp, [&] {
-    if (p.vec != V) return FwdV2Kernel<T, TW>(ln_fwd_v2_scalar<T, TW, kWarp>);
+    if (p.vec != V) return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, 1, 0, kWarp>);
     constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / V;
     return with_iters<kMax>(p.c2.iters, FwdV2Kernel<T, TW>(nullptr), [&](auto it) {
       return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, V, decltype(it)::value, kWarp>);
