@@ -6,7 +6,10 @@ arch_macros), and prints the seconds per file, the number of kernels in its cubi
 `.nv.info.<kernel>` sections, read with readelf from nvcc's --keep output) and the total.
 Nothing is cached: every file is compiled each run.
 
-    python tools/build_time.py [--arch 90a] [--files layernorm_fwd.cu ...] [--repeat N]
+    python tools/build_time.py [--arch 90a] [--files layernorm_fwd.cu ...] [--repeat N] [--root DIR]
+
+--root: another copy of this day's folder (e.g. `git archive main day26_layernorm_backward`
+unpacked somewhere), to time its sources with the same command.
 """
 import argparse
 import re
@@ -47,7 +50,11 @@ def main() -> int:
     p.add_argument("--arch", default="90a", help="one arch, as in sm_XX (default 90a)")
     p.add_argument("--files", nargs="*", help="csrc/ file names (default: every .cu)")
     p.add_argument("--repeat", type=int, default=1, help="runs of the whole list (default 1)")
+    p.add_argument("--root", type=Path, default=None, help="the day's folder to time (default: this one)")
     a = p.parse_args()
+    global ROOT
+    if a.root is not None:
+        ROOT = a.root.resolve()
     files = [ROOT / "csrc" / f for f in a.files] if a.files else sorted((ROOT / "csrc").glob("*.cu"))
     for run in range(a.repeat):
         print(f"run {run + 1}: nvcc sm_{a.arch}, serial")
