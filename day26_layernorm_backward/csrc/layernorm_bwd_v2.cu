@@ -1,11 +1,12 @@
 // LayerNorm backward, version 2: x and dy read once into registers (16-byte
-// vectors where every pointer and D allow them), both row sums in one
-// reduction, dx written once. A persistent grid (the blocks that fit at once)
-// walks the rows; each block accumulates dy * xhat and dy for its columns in
-// shared memory (fp32), then writes one partial row per block, which the
-// finalize sums in a fixed order. One warp per row for D <= 512 (8 rows a
-// block), one block per row above (128..512 threads). Rows longer than 16384
-// (8192 without 16-byte vectors) run version 1.
+// vectors where every pointer and D allow them; without them, a fallback, one
+// element at a time in a run-time loop that reads the row twice), both row
+// sums in one reduction, dx written once. A persistent grid (the blocks that
+// fit at once) walks the rows; each block accumulates dy * xhat and dy for its
+// columns in shared memory (fp32), then writes one partial row per block,
+// which the finalize sums in a fixed order. One warp per row for D <= 512 (8
+// rows a block), one block per row above (128..512 threads). Rows longer than
+// 16384 (8192 without 16-byte vectors) run version 1.
 // Traffic: x, dy read once, dx written once (the 3-pass floor), plus
 // 2 * grid * D * 4 bytes of partials written and read back.
 #include "layernorm_bwd_common.cuh"
@@ -38,11 +39,16 @@ __device__ __forceinline__ void smem_accumulate(float* p, const float (&v)[VEC])
   }
 }
 
+// ITERS = 0 (with VEC = 1: a pointer or D that allows no 16-byte vectors, a
+// fallback): no row in registers; the same threads per row and columns per
+// thread, in the same order, in a run-time loop, pass 2 reading x and dy again
+// (the row was just read: L1 or L2), so that one instantiation serves every D.
 template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartials>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
           const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
           float* __restrict__ partial, int64_t rows, int64_t D) {
+  static_assert(ITERS > 0 || VEC == 1, "ITERS = 0: the scalar loop");
   extern __shared__ __align__(16) float acc[];  // [slots][2][D]
   __shared__ float red[64];
   kc::launch_dependents();  // see launch_finalize
@@ -58,36 +64,61 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   }
   float* acc_w = acc + slot * 2 * D;
   float* acc_b = acc_w + D;
-
-  for (int64_t row = blockIdx.x * slots + slot; row < rows; row += int64_t(gridDim.x) * slots) {
-    RowRegs<T, VEC, ITERS> cx, cd;
-    load_row(cx, x + row * D, D, tpr, t);
-    load_row(cd, dy + row * D, D, tpr, t);
-    const float mu = mean[row], rs = rstd[row];
-    float sums[2] = {0.f, 0.f};
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < D) {
-        float pw[VEC], pb[VEC];
-        bwd_pass1<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums, pw, pb);
-        if (kPartials) {
-          smem_accumulate<VEC>(acc_w + c, pw);
-          smem_accumulate<VEC>(acc_b + c, pb);
-        }
-      }
-    }
+  // the row's two sums over its threads (a warp, or the block)
+  auto row_sums = [&](float (&sums)[2]) {
     if (kWarp) {
       sums[0] = kc::warp_reduce_sum(sums[0]);
       sums[1] = kc::warp_reduce_sum(sums[1]);
     } else {
       kc::block_reduce_sum<2>(sums, red);
     }
-    if (dx) {
+  };
+
+  for (int64_t row = blockIdx.x * slots + slot; row < rows; row += int64_t(gridDim.x) * slots) {
+    if constexpr (ITERS == 0) {
+      const T* xr = x + row * D;
+      const T* dr = dy + row * D;
+      const float mu = mean[row], rs = rstd[row];
+      float sums[2] = {0.f, 0.f};
+      for (int64_t c = t; c < D; c += tpr) {
+        float pw[1], pb[1];
+        bwd_pass1<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, c, mu, rs, sums, pw, pb);
+        if (kPartials) {
+          smem_accumulate<1>(acc_w + c, pw);
+          smem_accumulate<1>(acc_b + c, pb);
+        }
+      }
+      row_sums(sums);
+      if (dx)
+        for (int64_t c = t; c < D; c += tpr)
+          bwd_pass2<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, c, mu, rs, sums[0] * inv_d,
+                              sums[1] * inv_d, dx + row * D);
+    } else {
+      RowRegs<T, VEC, ITERS> cx, cd;
+      load_row(cx, x + row * D, D, tpr, t);
+      load_row(cd, dy + row * D, D, tpr, t);
+      const float mu = mean[row], rs = rstd[row];
+      float sums[2] = {0.f, 0.f};
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
-        if (c < D) bwd_pass2<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums[0] * inv_d, sums[1] * inv_d, dx + row * D);
+        if (c < D) {
+          float pw[VEC], pb[VEC];
+          bwd_pass1<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums, pw, pb);
+          if (kPartials) {
+            smem_accumulate<VEC>(acc_w + c, pw);
+            smem_accumulate<VEC>(acc_b + c, pb);
+          }
+        }
+      }
+      row_sums(sums);
+      if (dx) {
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+          const int64_t c = (int64_t(it) * tpr + t) * VEC;
+          if (c < D)
+            bwd_pass2<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums[0] * inv_d, sums[1] * inv_d, dx + row * D);
+        }
       }
     }
   }
@@ -107,24 +138,22 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
 template <typename T, typename TW>
 using V2Kernel = void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t);
 
-// The instantiation plan p names: VEC 16 bytes' worth or 1; warp rows hold at
-// most kMaxEptWarp elements a thread, block rows kMaxEpt (v2_config's limits:
-// nothing above them is instantiated).
+// The instantiation plan p names: 16-byte vectors, ITERS from the plan (warp
+// rows hold at most kMaxEptWarp elements a thread, block rows kMaxEpt:
+// v2_config's limits, nothing above them is instantiated); else the scalar
+// loop (ITERS = 0), whatever the plan's iters.
 template <typename T, typename TW>
 V2Kernel<T, TW> v2_kernel(const LnBwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
-  auto pick = [&](auto vec) {
-    constexpr int VEC = decltype(vec)::value;
-    return KC_BOOL_SWITCH(p.warp, kWarp, [&] {
-      return KC_BOOL_SWITCH(p.partials, kP, [&] {
-        constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / VEC;
-        return with_iters<kMax>(p.iters, V2Kernel<T, TW>(nullptr), [&](auto it) {
-          return V2Kernel<T, TW>(ln_bwd_v2<T, TW, VEC, decltype(it)::value, kWarp, kP>);
-        });
+  return KC_BOOL_SWITCH(p.warp, kWarp, [&] {
+    return KC_BOOL_SWITCH(p.partials, kP, [&] {
+      if (p.vec != V) return V2Kernel<T, TW>(ln_bwd_v2<T, TW, 1, 0, kWarp, kP>);
+      constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / V;
+      return with_iters<kMax>(p.iters, V2Kernel<T, TW>(nullptr), [&](auto it) {
+        return V2Kernel<T, TW>(ln_bwd_v2<T, TW, V, decltype(it)::value, kWarp, kP>);
       });
     });
-  };
-  return p.vec == V ? pick(std::integral_constant<int, V>{}) : pick(std::integral_constant<int, 1>{});
+  });
 }
 
 }  // namespace

@@ -123,19 +123,18 @@ constexpr bool kV4PrefetchCompiled = sizeof(T) == 2 && VEC == kc::max_vec_elems<
 template <typename T, typename TW>
 V4Kernel<T, TW> v4_kernel(const LnBwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
-  auto pick = [&](auto vec) {
-    constexpr int VEC = decltype(vec)::value;
-    return KC_BOOL_SWITCH(p.partials, kP, [&] {
-      return with_iters<4>(p.iters, V4Kernel<T, TW>(nullptr), [&](auto it) {
-        constexpr int I = decltype(it)::value;
-        if constexpr (kV4PrefetchCompiled<T, VEC, I>) {
-          if (p.prefetch) return V4Kernel<T, TW>(ln_bwd_v4<T, TW, VEC, I, kP, true>);
-        }
-        return p.prefetch ? V4Kernel<T, TW>(nullptr) : V4Kernel<T, TW>(ln_bwd_v4<T, TW, VEC, I, kP, false>);
-      });
+  return KC_BOOL_SWITCH(p.partials, kP, [&] {
+    if (p.vec != V)  // without 16-byte vectors: the one scalar instantiation (v4_config), no prefetch
+      return p.iters == kV4ScalarIters && !p.prefetch ? V4Kernel<T, TW>(ln_bwd_v4<T, TW, 1, kV4ScalarIters, kP, false>)
+                                                      : V4Kernel<T, TW>(nullptr);
+    return with_iters<4>(p.iters, V4Kernel<T, TW>(nullptr), [&](auto it) {
+      constexpr int I = decltype(it)::value;
+      if constexpr (kV4PrefetchCompiled<T, V, I>) {
+        if (p.prefetch) return V4Kernel<T, TW>(ln_bwd_v4<T, TW, V, I, kP, true>);
+      }
+      return p.prefetch ? V4Kernel<T, TW>(nullptr) : V4Kernel<T, TW>(ln_bwd_v4<T, TW, V, I, kP, false>);
     });
-  };
-  return p.vec == V ? pick(std::integral_constant<int, V>{}) : pick(std::integral_constant<int, 1>{});
+  });
 }
 
 }  // namespace

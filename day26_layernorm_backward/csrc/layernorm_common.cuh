@@ -237,10 +237,13 @@ inline int64_t persistent_grid(int64_t rows, int per_sm) {
 constexpr int kV4SmallThreads = 512;  // threads per block at most (128 registers a thread)
 constexpr int kV4MaxSlots = 16;  // named barriers 1..15 (0 is __syncthreads); warp slots need none
 
+// The one ITERS of the v4 kernels without 16-byte vectors (v4_config's most).
+constexpr int kV4ScalarIters = 4;
+
 struct V4Config {
   bool ok = false;  // false: no v4 shape for this row (too long): use v2
   int vec = 1;      // elements per vector access
-  int iters = 1;    // vector accesses per thread per row (1, 2 or 4)
+  int iters = 1;    // vector accesses per thread per row (1, 2 or 4; kV4ScalarIters when vec = 1)
   int tpr = 32;     // threads per row (a multiple of 32, <= 512)
 };
 
@@ -280,6 +283,10 @@ inline V4Config v4_config(int64_t cols, int vec) {
     const int64_t tpr = ((nv + 3) / 4 + 31) / 32 * 32;
     if (tpr <= kV4SmallThreads) c.ok = true, c.iters = 4, c.tpr = int(tpr);
   }
+  // Without 16-byte vectors (a fallback) one instantiation serves every row:
+  // the threads per row chosen above, ITERS = kV4ScalarIters (a thread's
+  // accesses past the row end are masked off, as at every row end).
+  if (c.ok && vec == 1) c.iters = kV4ScalarIters;
   return c;
 }
 

@@ -9,7 +9,8 @@
 //   2  the row is read once into registers (16-byte vector loads where every
 //      pointer and D allow it), both statistics come from the registers
 //      (two-pass variance: accurate, no extra memory traffic), then y is written
-//      once. One warp per row for D <= 512 (8 rows per block, warp shuffles
+//      once; without 16-byte vectors (a fallback) a run-time loop reads the row
+//      three times instead. One warp per row for D <= 512 (8 rows per block, warp shuffles
 //      only), one block per row above that (128..512 threads, <= 32 elements
 //      per thread). Rows longer than 16384 run 1.
 //   3  2's math on a cp.async pipeline: a persistent grid, each block keeps
@@ -78,6 +79,16 @@ __device__ __forceinline__ void row_to_float(const RowRegs<T, VEC, ITERS>& r, fl
     if (rc.has(it)) kc::vec_to_float(r.v[it], v[it]);
 }
 
+// The mean of a row from its sum s: s * (1/D), corrected once by its residual
+// (one FMA computes s - mean * D exactly): within an ulp of s / D and usually
+// equal to it, at two FMAs per row instead of a division. Without it a bf16 row
+// of seven 1000.0s had mean 1000.00006, variance 3.7e-9 and rstd off by 2e-4
+// (test_forward_large_mean, H200 run 43).
+__device__ __forceinline__ float mean_of_sum(float s, float inv_d, float dn) {
+  const float mean = s * inv_d;
+  return fmaf(fmaf(-mean, dn, s), inv_d, mean);
+}
+
 // One row in registers (fp32) -> y, mean, rstd. reduce(v): the sum of v over
 // the row's threads, returned to all of them (a warp, a block or a v4 row slot).
 // The second pass replaces x by x - mean in place, which the output reuses: per
@@ -110,13 +121,7 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
 #pragma unroll
       for (int j = 0; j < VEC; ++j) s += v[it][j];
   s = reduce(s);
-  // s * (1/D), corrected once by its residual (one FMA computes s - mean * D
-  // exactly): within an ulp of s / D and usually equal to it, at two FMAs per
-  // row instead of a division. Without it a bf16 row of seven 1000.0s had mean
-  // 1000.00006, variance 3.7e-9 and rstd off by 2e-4 (test_forward_large_mean,
-  // H200 run 43).
-  float mean = s * inv_d;
-  mean = fmaf(fmaf(-mean, dn, s), inv_d, mean);
+  const float mean = mean_of_sum(s, inv_d, dn);
   float q = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
@@ -171,17 +176,45 @@ __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const
   fwd_row_f32(v, w, b, yr, mean_out, rstd_out, rc, inv_d, dn, eps, t, reduce);
 }
 
+// fwd_row's math for one row without the row in registers (v2 without 16-byte
+// vectors: one instantiation for every D): the thread's columns t, t + tpr, ...
+// in that order, in run-time loops that read the row three times (the later
+// reads from L1 or L2).
+template <typename T, typename TW, typename Reduce>
+__device__ __forceinline__ void fwd_row_scalar(const T* __restrict__ xr, const TW* __restrict__ w,
+                                               const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
+                                               float* rstd_out, int64_t D, int tpr, int t, float inv_d, float eps,
+                                               Reduce&& reduce) {
+  float s = 0.f;
+  for (int64_t c = t; c < D; c += tpr) s += kc::to_float(xr[c]);
+  const float mean = mean_of_sum(reduce(s), inv_d, float(D));
+  float q = 0.f;
+  for (int64_t c = t; c < D; c += tpr) {
+    const float v = kc::to_float(xr[c]) - mean;
+    q += v * v;
+  }
+  const float rstd = rsqrtf(reduce(q) * inv_d + eps);
+  for (int64_t c = t; c < D; c += tpr)
+    yr[c] = kc::from_float<T>((kc::to_float(xr[c]) - mean) * rstd * load_w(w, c) + load_b(b, c));
+  if (t == 0) {
+    *mean_out = mean;
+    *rstd_out = rstd;
+  }
+}
+
 // v2. Assumptions (checked by the launcher):
 // - kWarp: blockDim.x = 32 * kWarpRowsPerBlock, one warp per row;
 //   else: blockDim.x = threads per row (a multiple of 32, <= kMaxTpr), one block per row;
 // - VEC > 1 only when x, y, weight, bias are aligned to a VEC-vector and D % VEC == 0;
-// - ITERS * VEC * (threads per row) >= D;
+// - ITERS * VEC * (threads per row) >= D; or ITERS = 0 (with VEC = 1: no 16-byte
+//   vectors, a fallback): no row in registers, fwd_row_scalar's run-time loops;
 // - rows are visited grid-stride, so any number of rows works with any grid.
 template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
           int64_t rows, int64_t D, float eps) {
+  static_assert(ITERS > 0 || VEC == 1, "ITERS = 0: the scalar loop");
   __shared__ float red[32];
   const int tpr = kWarp ? 32 : blockDim.x;
   const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
@@ -189,16 +222,20 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
   const RowCols<VEC, ITERS> rc(D, tpr, t);
   const float inv_d = 1.f / float(D);
+  auto reduce = [&](float v) {
+    if constexpr (kWarp) return kc::warp_reduce_sum(v);
+    else return kc::block_reduce_sum(v, red);
+  };
   // Warps of one block leave this loop at different times in the warp path;
   // the block path keeps the whole block together (its reductions sync).
   for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
-    RowRegs<T, VEC, ITERS> cur;
-    load_row(cur, x + row * D, rc);
-    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t,
-            [&](float v) {
-              if constexpr (kWarp) return kc::warp_reduce_sum(v);
-              else return kc::block_reduce_sum(v, red);
-            });
+    if constexpr (ITERS == 0) {
+      fwd_row_scalar(x + row * D, w, b, y + row * D, mean_out + row, rstd_out + row, D, tpr, t, inv_d, eps, reduce);
+    } else {
+      RowRegs<T, VEC, ITERS> cur;
+      load_row(cur, x + row * D, rc);
+      fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t, reduce);
+    }
   }
 }
 
@@ -392,23 +429,18 @@ using FwdV4Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*,
 template <typename T, typename TW>
 FwdV4Kernel<T, TW> fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf) {
   constexpr int V = kc::max_vec_elems<T>();
-  auto pick = [&](auto v) {
-    constexpr int VEC = decltype(v)::value;
-    return with_iters<4>(iters, FwdV4Kernel<T, TW>(nullptr), [&](auto it) {
-      constexpr int I = decltype(it)::value;
-      return KC_BOOL_SWITCH(cluster, kCl, [&] {
-        if constexpr (kCl && VEC != V) {
-          return FwdV4Kernel<T, TW>(nullptr);
-        } else {
-          constexpr bool kL2able = VEC == V && I == 4 && (sizeof(T) == 2 || kCl);
-          if constexpr (kL2able)
-            if (l2pf) return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, VEC, I, kCl, true>);
-          return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, VEC, I, kCl, false>);
-        }
-      });
+  if (vec != V)  // without 16-byte vectors: the one scalar instantiation (v4_config), not split
+    return iters == kV4ScalarIters && !cluster ? FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, 1, kV4ScalarIters, false, false>)
+                                               : FwdV4Kernel<T, TW>(nullptr);
+  return with_iters<4>(iters, FwdV4Kernel<T, TW>(nullptr), [&](auto it) {
+    constexpr int I = decltype(it)::value;
+    return KC_BOOL_SWITCH(cluster, kCl, [&] {
+      constexpr bool kL2able = I == 4 && (sizeof(T) == 2 || kCl);
+      if constexpr (kL2able)
+        if (l2pf) return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, true>);
+      return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, false>);
     });
-  };
-  return vec == V ? pick(std::integral_constant<int, V>{}) : pick(std::integral_constant<int, 1>{});
+  });
 }
 
 // Version 0 (auto), the forward's table (H200 measurements, README "The plan"):
@@ -503,20 +535,19 @@ using FwdV2Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*,
 template <typename T, typename TW>
 using FwdV3Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, float, int);
 
-// warp rows: at most kMaxEptWarp elements a thread, block rows kMaxEpt (v2_config's limits)
+// 16-byte vectors: ITERS from the plan (warp rows: at most kMaxEptWarp elements
+// a thread, block rows kMaxEpt: v2_config's limits); else the scalar loop
+// (ITERS = 0), whatever the plan's iters.
 template <typename T, typename TW>
 FwdV2Kernel<T, TW> fwd_v2_kernel(const FwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
-  auto pick = [&](auto v) {
-    constexpr int VEC = decltype(v)::value;
-    return KC_BOOL_SWITCH(p.c2.warp, kWarp, [&] {
-      constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / VEC;
-      return with_iters<kMax>(p.c2.iters, FwdV2Kernel<T, TW>(nullptr), [&](auto it) {
-        return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, VEC, decltype(it)::value, kWarp>);
-      });
+  return KC_BOOL_SWITCH(p.c2.warp, kWarp, [&] {
+    if (p.vec != V) return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, 1, 0, kWarp>);
+    constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / V;
+    return with_iters<kMax>(p.c2.iters, FwdV2Kernel<T, TW>(nullptr), [&](auto it) {
+      return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, V, decltype(it)::value, kWarp>);
     });
-  };
-  return p.vec == V ? pick(std::integral_constant<int, V>{}) : pick(std::integral_constant<int, 1>{});
+  });
 }
 
 template <typename T, typename TW>
