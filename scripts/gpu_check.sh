@@ -8,7 +8,7 @@
 #     se-effnet   se_module bench.py --only effnet (v5 default, v4 and eager side by side)
 #     se-models   se_module bench.py --models --model-rounds 3 (EfficientNet-B0/B4 steps)
 #     se-probe5   se_module tools/probe_v5.py (v4 against v5 over batch sizes: the v5 plan's data)
-#     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize; FIN=88,816,48: its shapes)
+#     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel)
 #     ln-test     day26 test.py (4 xdist workers)
 #     ln-bench    day26 bench.py (issue 19's bars)
 #     ln-san      day26 under compute-sanitizer (scripts/sanitize.sh)
@@ -41,7 +41,7 @@ for step in "$@"; do
                say "se-models rc=$?"; tail -12 "$OUT/se_models.log" | tee -a "$LOG" ;;
     se-probe5) (cd se_module && timeout 200 python3 tools/probe_v5.py --out "$OUT/probe5.json" >"$OUT/probe5.log" 2>&1)
                say "se-probe5 rc=$?" ;;
-    fin) (cd day26_layernorm_backward && timeout 120 python3 tools/probe_fin.py --cases 8192x768:bfloat16,8192x768:float32 --fin ${FIN:-88} >"$OUT/fin.log" 2>&1)
+    fin) (cd day26_layernorm_backward && timeout 120 python3 tools/probe_fin.py --cases 8192x768:bfloat16,8192x768:float32 >"$OUT/fin.log" 2>&1)
          say "fin rc=$?"; cat "$OUT/fin.log" | tee -a "$LOG" ;;
     ln-test) (cd day26_layernorm_backward && timeout 300 python3 -m pytest test.py -q $XD -p no:cacheprovider >"$OUT/ln_test.log" 2>&1)
              say "ln-test rc=$?: $(tail -1 "$OUT/ln_test.log")"; grep -E "^FAILED" "$OUT/ln_test.log" | head -8 | tee -a "$LOG" ;;

@@ -76,16 +76,16 @@ __global__ void ln_bwd_finalize(const float* __restrict__ partial, int64_t G, in
 // a fixed order. A block of kFinThreads = 256 threads owns kFinCols = 8 columns
 // (one 32-byte sector of a partial row; D = 768: 96 blocks): thread t adds rows
 // s, s + 32, s + 64, ... (s = t / 8, one of 32 slices) of column t % 8, loading
-// kFinRows = 8 rows before adding; the slices are then added by a shuffle tree
+// kFinRows rows before adding; the slices are then added by a shuffle tree
 // inside each warp (4 slices a warp) and by one thread per output in warp order.
 // The order depends on G and D only: same inputs, bitwise the same sums.
 // H200 (README, runs 65-66): it ends 2.1 / 1.7 us after the main kernel at
 // 4096x768 bf16 / fp32, the wide kernel 2.8 / 2.9 us; at 8192 columns 4.7
-// against 3.4 (so wide rows keep the wide kernel), at 1024 both 3.0.
-// The shape is a template (kFinCols columns a block, kFinRows loads a batch);
-// the plan's is 8 x 8, the knob fin_shape (tools/probe_fin.py) picks 8 x 16 or 4 x 8.
-constexpr int kFinThreads = 256;  // kFinNarrowMaxD: layernorm_bwd_common.cuh
-template <typename TW, int kFinCols, int kFinRows>
+// against 3.4 (so wide rows keep the wide kernel), at 1024 both 3.0. Other
+// shapes measured later ended later (16 rows a batch, 4 columns a block, 16-byte
+// loads: docs/log.md, commit 9476239).
+constexpr int kFinThreads = 256, kFinCols = 8, kFinRows = 8;  // kFinNarrowMaxD: layernorm_bwd_common.cuh
+template <typename TW>
 __global__ void __launch_bounds__(kFinThreads)
 ln_bwd_finalize_narrow(const float* __restrict__ partial, int64_t G, int64_t D, TW* __restrict__ dw,
                        TW* __restrict__ db) {
@@ -117,7 +117,7 @@ ln_bwd_finalize_narrow(const float* __restrict__ partial, int64_t G, int64_t D, 
         for (int k = 0; k < kFinRows; ++k) aw += k < left ? vw[k] : 0.f, ab += k < left ? vb[k] : 0.f;
       }
     }
-    // the warp's 32 / kFinCols slices of each column (lanes cx, cx + kFinCols, ...)
+    // the warp's 4 slices of each column (lanes cx, cx + 8, cx + 16, cx + 24)
 #pragma unroll
     for (int off = kFinCols; off < 32; off <<= 1) {
       aw += __shfl_xor_sync(0xffffffffu, aw, off);
@@ -143,91 +143,14 @@ ln_bwd_finalize_narrow(const float* __restrict__ partial, int64_t G, int64_t D, 
   }
 }
 
-// The narrow finalize with 16-byte loads (rows of D % 4 == 0 columns): a block owns 8
-// columns; thread t adds the 4 columns 4 (t % 2) .. 4 (t % 2) + 3 of rows s, s + 128,
-// s + 256, ... (s = t / 2, one of 128 slices), 4 rows a batch, so each thread issues a
-// third of the plain kernel's loads (those, not the bytes, measured to set its time
-// after the main kernel: 16 rows a batch or 4 columns a block, more loads per SM,
-// ended later). Slices are then added by a shuffle tree inside each warp (16 slices a
-// warp, per half) and by one thread per output in warp order: a fixed order.
-template <typename TW>
-__global__ void __launch_bounds__(kFinThreads)
-ln_bwd_finalize_narrow4(const float* __restrict__ partial, int64_t G, int64_t D, TW* __restrict__ dw,
-                        TW* __restrict__ db) {
-  constexpr int kCols = 8, kSlices = kFinThreads / 2, kRows = 4, kWarps = kFinThreads / 32;
-  __shared__ float4 red[kWarps][2][2];  // [warp][dweight, dbias][half]
-  kc::grid_dependency_wait();  // launched with PDL: the partials are complete and visible after this
-  const int h = threadIdx.x & 1, s = threadIdx.x >> 1;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  auto add4 = [](float4& a, const float4& b) { a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w; };
-  for (int64_t chunk = blockIdx.x; chunk * kCols < D; chunk += gridDim.x) {
-    const int64_t c = chunk * kCols + 4 * h;
-    float4 aw = make_float4(0.f, 0.f, 0.f, 0.f), ab = aw;
-    if (c < D) {  // D % 4 == 0: the whole vector is in the row
-      const int64_t step = int64_t(kSlices) * 2 * D;
-      const float* p = partial + int64_t(s) * 2 * D + c;
-      for (int64_t g = s; g < G; g += kRows * kSlices, p += kRows * step) {
-        const int left = int(std::min<int64_t>((G - g + kSlices - 1) / kSlices, kRows));
-        float4 vw[kRows], vb[kRows];
-        const float* q = p;
-#pragma unroll
-        for (int k = 0; k < kRows; ++k) {  // a missing row re-reads the slice's last one, added as 0
-          vw[k] = *reinterpret_cast<const float4*>(q);
-          vb[k] = *reinterpret_cast<const float4*>(q + D);
-          if (k + 1 < left) q += step;
-        }
-#pragma unroll
-        for (int k = 0; k < kRows; ++k) {
-          if (k < left) add4(aw, vw[k]), add4(ab, vb[k]);
-        }
-      }
-    }
-    float* fw = &aw.x;
-    float* fb = &ab.x;
-#pragma unroll
-    for (int off = 2; off < 32; off <<= 1) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        fw[k] += __shfl_xor_sync(0xffffffffu, fw[k], off);
-        fb[k] += __shfl_xor_sync(0xffffffffu, fb[k], off);
-      }
-    }
-    if (lane < 2) {
-      red[warp][0][lane] = aw;
-      red[warp][1][lane] = ab;
-    }
-    __syncthreads();
-    if (threadIdx.x < 2 * kCols) {
-      const int which = threadIdx.x / kCols, j = threadIdx.x % kCols;  // which 0: dweight, 1: dbias
-      float t = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) t += (&red[w][which][j / 4].x)[j % 4];
-      const int64_t cq = chunk * kCols + j;
-      TW* out = which == 0 ? dw : db;
-      if (cq < D && out) out[cq] = kc::from_float<TW>(t);
-    }
-    __syncthreads();  // red is reused by the next chunk
-  }
-}
-
 template <typename TW>
 cudaError_t launch_finalize(const LnBackwardArgs& a, int64_t G, bool narrow, cudaStream_t stream) {
   const float* partial = a.workspace;
   TW* dw = static_cast<TW*>(a.dweight);
   TW* db = static_cast<TW*>(a.dbias);
-  if (narrow) {
-    auto go = [&](auto kernel, int cols) {
-      return kc::launch(kernel, dim3(unsigned((a.cols + cols - 1) / cols)), dim3(kFinThreads), 0, stream,
-                        kc::sm90_or_newer(), partial, G, a.cols, dw, db);
-    };
-    switch (ln_knob(kKnobFinShape)) {
-      case 884: if (a.cols % 4 == 0) return go(ln_bwd_finalize_narrow4<TW>, 8); break;
-      case 816: return go(ln_bwd_finalize_narrow<TW, 8, 16>, 8);
-      case 48: return go(ln_bwd_finalize_narrow<TW, 4, 8>, 4);
-      default: break;
-    }
-    return go(ln_bwd_finalize_narrow<TW, 8, 8>, 8);
-  }
+  if (narrow)
+    return kc::launch(ln_bwd_finalize_narrow<TW>, dim3(unsigned((a.cols + kFinCols - 1) / kFinCols)),
+                      dim3(kFinThreads), 0, stream, kc::sm90_or_newer(), partial, G, a.cols, dw, db);
   return kc::launch(ln_bwd_finalize<TW>, dim3(unsigned((a.cols + 31) / 32)), dim3(1024), 0, stream,
                     kc::sm90_or_newer(), partial, G, a.cols, dw, db);
 }

@@ -17,7 +17,6 @@ enum LnKnob : int {
   kKnobGrid,             // 4, 5, 6: at most this many blocks in the persistent grids (> 0)
   kKnobRingStages,       // 5, 6 backward: ring stages (2..6; the plan's: 3)
   kKnobCluster,          // 6: CTAs per row (1, 2 or 4; set, the forward splits 16-bit rows too)
-  kKnobFinShape,         // 2-6 backward, rows <= 1024 columns: the finalize's columns x rows a batch (88, 816, 48; 884: 16-byte loads)
   kNumKnobs
 };
 int* ln_knobs();  // kNumKnobs ints, defined in binding.cpp

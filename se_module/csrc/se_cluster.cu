@@ -37,8 +37,9 @@
 // Assumptions (cluster_plan checks them, else versions 1-4 run): sm_90; x, out
 // (g, dx) 16-byte aligned; NCHW: C * L * sizeof(T) a multiple of 16, shares made
 // of units of `unit` channels with unit * L * sizeof(T) a multiple of 16; NHWC:
-// C a multiple of VEC, units of VEC channels; N <= kClusterMaxN (32: where it
-// measured faster than versions 1-4); K <= 16 and K <= the number of units; the parameters in fp32 or in
+// C a multiple of VEC, units of VEC channels; N <= kClusterMaxN, and backward
+// C * S >= kClusterBwdMinCS (where it measured faster than version 4, below);
+// K <= 16 and K <= the number of units; the parameters in fp32 or in
 // x's dtype; the share and the vectors within `smem` bytes. Blocks of kThreads
 // threads, grid (K, N), cluster (K, 1, 1): blockIdx.x is the rank.
 #include <algorithm>
@@ -58,11 +59,15 @@ namespace {
 
 // Up to 16 CTAs a sample (above 8: a non-portable cluster size, which sm_90 allows).
 constexpr int kMaxCluster = 16;
-// Where v5 runs (H100, 2026-11-24, bench.py --only effnet, GPU time against v4): at up to
-// 32 samples it won where it ran (batch-1 rows 1.07-1.60x, (32, 960, 12, 12) bf16 forward
-// 1.23x); at 128 samples it lost at every shape (0.7-0.95x: each CTA's phases run one
-// after another, and 4 CTAs per SM do not hide them, where v4's kernels each fill the GPU).
-constexpr int64_t kClusterMaxN = 32;
+// Where v5 runs: the table of the plan (H100, 2026-11-24, tools/probe_v5.py, GPU time of v5
+// against v4 at EfficientNet's small-image SE shapes, N = 1 .. 32, fp32 NCHW and bf16 CL):
+// - forward, N <= 16: 1.02-1.78x at 62 of 72 (shape, N, dtype) rows, the rest 0.95-1.0x;
+//   at N = 32 0.72-1.15x, at N = 128 (bench.py --only effnet) 0.7-0.95x: each CTA's phases
+//   run one after another, which 4 CTAs per SM do not hide, where v4's kernels each fill the GPU;
+// - backward, N <= 16 and C * S >= 16384 (the MLP, not the bytes, is most of v4's time):
+//   1.05-1.51x but fp32 (16, 960, 12, 12) 0.98x; below that C * S, 0.75-1.2x.
+constexpr int64_t kClusterMaxN = 16;
+constexpr int64_t kClusterBwdMinCS = 16384;
 // Shared memory a CTA may take: four CTAs (and their 1 KB reserve each) share an
 // SM's 228 KB, so the CTAs' phases (loads, the MLP's latency, stores) overlap.
 constexpr size_t kClusterSmemBudget = 56 * 1024;
@@ -480,6 +485,7 @@ cudaError_t dispatch_cluster(const ClusterArgs& a, kc::DType dt, const Dims& d, 
 bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
                   int nptrs, const LaunchOpts& o, ClusterPlan* plan) {
   if (!o.cluster || d.n < 1 || d.n > kClusterMaxN || d.c < 1 || d.l < 1) return false;
+  if (backward && d.c * S < kClusterBwdMinCS) return false;
   if (wdt != kc::DType::F32 && wdt != dt) return false;  // instantiated for fp32 parameters or x's dtype
   for (int i = 0; i < nptrs; ++i)
     if (!kc::is_aligned(ptrs[i], 16)) return false;
