@@ -51,6 +51,9 @@
 //       (tile of kTileN samples, chunk of outputs) blocks: the weights of a chunk are
 //       read once per tile of samples, and the grid fills the GPU at any N.
 //       Forward 4 kernels, backward 6; below the threshold v4 is v3.
+//   v5  (se_cluster.cu) one thread-block cluster per sample where its plan takes the
+//       shape (up to 16 samples, sm_90); elsewhere v5 is v4. The glue (se_cuda.cpp)
+//       asks cluster_plan first.
 //
 // v4's products, out[n, o] = epilogue(sum_i W(o, i) in[n, i]), W = w [O, I] row-major:
 //   rows of length C (fc1, and w2^T dz2): gemv_kernel. kThreads threads; grid (output
