@@ -11,8 +11,8 @@
 #     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel)
 #     ln-test     day26 test.py (4 xdist workers)
 #     ln-bench    day26 bench.py (issue 19's bars)
-#     ln-san      day26 under compute-sanitizer (scripts/sanitize.sh)
-#     se-san      se_module under compute-sanitizer
+#     ln-san      day26 under compute-sanitizer (scripts/sanitize.sh; LN_SAN_K: its -k expression)
+#     se-san      se_module under compute-sanitizer (SE_SAN_K likewise; KC_SAN_TOOLS=racecheck: one tool)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -47,9 +47,9 @@ for step in "$@"; do
              say "ln-test rc=$?: $(tail -1 "$OUT/ln_test.log")"; grep -E "^FAILED" "$OUT/ln_test.log" | head -8 | tee -a "$LOG" ;;
     ln-bench) (cd day26_layernorm_backward && timeout 300 python3 bench.py --out "$OUT/ln_bench" >"$OUT/ln_bench.log" 2>&1)
               say "ln-bench rc=$?"; grep -B2 -A8 -i "issue 19" "$OUT/ln_bench.log" | tail -12 | tee -a "$LOG" ;;
-    ln-san) timeout 300 bash scripts/sanitize.sh day26_layernorm_backward >"$OUT/ln_san.log" 2>&1
+    ln-san) timeout 300 bash scripts/sanitize.sh day26_layernorm_backward ${LN_SAN_K:+"$LN_SAN_K"} >"$OUT/ln_san.log" 2>&1
             say "ln-san rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|rc=" "$OUT/ln_san.log" | tail -8 | tee -a "$LOG" ;;
-    se-san) timeout 300 bash scripts/sanitize.sh se_module >"$OUT/se_san.log" 2>&1
+    se-san) timeout 300 bash scripts/sanitize.sh se_module ${SE_SAN_K:+"$SE_SAN_K"} >"$OUT/se_san.log" 2>&1
             say "se-san rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|rc=" "$OUT/se_san.log" | tail -8 | tee -a "$LOG" ;;
     *) say "unknown step $step" ;;
   esac
