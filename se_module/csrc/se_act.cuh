@@ -3,6 +3,8 @@
 // template arguments.
 //   act  (after fc1, the squeeze activation): ReLU, SiLU, Hardswish. A template
 //        parameter: it sits in the MLP's inner loops. with_act() picks it.
+//        act_rt / act_grad_rt: the same, switched at run time, for kernels that
+//        apply it once per output (se_cluster.cu).
 //   gate (after fc2, the scale activation): Sigmoid, Hardsigmoid. A runtime
 //        value (MlpArgs / GemvArgs .gate): it runs once per (n, c).
 //
@@ -63,6 +65,22 @@ __device__ __forceinline__ float act_grad(float z) {
   }
   if constexpr (ACT == Act::Hardswish) return z <= -3.f ? 0.f : (z >= 3.f ? 1.f : z / 3.f + 0.5f);  // NaN: z / 3 + 0.5
   return z > 0.f ? 1.f : (isnan_(z) ? z : 0.f);
+}
+
+// act and act' with the activation chosen at run time
+__device__ __forceinline__ float act_rt(Act a, float z) {
+  switch (a) {
+    case Act::SiLU: return act_f<Act::SiLU>(z);
+    case Act::Hardswish: return act_f<Act::Hardswish>(z);
+    default: return act_f<Act::ReLU>(z);
+  }
+}
+__device__ __forceinline__ float act_grad_rt(Act a, float z) {
+  switch (a) {
+    case Act::SiLU: return act_grad<Act::SiLU>(z);
+    case Act::Hardswish: return act_grad<Act::Hardswish>(z);
+    default: return act_grad<Act::ReLU>(z);
+  }
 }
 
 // s = gate(z)

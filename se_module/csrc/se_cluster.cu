@@ -111,29 +111,9 @@ __host__ __device__ inline ClusterSmem cluster_smem(int64_t cmax, int64_t l, int
   return m;
 }
 
-__device__ __forceinline__ float act_rt(Act a, float z) {
-  switch (a) {
-    case Act::SiLU: return dev::act_f<Act::SiLU>(z);
-    case Act::Hardswish: return dev::act_f<Act::Hardswish>(z);
-    default: return dev::act_f<Act::ReLU>(z);
-  }
-}
-__device__ __forceinline__ float act_grad_rt(Act a, float z) {
-  switch (a) {
-    case Act::SiLU: return dev::act_grad<Act::SiLU>(z);
-    case Act::Hardswish: return dev::act_grad<Act::Hardswish>(z);
-    default: return dev::act_grad<Act::ReLU>(z);
-  }
-}
-
-// The share's elements in shared memory: NCHW [cc][L] (one flat range of x),
-// NHWC [L][cc] (cc contiguous channels of every position).
-template <Layout LAY>
-__device__ __forceinline__ int64_t slab_at(int64_t cl, int64_t l, int64_t cc, int64_t L) {
-  return LAY == Layout::NCHW ? cl * L + l : l * cc + cl;
-}
-
-// Copy the share of one tensor into shared memory: 16-byte vectors, 8 in flight.
+// Copy the share of one tensor into shared memory: 16-byte vectors, 8 in flight. Its
+// layout there: NCHW [cc][L] (one flat range of x), NHWC [L][cc] (cc contiguous
+// channels of every position).
 template <typename T, Layout LAY>
 __device__ __forceinline__ void stage_slab(const T* src, T* dst, int64_t n, int64_t c0, int64_t cc,
                                           const ClusterArgs& a, const dev::FastDiv& div_vc) {
@@ -318,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 4) se_cluster_kernel(ClusterArgs a) 
     for (unsigned r = 0; r < K; ++r) z += kc::ld_cluster(kc::map_rank(zp + j, r));
     z += kc::to_float(static_cast<const TW*>(a.b1)[j]);
     z1[j] = z;
-    av[j] = act_rt(a.act, z);
+    av[j] = dev::act_rt(a.act, z);
   }
   if constexpr (!kBwd) kc::cluster_arrive();  // done reading the peers' zp (waited for before exit)
   __syncthreads();
@@ -351,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 4) se_cluster_kernel(ClusterArgs a) 
     for (int64_t j = threadIdx.x; j < S; j += kThreads) {
       float d = 0.f;
       for (unsigned r = 0; r < K; ++r) d += kc::ld_cluster(kc::map_rank(dap + j, r));
-      const float g1 = d * act_grad_rt(a.act, z1[j]);
+      const float g1 = d * dev::act_grad_rt(a.act, z1[j]);
       dz1[j] = g1;
       if (rank == 0) {
         a.a_out[n * S + j] = av[j];
