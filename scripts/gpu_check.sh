@@ -8,8 +8,9 @@
 #     se-effnet   se_module bench.py --only effnet (v5 default, v4 and eager side by side)
 #     se-models   se_module bench.py --models --model-rounds 3 (EfficientNet-B0/B4 steps)
 #     se-probe5   se_module tools/probe_v5.py (v4 against v5 over batch sizes: the v5 plan's data)
-#     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel)
-#     ln-test     day26 test.py (4 xdist workers)
+#     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel;
+#                 FIN_KNOBS: its --knobs passes, e.g. plan,pairs=0,plan,pairs=0)
+#     ln-test     day26 test.py (4 xdist workers; LN_K: a -k expression)
 #     ln-bench    day26 bench.py (issue 19's bars)
 #     ln-san      day26 under compute-sanitizer (scripts/sanitize.sh; LN_SAN_K: its -k expression)
 #     se-san      se_module under compute-sanitizer (SE_SAN_K likewise; KC_SAN_TOOLS=racecheck: one tool)
@@ -41,9 +42,9 @@ for step in "$@"; do
                say "se-models rc=$?"; tail -12 "$OUT/se_models.log" | tee -a "$LOG" ;;
     se-probe5) (cd se_module && timeout 200 python3 tools/probe_v5.py --out "$OUT/probe5.json" >"$OUT/probe5.log" 2>&1)
                say "se-probe5 rc=$?" ;;
-    fin) (cd day26_layernorm_backward && timeout 120 python3 tools/probe_fin.py --cases 8192x768:bfloat16,8192x768:float32 >"$OUT/fin.log" 2>&1)
+    fin) (cd day26_layernorm_backward && timeout 120 python3 tools/probe_fin.py --cases 8192x768:bfloat16,8192x768:float32 --knobs "${FIN_KNOBS:-plan}" >"$OUT/fin.log" 2>&1)
          say "fin rc=$?"; cat "$OUT/fin.log" | tee -a "$LOG" ;;
-    ln-test) (cd day26_layernorm_backward && timeout 300 python3 -m pytest test.py -q $XD -p no:cacheprovider >"$OUT/ln_test.log" 2>&1)
+    ln-test) (cd day26_layernorm_backward && timeout 300 python3 -m pytest test.py -q $XD -p no:cacheprovider ${LN_K:+-k "$LN_K"} >"$OUT/ln_test.log" 2>&1)
              say "ln-test rc=$?: $(tail -1 "$OUT/ln_test.log")"; grep -E "^FAILED" "$OUT/ln_test.log" | head -8 | tee -a "$LOG" ;;
     ln-bench) (cd day26_layernorm_backward && timeout 300 python3 bench.py --out "$OUT/ln_bench" >"$OUT/ln_bench.log" 2>&1)
               say "ln-bench rc=$?"; grep -B2 -A8 -i "issue 19" "$OUT/ln_bench.log" | tail -12 | tee -a "$LOG" ;;

@@ -5,9 +5,11 @@ torch.profiler; for each kernel of one call: when it started and ended,
 relative to the start of the call's first kernel (median over the calls, us).
 Shows how long the finalize runs after the main kernel ends, whether its
 launch overlaps the main kernel (PDL), and the whole span on the GPU.
-    python tools/probe_fin.py [--cases 4096x768:bfloat16,...] [--mask 111] [--grid 0,132]
---grid: the persistent grids' cap (the private knob `grid`; 0 = the plan's), one
-pass per value: fewer blocks, fewer partial rows for the finalize to add.
+    python tools/probe_fin.py [--cases 4096x768:bfloat16,...] [--mask 111] [--knobs plan,pairs=0,grid=132]
+--knobs: one pass per entry, each `plan` (the library's choices) or private knobs
+(day26_layernorm.ops.knobs) joined by `+`, e.g. `pairs=0` (v4's blocks not paired:
+twice the partial rows) or `grid=132+pairs=0` (the persistent grids' cap). Every
+pass is timed in the same process, before the profiler runs.
 """
 import argparse
 import contextlib
@@ -56,7 +58,7 @@ def main():
     p.add_argument("--cases", default="8192x768:bfloat16,8192x768:float32,4096x768:bfloat16,32768x1024:bfloat16,"
                                       "8192x8192:bfloat16")
     p.add_argument("--mask", default="111")
-    p.add_argument("--grid", default="0")
+    p.add_argument("--knobs", default="plan")
     args = p.parse_args()
     mask = tuple(c == "1" for c in args.mask)
     cases = []
@@ -72,18 +74,23 @@ def main():
         fn = (lambda dy=dy, x=x, d=d, mean=mean, rstd=rstd, w=w:
               layer_norm_backward(dy, x, d, mean, rstd, w, output_mask=mask))
         cases.append((f"{n}x{d} {dname}", fn))
-    grids = [int(g) for g in args.grid.split(",")]
-    knob = lambda g: ops.knobs(grid=g) if g > 0 else contextlib.nullcontext()  # noqa: E731
+    passes = args.knobs.split(",")
+
+    def knob(entry):
+        if entry == "plan":
+            return contextlib.nullcontext()
+        return ops.knobs(**{k: int(v) for k, v in (kv.split("=") for kv in entry.split("+"))})
+
     # every case timed before the profiler runs (CUPTI left attached slows later launches)
     times = {}
-    for g in grids:
-        with knob(g):
+    for i, entry in enumerate(passes):
+        with knob(entry):
             for label, fn in cases:
-                times[label, g] = bench.time_us(fn)
-    for g in grids:
-        with knob(g):
+                times[label, i] = bench.time_us(fn)
+    for i, entry in enumerate(passes):
+        with knob(entry):
             for label, fn in cases:
-                print(f"\n{label} mask {args.mask} grid {g or 'plan'}: bench {times[label, g]:.2f} us; "
+                print(f"\n{label} mask {args.mask} knobs {entry}: bench {times[label, i]:.2f} us; "
                       "kernels (us from the first kernel's start):")
                 print(bench.format_table(timeline(fn), ["kernel", "start", "end", "dur"]))
     return 0
