@@ -9,7 +9,7 @@
 #     se-models   se_module bench.py --models --model-rounds 3 (EfficientNet-B0/B4 steps)
 #     se-probe5   se_module tools/probe_v5.py (v4 against v5 over batch sizes: the v5 plan's data)
 #     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel;
-#                 FIN_KNOBS: its --knobs passes, e.g. plan,pairs=0,plan,pairs=0)
+#                 FIN_KNOBS: its --knobs passes, e.g. plan,grid=132,plan)
 #     ln-test     day26 test.py (4 xdist workers; LN_K: a -k expression)
 #     ln-bench    day26 bench.py (issue 19's bars)
 #     ln-san      day26 under compute-sanitizer (scripts/sanitize.sh; LN_SAN_K: its -k expression)

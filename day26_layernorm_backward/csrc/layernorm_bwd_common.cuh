@@ -151,72 +151,37 @@ __device__ __forceinline__ void store_partial_row(float* out, const float (&accw
 // order and writes the block's partial row `out` (columns < D, dbias at out + ld).
 // Every thread of the block calls it, after its last use of the shared memory
 // that `buf` overlays.
-// pair (v4 launched in clusters of 2, bwd_plan_v4; needs slots >= 2, so buf holds
-// one slot's sums): the two blocks of a cluster write one partial row, `out` being
-// the cluster's. Rank 1's slot 0 parks its block's sums in its own buf (where slot 1's
-// were: each thread reuses the words it has just read), rank 0's slot 0 reads them
-// through distributed shared memory and adds them to its own (rank 0 + rank 1, a
-// fixed order) before writing. Half the partial rows for the finalize to add.
 template <int VEC, int ITERS>
 __device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], float (&accb)[ITERS][VEC],
                                                     float* buf, float* out, int64_t D, int64_t ld, int slots,
-                                                    int slot, int tpr, int t, bool pair = false) {
-  auto at = [&](int k, int it, int j) -> float* { return buf + int64_t(k) * ITERS * 2 * VEC * tpr + t + (it * 2 * VEC + j) * tpr; };
+                                                    int slot, int tpr, int t) {
   if (slots > 1) {
     __syncthreads();  // every slot is done with its rows (and with what buf overlays)
     if (slot > 0) {
+      float* b = buf + int64_t(slot - 1) * ITERS * 2 * VEC * tpr + t;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          *at(slot - 1, it, j) = accw[it][j];
-          *at(slot - 1, it, VEC + j) = accb[it][j];
+          b[(it * 2 * VEC + j) * tpr] = accw[it][j];
+          b[(it * 2 * VEC + VEC + j) * tpr] = accb[it][j];
         }
     }
     __syncthreads();
     if (slot == 0) {
       for (int k = 1; k < slots; ++k) {
+        const float* b = buf + int64_t(k - 1) * ITERS * 2 * VEC * tpr + t;
 #pragma unroll
         for (int it = 0; it < ITERS; ++it)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            accw[it][j] += *at(k - 1, it, j);
-            accb[it][j] += *at(k - 1, it, VEC + j);
+            accw[it][j] += b[(it * 2 * VEC + j) * tpr];
+            accb[it][j] += b[(it * 2 * VEC + VEC + j) * tpr];
           }
       }
     }
   }
-  if (!pair) {
-    if (slot == 0) store_partial_row<VEC, ITERS>(out, accw, accb, D, ld, tpr, t);
-    return;
-  }
-  const unsigned rank = kc::cluster_rank();
-  if (rank == 1 && slot == 0) {
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        *at(0, it, j) = accw[it][j];
-        *at(0, it, VEC + j) = accb[it][j];
-      }
-  }
-  kc::cluster_sync();  // rank 1's sums are in its shared memory
-  if (rank == 0 && slot == 0) {
-    float pw[ITERS][VEC], pb[ITERS][VEC];
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        pw[it][j] = kc::ld_cluster(kc::map_rank(at(0, it, j), 1));
-        pb[it][j] = kc::ld_cluster(kc::map_rank(at(0, it, VEC + j), 1));
-      }
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) accw[it][j] += pw[it][j], accb[it][j] += pb[it][j];
-    store_partial_row<VEC, ITERS>(out, accw, accb, D, ld, tpr, t);
-  }
-  kc::cluster_sync();  // rank 1 exits only after rank 0 has read its shared memory
+  if (slot == 0) store_partial_row<VEC, ITERS>(out, accw, accb, D, ld, tpr, t);
 }
 
 // 4, 5, 6:

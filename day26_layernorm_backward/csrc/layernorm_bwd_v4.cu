@@ -24,9 +24,7 @@ namespace {
 // once (fp32 registers) instead of once per row.
 // Dynamic shared memory (kPartials): when slots > 1, (slots - 1) * tpr * ITERS * 2 * VEC
 // floats (the end-of-kernel slot sum).
-// partial: [gridDim.x][2][D] fp32 when kPartials (every column written); launched
-// in clusters of 2 ("pairs": the plan's cluster = 2), [gridDim.x / 2][2][D], the two
-// blocks of a cluster adding their sums before one of them writes (slots_store_partial).
+// partial: [gridDim.x][2][D] fp32 when kPartials (every column written).
 template <typename T, typename TW, int VEC, int ITERS, bool kPartials, bool kPrefetch>
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
@@ -108,10 +106,8 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     }
   }
   if constexpr (kPartials) {
-    // launched in pairs (bwd_plan_v4): one partial row per cluster of 2 blocks
-    const bool pair = kc::in_cluster();
-    const int64_t prow = pair ? int64_t(blockIdx.x) / 2 : int64_t(blockIdx.x);
-    slots_store_partial<VEC, ITERS>(accw, accb, slot_acc, partial + prow * 2 * D, D, D, slots, slot, tpr, t, pair);
+    slots_store_partial<VEC, ITERS>(accw, accb, slot_acc, partial + int64_t(blockIdx.x) * 2 * D, D, D, slots, slot,
+                                    tpr, t);
   }
 }
 
@@ -165,17 +161,6 @@ bool bwd_plan_v4(const LnBackwardArgs& a, LnBwdPlan& p) {
     p.smem = vp.smem;
     p.grid = vp.grid;
     p.partial_rows = vp.grid;
-    // pairs: D <= kFinNarrowMaxD, partials, sm_90, two or more slots (slots_store_partial's
-    // buffer), and as many blocks resident in clusters of 2 as without them
-    if (p.partials && a.cols <= kFinNarrowMaxD && vp.slots >= 2 && vp.grid >= 2 && ln_device().sm90() &&
-        ln_knob(kKnobPairs) != 0) {
-      const int64_t pairs = cluster_groups(kernel, vp, 2, (a.rows + 1) / 2);
-      if (2 * pairs >= vp.grid) {
-        p.cluster = 2;
-        p.grid = 2 * pairs;
-        p.partial_rows = pairs;
-      }
-    }
     return true;
   });
 }
@@ -184,11 +169,7 @@ cudaError_t bwd_launch_v4(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStrea
   return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
     using T = decltype(t);
     using TW = decltype(tw);
-    const auto kernel = v4_kernel<T, TW>(p);
-    if (p.cluster == 1 || !kernel || p.grid <= 0) return launch_bwd_main<T, TW>(kernel, a, p, stream, p.tpr);
-    const BwdPtrs<T, TW> q(a);
-    return kc::launch_cluster(kernel, dim3(unsigned(p.grid)), dim3(unsigned(p.threads)), p.smem, stream, 2u, q.dy,
-                              q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows, a.cols, p.tpr);
+    return launch_bwd_main<T, TW>(v4_kernel<T, TW>(p), a, p, stream, p.tpr);
   });
 }
 

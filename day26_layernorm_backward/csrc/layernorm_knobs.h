@@ -17,7 +17,6 @@ enum LnKnob : int {
   kKnobGrid,             // 4, 5, 6: at most this many blocks in the persistent grids (> 0)
   kKnobRingStages,       // 5, 6 backward: ring stages (2..6; the plan's: 3)
   kKnobCluster,          // 6: CTAs per row (1, 2 or 4; set, the forward splits 16-bit rows too)
-  kKnobPairs,            // 4 backward: blocks in pairs where the plan allows them (0: never, 1: the plan's)
   kNumKnobs
 };
 int* ln_knobs();  // kNumKnobs ints, defined in binding.cpp

@@ -5,11 +5,12 @@ torch.profiler; for each kernel of one call: when it started and ended,
 relative to the start of the call's first kernel (median over the calls, us).
 Shows how long the finalize runs after the main kernel ends, whether its
 launch overlaps the main kernel (PDL), and the whole span on the GPU.
-    python tools/probe_fin.py [--cases 4096x768:bfloat16,...] [--mask 111] [--knobs plan,pairs=0,grid=132]
+    python tools/probe_fin.py [--cases 4096x768:bfloat16,...] [--mask 111] [--knobs plan,grid=132,plan]
 --knobs: one pass per entry, each `plan` (the library's choices) or private knobs
-(day26_layernorm.ops.knobs) joined by `+`, e.g. `pairs=0` (v4's blocks not paired:
-twice the partial rows) or `grid=132+pairs=0` (the persistent grids' cap). Every
-pass is timed in the same process, before the profiler runs.
+(day26_layernorm.ops.knobs) joined by `+`, e.g. `grid=132` (the persistent grids'
+cap: fewer blocks, fewer partial rows for the finalize to add). Every pass is
+timed in the same process before the profiler runs; each table's title gives the
+plan's launch shape.
 """
 import argparse
 import contextlib
@@ -73,7 +74,9 @@ def main():
         _, mean, rstd = layer_norm_forward(x, d, w, b)
         fn = (lambda dy=dy, x=x, d=d, mean=mean, rstd=rstd, w=w:
               layer_norm_backward(dy, x, d, mean, rstd, w, output_mask=mask))
-        cases.append((f"{n}x{d} {dname}", fn))
+        plan = (lambda dy=dy, x=x, d=d, mean=mean, rstd=rstd, w=w:
+                ops.backward_plan(dy, x, d, mean, rstd, w, mask))
+        cases.append((f"{n}x{d} {dname}", fn, plan))
     passes = args.knobs.split(",")
 
     def knob(entry):
@@ -85,12 +88,15 @@ def main():
     times = {}
     for i, entry in enumerate(passes):
         with knob(entry):
-            for label, fn in cases:
+            for label, fn, _ in cases:
                 times[label, i] = bench.time_us(fn)
     for i, entry in enumerate(passes):
         with knob(entry):
-            for label, fn in cases:
-                print(f"\n{label} mask {args.mask} knobs {entry}: bench {times[label, i]:.2f} us; "
+            for label, fn, plan in cases:
+                q = plan()
+                shape = ", ".join(f"{k} {q[k]}" for k in ("family", "threads", "slots", "grid", "cluster",
+                                                          "partial_rows"))
+                print(f"\n{label} mask {args.mask} knobs {entry} ({shape}): bench {times[label, i]:.2f} us; "
                       "kernels (us from the first kernel's start):")
                 print(bench.format_table(timeline(fn), ["kernel", "start", "end", "dur"]))
     return 0

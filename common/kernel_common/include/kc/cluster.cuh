@@ -5,9 +5,6 @@
 // Device:
 //   cluster_rank()            this CTA's rank in its cluster (0 .. size - 1)
 //   cluster_size_x()          CTAs per cluster along x
-//   in_cluster()              whether the grid was launched in clusters of more than
-//                             one CTA (false below sm_90: safe in kernels that are
-//                             launched both ways)
 //   cluster_id(), cluster_count()
 //                             the cluster's index along x, and how many there are
 //   cluster_sync()            every thread of every CTA of the cluster arrives
@@ -76,16 +73,6 @@ __device__ __forceinline__ unsigned cluster_size_x() {
 #else
   __trap();
   return 0;
-#endif
-}
-
-__device__ __forceinline__ bool in_cluster() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
-  return r > 1;
-#else
-  return false;
 #endif
 }
 
