@@ -8,6 +8,7 @@
 #     se-effnet   se_module bench.py --only effnet (v5 default, v4 and eager side by side)
 #     se-models   se_module bench.py --models --model-rounds 3 (EfficientNet-B0/B4 steps)
 #     se-probe5   se_module tools/probe_v5.py (v4 against v5 over batch sizes: the v5 plan's data)
+#     se-probe4   se_module tools/probe_v4.py (v3 / v4 / eager at every EfficientNet SE shape, kernels profiled)
 #     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel;
 #                 FIN_KNOBS: its --knobs passes, e.g. plan,grid=132,plan)
 #     ln-test     day26 test.py (4 xdist workers; LN_K: a -k expression)
@@ -42,6 +43,8 @@ for step in "$@"; do
                say "se-models rc=$?"; tail -12 "$OUT/se_models.log" | tee -a "$LOG" ;;
     se-probe5) (cd se_module && timeout 200 python3 tools/probe_v5.py --out "$OUT/probe5.json" >"$OUT/probe5.log" 2>&1)
                say "se-probe5 rc=$?" ;;
+    se-probe4) (cd se_module && timeout 200 python3 tools/probe_v4.py --out "$OUT/probe4.json" >"$OUT/probe4.log" 2>&1)
+               say "se-probe4 rc=$?"; grep "^model=" "$OUT/probe4.log" | sed 's/model=//' | tee -a "$LOG" ;;
     fin) (cd day26_layernorm_backward && timeout 120 python3 tools/probe_fin.py --cases 8192x768:bfloat16,8192x768:float32 --knobs "${FIN_KNOBS:-plan}" >"$OUT/fin.log" 2>&1)
          say "fin rc=$?"; cat "$OUT/fin.log" | tee -a "$LOG" ;;
     ln-test) (cd day26_layernorm_backward && timeout 300 python3 -m pytest test.py -q $XD -p no:cacheprovider ${LN_K:+-k "$LN_K"} >"$OUT/ln_test.log" 2>&1)
