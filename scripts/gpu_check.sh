@@ -9,6 +9,9 @@
 #     se-models   se_module bench.py --models --model-rounds 3 (EfficientNet-B0/B4 steps)
 #     se-probe5   se_module tools/probe_v5.py (v4 against v5 over batch sizes: the v5 plan's data)
 #     se-probe4   se_module tools/probe_v4.py (v3 / v4 / eager at every EfficientNet SE shape, kernels profiled)
+#     se-ncu      se_module tools/kernel_times.py under ncu: per-kernel GPU time of versions 4 and 5 at
+#                 SE_NCU ("N C H W S", default the B4 batch-1 row; SE_NCU_FWD=1: forward only) in fp32 /
+#                 bf16, NCHW / channels_last, then ncu's sections for the v5 kernel in bf16 channels_last
 #     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel;
 #                 FIN_KNOBS: its --knobs passes, e.g. plan,grid=132,plan)
 #     ln-test     day26 test.py (4 xdist workers; LN_K: a -k expression)
@@ -27,8 +30,13 @@ say() { echo "$*" | tee -a "$LOG"; }
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(date -u +%FT%TZ)"
 t0=$(date +%s)
 (cd common && python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/build.log" 2>&1)
-(cd se_module && python3 -m pip install -q --no-build-isolation --no-deps . >>"$OUT/build_se.log" 2>&1) &
-(cd day26_layernorm_backward && python3 -m pip install -q --no-build-isolation --no-deps . >>"$OUT/build_ln.log" 2>&1) &
+# BUILD: the packages to build (default both: "se ln")
+for pkg in ${BUILD:-se ln}; do
+  case $pkg in
+    se) (cd se_module && python3 -m pip install -q --no-build-isolation --no-deps . >>"$OUT/build_se.log" 2>&1) & ;;
+    ln) (cd day26_layernorm_backward && python3 -m pip install -q --no-build-isolation --no-deps . >>"$OUT/build_ln.log" 2>&1) & ;;
+  esac
+done
 wait
 say "build $(( $(date +%s) - t0 )) s: se $(python3 -c 'import se_module' 2>&1 | tail -1 || true) ln $(python3 -c 'import day26_layernorm' 2>&1 | tail -1 || true)"
 XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n 4"
@@ -45,6 +53,22 @@ for step in "$@"; do
                say "se-probe5 rc=$?" ;;
     se-probe4) (cd se_module && timeout 200 python3 tools/probe_v4.py --out "$OUT/probe4.json" >"$OUT/probe4.log" 2>&1)
                say "se-probe4 rc=$?"; grep "^model=" "$OUT/probe4.log" | sed 's/model=//' | tee -a "$LOG" ;;
+    se-ncu) SHP=${SE_NCU:-1 2688 12 12 112}; FW=${SE_NCU_FWD:+--forward}
+            KS='regex:se_cluster|gemv|reduce_|mlp_|channel_ew|wgrad'
+            (cd se_module
+             for cfg in "bf16 --cl" "fp32" "bf16" "fp32 --cl"; do
+               echo "== $SHP --dtype $cfg $FW"
+               timeout 100 ncu --metrics gpu__time_duration.sum --cache-control all -k "$KS" \
+                 python3 tools/kernel_times.py $SHP --dtype $cfg --versions 4 5 $FW 2>&1 |
+                 grep -E "\)x\(|version|duration|==ERR" | sed -E 's/\(unnamed>::ClusterArgs\)|, Context.*//; s/^ +//'
+             done
+             echo "== sections, v5, bf16 channels_last"
+             timeout 150 ncu --set full --import-source no --cache-control all -k regex:se_cluster -c 1 -o /tmp/se_v5 \
+               python3 tools/kernel_times.py $SHP --dtype bf16 --cl --versions 5 $FW >/dev/null 2>&1
+             ncu -i /tmp/se_v5.ncu-rep --page details --section SpeedOfLight --section WarpStateStats --section LaunchStats
+             ncu -i /tmp/se_v5.ncu-rep --page source --csv --print-source sass | gzip >"$OUT/se_v5_sass.csv.gz"
+            ) >"$OUT/se_ncu.log" 2>&1
+            say "se-ncu rc=$?"; grep -E "^==|version|duration|\)x\(" "$OUT/se_ncu.log" | head -60 | tee -a "$LOG" ;;
     fin) (cd day26_layernorm_backward && timeout 120 python3 tools/probe_fin.py --cases 8192x768:bfloat16,8192x768:float32 --knobs "${FIN_KNOBS:-plan}" >"$OUT/fin.log" 2>&1)
          say "fin rc=$?"; cat "$OUT/fin.log" | tee -a "$LOG" ;;
     ln-test) (cd day26_layernorm_backward && timeout 300 python3 -m pytest test.py -q $XD -p no:cacheprovider ${LN_K:+-k "$LN_K"} >"$OUT/ln_test.log" 2>&1)

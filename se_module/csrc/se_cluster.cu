@@ -43,9 +43,11 @@
 // C a multiple of VEC, units of VEC channels; N <= kClusterMaxN, and backward
 // C * S >= kClusterBwdMinCS (where it measured faster than version 4, below);
 // K <= 16 and K <= the number of units; the parameters in fp32 or in
-// x's dtype; the share and the vectors within `smem` bytes. Blocks of kThreads
-// threads, grid (K, N), cluster (K, 1, 1): blockIdx.x is the rank.
+// x's dtype; the share and the vectors within `smem` bytes. Blocks of 1024, 512
+// or 256 threads (the plan's: as many as one wave of the grid allows), grid (K, N),
+// cluster (K, 1, 1): blockIdx.x is the rank.
 #include <algorithm>
+#include <mutex>
 #include <type_traits>
 
 #include "se_act.cuh"
@@ -62,18 +64,32 @@ namespace {
 
 // Up to 16 CTAs a sample (above 8: a non-portable cluster size, which sm_90 allows).
 constexpr int kMaxCluster = 16;
-// Where v5 runs: the table of the plan (H100, 2026-11-24, tools/probe_v5.py, GPU time of v5
-// against v4 at EfficientNet's small-image SE shapes, N = 1 .. 32, fp32 NCHW and bf16 CL):
-// - forward, N <= 16: 1.02-1.78x at 62 of 72 (shape, N, dtype) rows, the rest 0.95-1.0x;
-//   at N = 32 0.72-1.15x, at N = 128 (bench.py --only effnet) 0.7-0.95x: each CTA's phases
-//   run one after another, which 4 CTAs per SM do not hide, where v4's kernels each fill the GPU;
-// - backward, N <= 16 and C * S >= 16384 (the MLP, not the bytes, is most of v4's time):
-//   1.05-1.51x but fp32 (16, 960, 12, 12) 0.98x; below that C * S, 0.75-1.2x.
+// Where v5 runs: the table of the plan (H100, tools/probe_v5.py, GPU time of v5 against
+// v4 at EfficientNet's small-image SE shapes, N = 1 .. 32, fp32 NCHW and bf16 CL):
+// - 2026-11-24, CTAs of 256 threads: forward, N <= 16: 1.02-1.78x at 62 of 72 (shape, N,
+//   dtype) rows, the rest 0.95-1.0x; at N = 32 0.72-1.15x, at N = 128 (bench.py --only
+//   effnet) 0.7-0.95x: each CTA's phases run one after another, which 4 CTAs per SM do not
+//   hide, where v4's kernels each fill the GPU; backward, N <= 16 and C * S >= 16384 (the
+//   MLP, not the bytes, is most of v4's time): 1.05-1.51x but fp32 (16, 960, 12, 12) 0.98x;
+//   below that C * S, 0.75-1.2x.
+// - 2026-11-25, CTAs of 1024 / 512 threads where the grid allows (below), fc2 split over
+//   kParts threads a channel, the weights prefetched into L2: forward N <= 16 0.92-1.93x
+//   (80 rows; under 0.99x: fp32 (1-2, 240, 28, 28) 0.92-0.93x, (1, 240, 14, 14) 0.95x,
+//   bf16 (16, 336, 24, 24) 0.95x); forward + backward 0.93-1.76x; bf16 (1, 2688, 12, 12)
+//   forward 34.96 (v4) against 20.54 us (256 threads: 37 us in ncu, 8 warps an SM stalled
+//   on each phase's loads in turn).
 constexpr int64_t kClusterMaxN = 16;
 constexpr int64_t kClusterBwdMinCS = 16384;
-// Shared memory a CTA may take: four CTAs (and their 1 KB reserve each) share an
-// SM's 228 KB, so the CTAs' phases (loads, the MLP's latency, stores) overlap.
+// Shared memory a CTA may take: four CTAs of kThreads (and their 1 KB reserve each)
+// share an SM's 228 KB, so the CTAs' phases (loads, the MLP's latency, stores) overlap.
+// CTAs of 512 or 1024 threads keep that budget: the 2x / 4x of it that two or one of
+// them an SM could take admitted shares of up to 224 KB, and those ran slower than
+// version 4 (H100, 2026-11-25, bench.py --only effnet, batch 1: bf16 CL (1, 32, 112,
+// 112) 35.5 against 15.0 us in 4 CTAs of 200 KB; (1, 144, 56, 56) 22.4 against 15.7 and
+// (1, 192, 48, 48) 20.1 against 16.2 in 16 CTAs of 100 / 73 KB; only fp32 (1, 2688, 12,
+// 12), 97 KB, was faster: 21.3 against 24.0).
 constexpr size_t kClusterSmemBudget = 56 * 1024;
+constexpr int kClusterMaxThreads = 1024;
 constexpr int kParts = 8;  // threads per output of the products over the share's channels
 constexpr int kWgTile = 32;  // wgrad_tile_kernel: 32 x 32 outputs, 32 samples per staging step
 
@@ -99,7 +115,8 @@ __host__ __device__ inline int64_t pad16(int64_t bytes) { return (bytes + 15) & 
 struct ClusterSmem {
   int64_t xs, gs, vec, svec, red, total;
 };
-__host__ __device__ inline ClusterSmem cluster_smem(int64_t cmax, int64_t l, int64_t s, int elem, bool backward) {
+__host__ __device__ inline ClusterSmem cluster_smem(int64_t cmax, int64_t l, int64_t s, int elem, bool backward,
+                                                    int threads) {
   ClusterSmem m{};
   const int64_t slab = pad16(cmax * l * elem);
   m.xs = 0;
@@ -107,7 +124,7 @@ __host__ __device__ inline ClusterSmem cluster_smem(int64_t cmax, int64_t l, int
   m.vec = backward ? 2 * slab : slab;
   m.svec = m.vec + 4 * pad16(cmax * 4);  // p, ds, s, dz2 / coef: [cc] each
   m.red = m.svec + 5 * pad16(s * 4);     // zp, dap, z1, a, dz1: [S] each
-  m.total = m.red + 2 * kThreads * 4;    // group sums (NHWC pooling)
+  m.total = m.red + 2 * int64_t(threads) * 4;  // group sums (NHWC pooling)
   return m;
 }
 
@@ -123,13 +140,13 @@ __device__ __forceinline__ void stage_slab(const T* src, T* dst, int64_t n, int6
     s4 = reinterpret_cast<const float4*>(src + (n * a.c + c0) * a.l);
     const int64_t nv = cc * a.l / VEC;
     float4* d4 = reinterpret_cast<float4*>(dst);
-    dev::batched_loop<8>(threadIdx.x, nv, kThreads, [&](int64_t i) { return __ldcs(s4 + i); },
+    dev::batched_loop<8>(threadIdx.x, nv, blockDim.x, [&](int64_t i) { return __ldcs(s4 + i); },
                          [&](int64_t i, float4 v) { d4[i] = v; });
   } else {
     const int64_t vc = cc / VEC;  // vectors per position
     const T* base = src + n * a.l * a.c + c0;
     dev::batched_loop<8>(
-        threadIdx.x, a.l * vc, kThreads,
+        threadIdx.x, a.l * vc, blockDim.x,
         [&](int64_t i) {
           const int64_t l = div_vc.div(uint32_t(i)), v = i - l * vc;
           return __ldcs(reinterpret_cast<const float4*>(base + l * a.c + v * VEC));
@@ -140,11 +157,11 @@ __device__ __forceinline__ void stage_slab(const T* src, T* dst, int64_t n, int6
 
 // out[j] = sum_{cl < cc} w(j, cl) v[cl] for j < S: kParts threads per j (part q adds
 // cl = q, q + kParts, ..., its loads batched 16 deep), then a shuffle sum over the
-// parts in a fixed order; part 0 stores. kThreads / kParts outputs per round.
+// parts in a fixed order; part 0 stores. blockDim.x / kParts outputs per round.
 template <typename W>
 __device__ __forceinline__ void share_product(W w, const float* v, int64_t cc, int64_t S, float* out) {
   const int q = threadIdx.x % kParts;
-  for (int64_t j0 = 0; j0 < S; j0 += kThreads / kParts) {
+  for (int64_t j0 = 0; j0 < S; j0 += blockDim.x / kParts) {
     const int64_t j = j0 + threadIdx.x / kParts;
     float d = 0.f;
     if (j < S)
@@ -157,14 +174,14 @@ __device__ __forceinline__ void share_product(W w, const float* v, int64_t cc, i
 }
 
 // p[cl] = inv_l sum_l x, and with g, ds[cl] = sum_l g x, for cl < cc. NCHW: a
-// warp per channel, lanes over l; NHWC: G = kThreads / cc groups of threads
+// warp per channel, lanes over l; NHWC: G = blockDim.x / cc groups of threads
 // per channel, each adding every G-th position, then the groups in order.
 template <typename T, Layout LAY, bool kGrad>
 __device__ __forceinline__ void pool_share(const T* xs, const T* gs, int64_t cc, int64_t L, float inv_l, float* p,
                                            float* ds, float* red) {
   if constexpr (LAY == Layout::NCHW) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int64_t cl = warp; cl < cc; cl += kThreads / 32) {
+    for (int64_t cl = warp; cl < cc; cl += blockDim.x / 32) {
       float sx = 0.f, sg = 0.f;
       for (int64_t l = lane; l < L; l += 32) {
         const float xv = kc::to_float(xs[cl * L + l]);
@@ -179,8 +196,8 @@ __device__ __forceinline__ void pool_share(const T* xs, const T* gs, int64_t cc,
       }
     }
   } else {
-    const int64_t groups = cc < kThreads ? kThreads / cc : 1;
-    for (int64_t t = threadIdx.x; t < groups * cc; t += kThreads) {
+    const int64_t nt = blockDim.x, groups = cc < nt ? nt / cc : 1;
+    for (int64_t t = threadIdx.x; t < groups * cc; t += nt) {
       const int64_t cl = t % cc, gi = t / cc;
       float sx = 0.f, sg = 0.f;
       for (int64_t l = gi; l < L; l += groups) {
@@ -193,16 +210,16 @@ __device__ __forceinline__ void pool_share(const T* xs, const T* gs, int64_t cc,
         if constexpr (kGrad) ds[cl] = sg;
       } else {
         red[gi * cc + cl] = sx;
-        if constexpr (kGrad) red[kThreads + gi * cc + cl] = sg;
+        if constexpr (kGrad) red[nt + gi * cc + cl] = sg;
       }
     }
     if (groups > 1) {
       __syncthreads();
-      for (int64_t cl = threadIdx.x; cl < cc; cl += kThreads) {
+      for (int64_t cl = threadIdx.x; cl < cc; cl += nt) {
         float sx = 0.f, sg = 0.f;
         for (int64_t gi = 0; gi < groups; ++gi) {
           sx += red[gi * cc + cl];
-          if constexpr (kGrad) sg += red[kThreads + gi * cc + cl];
+          if constexpr (kGrad) sg += red[nt + gi * cc + cl];
         }
         p[cl] = sx * inv_l;
         if constexpr (kGrad) ds[cl] = sg;
@@ -219,7 +236,7 @@ __device__ __forceinline__ void write_share(T* dst, const T* src_s, int64_t n, i
                                            const dev::FastDiv& div_l, F f) {
   constexpr int VEC = kc::max_vec_elems<T>();
   const int64_t nv = cc * a.l / VEC;
-  for (int64_t i = threadIdx.x; i < nv; i += kThreads) {
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
     const kc::Vec<T, VEC> v = reinterpret_cast<const kc::Vec<T, VEC>*>(src_s)[i];
     float o[VEC];
     T* at;
@@ -238,6 +255,23 @@ __device__ __forceinline__ void write_share(T* dst, const T* src_s, int64_t n, i
   }
 }
 
+// The share's weights, w1[:, c0 : c0 + cc] (S rows of cc) and w2[c0 : c0 + cc, :] (cc * S
+// contiguous), asked into L2 by the copy engine: a hint that nothing waits for, so the
+// products' first loads hit L2 rather than DRAM. Each range is rounded out to 16 bytes
+// (the copy's unit), which stays inside the 16-byte chunks, so the pages, its bytes are in.
+template <typename TW>
+__device__ __forceinline__ void prefetch_weights(const ClusterArgs& a, int64_t c0, int64_t cc) {
+  auto range = [](const TW* p, int64_t elems) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(p + elems) + 15) & ~uintptr_t(15);
+    kc::bulk_prefetch_l2(reinterpret_cast<const void*>(b), unsigned(e - b));
+  };
+  const TW* w1 = static_cast<const TW*>(a.w1);
+  const TW* w2 = static_cast<const TW*>(a.w2);
+  for (int64_t j = threadIdx.x; j < a.s; j += blockDim.x) range(w1 + j * a.c + c0, cc);
+  if (threadIdx.x == blockDim.x - 1) range(w2 + c0 * a.s, cc * a.s);
+}
+
 // The rank's share: channels [c0, c0 + cc).
 __device__ __forceinline__ void share_of(const ClusterArgs& a, int64_t& c0, int64_t& cc) {
   const int64_t k = gridDim.x, r = blockIdx.x;
@@ -248,10 +282,11 @@ __device__ __forceinline__ void share_of(const ClusterArgs& a, int64_t& c0, int6
 }
 
 template <typename T, typename TW, Layout LAY, bool kBwd>
-__global__ void __launch_bounds__(kThreads, 4) se_cluster_kernel(ClusterArgs a) {
+__global__ void __launch_bounds__(kClusterMaxThreads, 1) se_cluster_kernel(ClusterArgs a) {
   extern __shared__ float4 sm4[];
   char* smem = reinterpret_cast<char*>(sm4);
-  const ClusterSmem m = cluster_smem(a.cmax, a.l, a.s, int(sizeof(T)), kBwd);
+  const int nt = blockDim.x;
+  const ClusterSmem m = cluster_smem(a.cmax, a.l, a.s, int(sizeof(T)), kBwd, nt);
   T* xs = reinterpret_cast<T*>(smem + m.xs);
   T* gs = reinterpret_cast<T*>(smem + m.gs);
   float* p = reinterpret_cast<float*>(smem + m.vec);
@@ -275,6 +310,8 @@ __global__ void __launch_bounds__(kThreads, 4) se_cluster_kernel(ClusterArgs a) 
   const dev::FastDiv div_l{uint32_t(a.l)};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
+  // 0. the share's weights (w1[:, share], w2[share, :]) on their way to L2 while x is staged
+  prefetch_weights<TW>(a, c0, cc);
   // 1. the share (and g's)
   stage_slab<T, LAY>(static_cast<const T*>(a.x), xs, n, c0, cc, a, div_vc);
   if constexpr (kBwd) stage_slab<T, LAY>(static_cast<const T*>(a.g), gs, n, c0, cc, a, div_vc);
@@ -293,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 4) se_cluster_kernel(ClusterArgs a) 
   share_product(w1v, p, cc, S, zp);
   // 4. the cluster's partials, in rank order
   kc::cluster_sync();
-  for (int64_t j = threadIdx.x; j < S; j += kThreads) {
+  for (int64_t j = threadIdx.x; j < S; j += nt) {
     float z = 0.f;
     for (unsigned r = 0; r < K; ++r) z += kc::ld_cluster(kc::map_rank(zp + j, r));
     z += kc::to_float(static_cast<const TW*>(a.b1)[j]);
@@ -303,11 +340,13 @@ __global__ void __launch_bounds__(kThreads, 4) se_cluster_kernel(ClusterArgs a) 
   if constexpr (!kBwd) kc::cluster_arrive();  // done reading the peers' zp (waited for before exit)
   __syncthreads();
 
-  // 5. fc2 for the share (a thread per channel)
-  for (int64_t cl = threadIdx.x; cl < cc; cl += kThreads) {
-    float z = 0.f;
-    dev::batched_loop<16>(0, S, 1, [&](int64_t j) { return w2v(cl, j); }, [&](int64_t j, float wv) { z += wv * av[j]; });
-    const float z2 = z + kc::to_float(static_cast<const TW*>(a.b2)[c0 + cl]);
+  // 5. fc2 for the share: kParts threads per channel (each reads every kParts-th
+  // element of the channel's row of w2: a warp's loads cover 4 rows, 16 bytes each
+  // in bf16), then the gate, a thread per channel
+  share_product([&](int64_t cl, int64_t j) { return w2v(cl, j); }, av, S, cc, sv);
+  __syncthreads();
+  for (int64_t cl = threadIdx.x; cl < cc; cl += nt) {
+    const float z2 = sv[cl] + kc::to_float(static_cast<const TW*>(a.b2)[c0 + cl]);
     const float s = dev::gate_f(a.gate, z2);
     sv[cl] = s;
     if constexpr (kBwd) {
@@ -328,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 4) se_cluster_kernel(ClusterArgs a) 
     // fc2's transposed partial: dap[j] = sum_{cl} w2[c0 + cl, j] dz2[cl]
     share_product([&](int64_t j, int64_t cl) { return w2v(cl, j); }, dz, cc, S, dap);
     kc::cluster_sync();  // the dap partials are visible, and every peer has read zp
-    for (int64_t j = threadIdx.x; j < S; j += kThreads) {
+    for (int64_t j = threadIdx.x; j < S; j += nt) {
       float d = 0.f;
       for (unsigned r = 0; r < K; ++r) d += kc::ld_cluster(kc::map_rank(dap + j, r));
       const float g1 = d * dev::act_grad_rt(a.act, z1[j]);
@@ -341,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 4) se_cluster_kernel(ClusterArgs a) 
     kc::cluster_arrive();  // done reading the peers' dap
     __syncthreads();
     // dp / L for the share (a thread per channel); dz2 is no longer read: coef replaces it
-    for (int64_t cl = threadIdx.x; cl < cc; cl += kThreads) {
+    for (int64_t cl = threadIdx.x; cl < cc; cl += nt) {
       float d = 0.f;
       dev::batched_loop<16>(0, S, 1, [&](int64_t j) { return w1v(j, cl); },
                             [&](int64_t j, float wv) { d += wv * dz1[j]; });
@@ -432,8 +471,44 @@ cudaError_t launch_cluster_kernel(const ClusterArgs& a, const ClusterPlan& p, in
     KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem)));
   }
-  return kc::launch_cluster(kernel, dim3(unsigned(p.k), unsigned(n)), dim3(kThreads), p.smem, stream,
+  return kc::launch_cluster(kernel, dim3(unsigned(p.k), unsigned(n)), dim3(unsigned(p.threads)), p.smem, stream,
                             unsigned(p.k), a);
+}
+
+// How many clusters of k CTAs of `threads` threads (and up to `smem` bytes each) fit on
+// the device at once: CUDA's occupancy query (a cluster's CTAs share one GPC), asked once
+// per (device, kernel, threads, k) and kept.
+template <typename T, typename TW, Layout LAY, bool kBwd>
+int cluster_capacity(int threads, int k, size_t smem) {
+  struct Entry {
+    int dev, threads, k;
+    size_t smem;
+    const void* fn;
+    int n;
+  };
+  static std::mutex mu;
+  static Entry cache[64];
+  static int used = 0;
+  auto kernel = se_cluster_kernel<T, TW, LAY, kBwd>;
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < used; ++i)
+    if (cache[i].dev == dev && cache[i].fn == fn && cache[i].threads == threads && cache[i].k == k &&
+        cache[i].smem == smem)
+      return cache[i].n;
+  if (k > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (smem > 48 * 1024 && cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const int n = kc::max_active_clusters(kernel, threads, smem, unsigned(k));
+  if (used < 64) cache[used++] = Entry{dev, threads, k, smem, fn, n};
+  return n;
 }
 
 ClusterArgs cluster_args(const Dims& d, int64_t S, Act act, Gate gate, const SeParams& w, const ClusterPlan& p) {
@@ -463,6 +538,17 @@ cudaError_t dispatch_cluster(const ClusterArgs& a, kc::DType dt, const Dims& d, 
   });
 }
 
+template <bool kBwd>
+int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t smem) {
+  return KC_DTYPE_SWITCH(dt, T, [&]() -> int {
+    return KC_BOOL_SWITCH(wdt == kc::DType::F32, kF32, [&]() -> int {
+      using TW = std::conditional_t<kF32, float, T>;
+      return lay == Layout::NCHW ? cluster_capacity<T, TW, Layout::NCHW, kBwd>(threads, k, smem)
+                                 : cluster_capacity<T, TW, Layout::NHWC, kBwd>(threads, k, smem);
+    });
+  });
+}
+
 }  // namespace
 
 bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
@@ -485,17 +571,37 @@ bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool ba
     p.unit = vec;
   }
   p.units = ceil_div(d.c, p.unit);
-  if (d.l * int64_t(p.unit) * elem > int64_t(kClusterSmemBudget)) return false;
-  // The fewest CTAs per sample whose share fits, then more while the grid has
-  // fewer than two CTAs per SM.
-  for (int k = 1; k <= kMaxCluster && k <= p.units; k *= 2) {
+  auto smem_of = [&](int k, int threads) {
     const int64_t cmax = std::min<int64_t>(ceil_div(p.units, k) * p.unit, d.c);
-    const ClusterSmem m = cluster_smem(cmax, d.l, S, elem, backward);
-    if (m.total > int64_t(kClusterSmemBudget) || m.total > int64_t(o.max_smem)) continue;
+    return cluster_smem(cmax, d.l, S, elem, backward, threads).total;
+  };
+  // Threads a CTA: 1024 or 512 (one or two CTAs an SM: the kernel is held to 64
+  // registers a thread) where the whole grid fits on the GPU at once, so a small batch
+  // has 4x or 2x the warps to hide each phase's latency; else kThreads, four CTAs an SM.
+  // For each: the fewest CTAs a sample (k) whose share fits, then more while the grid
+  // stays within one wave (1024, 512) or under two CTAs an SM (kThreads).
+  const int64_t budget = std::min<int64_t>(int64_t(kClusterSmemBudget), int64_t(o.max_smem));
+  for (int threads = kClusterMaxThreads; threads >= kThreads; threads /= 2) {
+    const int64_t slots = int64_t(kClusterMaxThreads / threads) * o.num_sms;
+    int k = 0;
+    for (int kk = 1; kk <= kMaxCluster && kk <= p.units; kk *= 2)
+      if (smem_of(kk, threads) <= budget) {
+        k = kk;
+        break;
+      }
+    if (k == 0) continue;
+    if (threads == kThreads) {
+      while (2 * k <= kMaxCluster && 2 * k <= p.units && d.n * k < 2 * int64_t(o.num_sms)) k *= 2;
+    } else {
+      while (2 * k <= kMaxCluster && 2 * k <= p.units && d.n * 2 * k <= slots) k *= 2;
+      const int fit = backward ? capacity<true>(dt, wdt, d.layout, threads, k, size_t(budget))
+                               : capacity<false>(dt, wdt, d.layout, threads, k, size_t(budget));
+      if (d.n * k > slots || fit < d.n) continue;
+    }
     p.k = k;
-    while (2 * p.k <= kMaxCluster && 2 * p.k <= p.units && d.n * p.k < 2 * int64_t(o.num_sms)) p.k *= 2;
-    p.cmax = int(std::min<int64_t>(ceil_div(p.units, p.k) * p.unit, d.c));
-    p.smem = size_t(cluster_smem(p.cmax, d.l, S, elem, backward).total);
+    p.threads = threads;
+    p.cmax = int(std::min<int64_t>(ceil_div(p.units, k) * p.unit, d.c));
+    p.smem = size_t(smem_of(k, threads));
     *plan = p;
     return true;
   }

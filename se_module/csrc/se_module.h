@@ -118,6 +118,7 @@ struct ClusterPlan {
   int unit = 1;       // channels per share unit
   int64_t units = 0;  // ceil(C / unit)
   int cmax = 0;       // most channels in one CTA's share
+  int threads = 256;  // threads per CTA (256, 512 or 1024)
   size_t smem = 0;    // dynamic shared memory per CTA, bytes
 };
 bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,

@@ -3,7 +3,7 @@ time (no PDL overlap, which makes profiler durations of chained kernels
 misleading): run under Nsight Compute, e.g.
 
     ncu --metrics gpu__time_duration.sum --cache-control none -k regex:se:: \\
-        python tools/kernel_times.py 128 1152 7 7 48 --dtype bf16 --cl --versions 3 4
+        python tools/kernel_times.py 128 1152 7 7 48 --dtype bf16 --cl --versions 3 4 [--forward]
 
 Each version's calls sit between NVTX-free markers: the script prints the
 version before its call, and ncu lists the kernels in launch order.
@@ -24,16 +24,20 @@ def main():
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--cl", action="store_true")
     ap.add_argument("--versions", type=int, nargs="+", default=[4])
+    ap.add_argument("--forward", action="store_true", help="the forward alone, under no_grad (inference)")
     a = ap.parse_args()
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     _, ours, x, g = B.setup(tuple(a.shape), dtype, a.cl)
     for v in a.versions:
         ours.version = v
         for _ in range(2):  # warm: the last call is the one to read
-            out = ours(x)
-            out.backward(g)
+            if a.forward:
+                with torch.no_grad():
+                    ours(x)
+            else:
+                ours(x).backward(g)
         torch.cuda.synchronize()
-        print(f"version {v}: forward + backward", flush=True)
+        print(f"version {v}: {'forward' if a.forward else 'forward + backward'}", flush=True)
 
 
 if __name__ == "__main__":
