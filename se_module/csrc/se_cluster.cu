@@ -82,9 +82,10 @@ constexpr int64_t kClusterMaxN = 16;
 constexpr int64_t kClusterBwdMinCS = 16384;
 // Shared memory a CTA may take: four CTAs of kThreads (and their 1 KB reserve each)
 // share an SM's 228 KB, so the CTAs' phases (loads, the MLP's latency, stores) overlap.
-// CTAs of 512 or 1024 threads keep that budget: the 2x / 4x of it that two or one of
-// them an SM could take admitted shares of up to 224 KB, and those ran slower than
-// version 4 (H100, 2026-11-25, bench.py --only effnet, batch 1: bf16 CL (1, 32, 112,
+// CTAs of 512 or 1024 threads admit the same shares: their budget grows only by their
+// larger group-sum area (cluster_smem's `red`, 8 bytes a thread). The 2x / 4x of
+// kClusterSmemBudget that two or one of them an SM could take admitted shares of up to
+// 224 KB, and those ran slower than version 4 (H100, 2026-11-25, bench.py --only effnet, batch 1: bf16 CL (1, 32, 112,
 // 112) 35.5 against 15.0 us in 4 CTAs of 200 KB; (1, 144, 56, 56) 22.4 against 15.7 and
 // (1, 192, 48, 48) 20.1 against 16.2 in 16 CTAs of 100 / 73 KB; only fp32 (1, 2688, 12,
 // 12), 97 KB, was faster: 21.3 against 24.0).
@@ -580,8 +581,9 @@ bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool ba
   // has 4x or 2x the warps to hide each phase's latency; else kThreads, four CTAs an SM.
   // For each: the fewest CTAs a sample (k) whose share fits, then more while the grid
   // stays within one wave (1024, 512) or under two CTAs an SM (kThreads).
-  const int64_t budget = std::min<int64_t>(int64_t(kClusterSmemBudget), int64_t(o.max_smem));
   for (int threads = kClusterMaxThreads; threads >= kThreads; threads /= 2) {
+    const int64_t budget = std::min<int64_t>(int64_t(kClusterSmemBudget) + 8 * int64_t(threads - kThreads),
+                                             int64_t(o.max_smem));
     const int64_t slots = int64_t(kClusterMaxThreads / threads) * o.num_sms;
     int k = 0;
     for (int kk = 1; kk <= kMaxCluster && kk <= p.units; kk *= 2)
