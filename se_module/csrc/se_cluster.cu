@@ -64,20 +64,21 @@ namespace {
 
 // Up to 16 CTAs a sample (above 8: a non-portable cluster size, which sm_90 allows).
 constexpr int kMaxCluster = 16;
-// Where v5 runs: the table of the plan (H100, tools/probe_v5.py, GPU time of v5 against
-// v4 at EfficientNet's small-image SE shapes, N = 1 .. 32, fp32 NCHW and bf16 CL):
-// - 2026-11-24, CTAs of 256 threads: forward, N <= 16: 1.02-1.78x at 62 of 72 (shape, N,
+// Where v5 runs: the table of the plan (tools/probe_v5.py, GPU time of v5 against v4 at
+// EfficientNet's small-image SE shapes, N = 1 .. 32, fp32 NCHW and bf16 CL):
+// - H100, 2026-11-24, CTAs of 256 threads: forward, N <= 16: 1.02-1.78x at 62 of 72 (shape, N,
 //   dtype) rows, the rest 0.95-1.0x; at N = 32 0.72-1.15x, at N = 128 (bench.py --only
 //   effnet) 0.7-0.95x: each CTA's phases run one after another, which 4 CTAs per SM do not
 //   hide, where v4's kernels each fill the GPU; backward, N <= 16 and C * S >= 16384 (the
 //   MLP, not the bytes, is most of v4's time): 1.05-1.51x but fp32 (16, 960, 12, 12) 0.98x;
 //   below that C * S, 0.75-1.2x.
-// - 2026-11-25, CTAs of 1024 / 512 threads where the grid allows (below), fc2 split over
-//   kParts threads a channel, the weights prefetched into L2: forward N <= 16 0.92-1.93x
-//   (80 rows; under 0.99x: fp32 (1-2, 240, 28, 28) 0.92-0.93x, (1, 240, 14, 14) 0.95x,
-//   bf16 (16, 336, 24, 24) 0.95x); forward + backward 0.93-1.76x; bf16 (1, 2688, 12, 12)
-//   forward 34.96 (v4) against 20.54 us (256 threads: 37 us in ncu, 8 warps an SM stalled
-//   on each phase's loads in turn).
+// - 2026-11-25, CTAs of 1024 / 512 threads where the grid fits one wave (cluster_plan),
+//   fc2 split over kParts threads a channel, the weights prefetched into L2 (H100 and
+//   H200, results/*_2026-11-25_probe5.json, 90 rows at N <= 16 each): forward 0.91-1.92x
+//   (H100) / 0.94-1.98x (H200), under 0.99x at 7 / 3 rows (fp32 at C = 240 or 336 and
+//   N <= 4: 0.91-0.98x; H100 bf16 (16, 336, 24, 24): 0.96x); forward + backward
+//   0.92-1.47x / 0.93-1.49x. bf16 (1, 2688, 12, 12) forward 35.2 (v4) against 20.5 / 19.9
+//   us (CTAs of 256 threads: 37 us in ncu, 8 warps an SM stalled on each phase in turn).
 constexpr int64_t kClusterMaxN = 16;
 constexpr int64_t kClusterBwdMinCS = 16384;
 // Shared memory a CTA may take: four CTAs of kThreads (and their 1 KB reserve each)
