@@ -555,7 +555,7 @@ int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t
 
 bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
                   int nptrs, const LaunchOpts& o, ClusterPlan* plan) {
-  if (!o.cluster || d.n < 1 || d.n > kClusterMaxN || d.c < 1 || d.l < 1) return false;
+  if (!o.cluster || d.n < 1 || d.c < 1 || d.l < 1) return false;
   if (backward && d.c * S < kClusterBwdMinCS) return false;
   if (wdt != kc::DType::F32 && wdt != dt) return false;  // instantiated for fp32 parameters or x's dtype
   for (int i = 0; i < nptrs; ++i)
@@ -594,12 +594,18 @@ bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool ba
       }
     if (k == 0) continue;
     if (threads == kThreads) {
+      if (d.n > kClusterMaxN) return false;
       while (2 * k <= kMaxCluster && 2 * k <= p.units && d.n * k < 2 * int64_t(o.num_sms)) k *= 2;
     } else {
-      while (2 * k <= kMaxCluster && 2 * k <= p.units && d.n * 2 * k <= slots) k *= 2;
-      const int fit = backward ? capacity<true>(dt, wdt, d.layout, threads, k, size_t(budget))
-                               : capacity<false>(dt, wdt, d.layout, threads, k, size_t(budget));
-      if (d.n * k > slots || fit < d.n) continue;
+      // every cluster resident at once: N clusters of k CTAs within the occupancy query's count
+      auto fits_wave = [&](int kk) {
+        if (d.n * kk > slots) return false;
+        const int fit = backward ? capacity<true>(dt, wdt, d.layout, threads, kk, size_t(budget))
+                                 : capacity<false>(dt, wdt, d.layout, threads, kk, size_t(budget));
+        return fit >= d.n;
+      };
+      if (!fits_wave(k)) continue;
+      while (2 * k <= kMaxCluster && 2 * k <= p.units && fits_wave(2 * k)) k *= 2;
     }
     p.k = k;
     p.threads = threads;
