@@ -618,12 +618,13 @@ def test_cuda_pairs_versions(layout, pair):
                 close(a, r, 2e-5, f"{name} v{version} ({act}, {gate}, {shape})")
 
 # v5 (se_cluster.cu: a sample per thread-block cluster, its channels shared among the
-# cluster's CTAs in shared memory; sm_90; up to 16 samples, the backward where C * S >=
+# cluster's CTAs in shared memory; sm_90; up to 16 samples in CTAs of 256 threads, more where
+# every cluster of 512- or 1024-thread CTAs is resident at once; the backward where C * S >=
 # 16384). Shapes: many channels over a small image, one sample (16 CTAs a sample), one unit
-# of channels (clusters of one CTA), S over the block size (300, and C * S = 96000: the
-# backward too), odd H * W (NCHW shares of 4 or 8 channels), and shapes it does not take
-# (33 samples; (2, 2688, 12, 12), whose share does not fit): version 4 runs them.
-CLUSTER = [(3, 96, 20, 20, 24), (1, 1152, 7, 7, 48), (33, 240, 14, 14, 10), (4, 320, 5, 5, 300),
+# of channels (clusters of one CTA), S over the largest block size (1100, and C * S = 352000:
+# the backward too), odd H * W (NCHW shares of 4 or 8 channels), 33 samples (taken where the
+# clusters fit at once), and fp32 (2, 2688, 12, 12), whose share does not fit: version 4 runs it.
+CLUSTER = [(3, 96, 20, 20, 24), (1, 1152, 7, 7, 48), (33, 240, 14, 14, 10), (4, 320, 5, 5, 1100),
            (16, 8, 4, 4, 2), (2, 2688, 12, 12, 112)]
 
 
@@ -670,8 +671,9 @@ def cuda_kernel_names(fn):
                                   ((16, 8, 4, 4, 2), "cl", torch.float16, False)],
                          ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}-{str(c[2])[6:]}")
 def test_cuda_v5_takes_the_cluster_kernel(case):
-    """Where the plan takes it (worked out by hand from se_cluster.cu's rules: at most 16
-    samples, 56 KB per CTA, at most 16 CTAs a sample; the backward where C * S >= 16384),
+    """Where the plan takes it (worked out by hand from se_cluster.cu's rules: a share within
+    56 KB per CTA (plus 8 bytes a thread), at most 16 CTAs a sample, at most 16 samples or every
+    cluster resident at once; the backward where C * S >= 16384),
     the default runs the cluster kernel: one launch forward, the cluster kernel and the
     weight-gradient kernel backward; elsewhere version 4's kernels and no cluster kernel."""
     shape, layout, dtype, bwd_cluster = case

@@ -40,7 +40,8 @@
 // Assumptions (cluster_plan checks them, else versions 1-4 run): sm_90; x, out
 // (g, dx) 16-byte aligned; NCHW: C * L * sizeof(T) a multiple of 16, shares made
 // of units of `unit` channels with unit * L * sizeof(T) a multiple of 16; NHWC:
-// C a multiple of VEC, units of VEC channels; N <= kClusterMaxN, and backward
+// C a multiple of VEC, units of VEC channels; N <= kClusterMaxN (CTAs of 256 threads)
+// or every cluster resident at once (512 or 1024 threads), and backward
 // C * S >= kClusterBwdMinCS (where it measured faster than version 4, below);
 // K <= 16 and K <= the number of units; the parameters in fp32 or in
 // x's dtype; the share and the vectors within `smem` bytes. Blocks of 1024, 512
@@ -72,13 +73,18 @@ constexpr int kMaxCluster = 16;
 //   hide, where v4's kernels each fill the GPU; backward, N <= 16 and C * S >= 16384 (the
 //   MLP, not the bytes, is most of v4's time): 1.05-1.51x but fp32 (16, 960, 12, 12) 0.98x;
 //   below that C * S, 0.75-1.2x.
-// - 2026-11-25, CTAs of 1024 / 512 threads where the grid fits one wave (cluster_plan),
-//   fc2 split over kParts threads a channel, the weights prefetched into L2 (H100 and
-//   H200, results/*_2026-11-25_probe5.json, 90 rows at N <= 16 each): forward 0.91-1.92x
-//   (H100) / 0.94-1.98x (H200), under 0.99x at 7 / 3 rows (fp32 at C = 240 or 336 and
-//   N <= 4: 0.91-0.98x; H100 bf16 (16, 336, 24, 24): 0.96x); forward + backward
-//   0.92-1.47x / 0.93-1.49x. bf16 (1, 2688, 12, 12) forward 35.2 (v4) against 20.5 / 19.9
-//   us (CTAs of 256 threads: 37 us in ncu, 8 warps an SM stalled on each phase in turn).
+// - 2026-11-25, CTAs of 1024 / 512 threads where every cluster of the grid is resident at
+//   once (cluster_plan; then N may exceed 16), fc2 split over kParts threads a channel, the
+//   weights prefetched into L2 (results/*_2026-11-25_probe5.json, H100 / H200): N <= 16,
+//   90 rows: forward 0.92-1.92x / 0.94-1.98x (under 0.99x at 8 / 6 rows, 0.92-0.98x: fp32
+//   at C = 240 or 336, and (16, 2688, 12, 12) fp32 at 0.99x), forward + backward 0.92-1.44x /
+//   0.93-1.49x; N = 32 .. 128, 54 rows (v5 and v4 more than 2% apart at 12 / 11 of them;
+//   elsewhere the plan declines and v4 runs): forward 0.94-1.27x /
+//   0.96-1.31x, forward + backward 0.92-1.09x / 0.93-1.10x, the slowest (32, 240, 14, 14)
+//   (not an EfficientNet shape). bf16 (1, 2688, 12, 12) forward 35.3 / 34.9 us (v4) against
+//   20.7 / 19.9 (CTAs of 256 threads: 37 us in ncu on the H100, 8 warps an SM stalled on
+//   each phase in turn).
+// kClusterMaxN bounds N for CTAs of kThreads only (the 2026-11-24 data above).
 constexpr int64_t kClusterMaxN = 16;
 constexpr int64_t kClusterBwdMinCS = 16384;
 // Shared memory a CTA may take: four CTAs of kThreads (and their 1 KB reserve each)
