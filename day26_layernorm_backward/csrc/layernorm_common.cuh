@@ -446,21 +446,7 @@ struct ClusterPairs {
 // (and no more than kKnobGrid blocks' worth). 0: no such cluster fits.
 template <typename Kernel>
 int64_t cluster_groups(Kernel kernel, const V4Plan& p, int csize, int64_t rows) {
-  struct Entry { const void* k; int dev; int threads; size_t smem; int csize; int n; };
-  static thread_local Entry cache[32];
-  static thread_local int used = 0;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const void* key = reinterpret_cast<const void*>(kernel);
-  int n = -1;
-  for (int i = 0; i < used; ++i)
-    if (cache[i].k == key && cache[i].dev == dev && cache[i].threads == p.threads && cache[i].smem == p.smem &&
-        cache[i].csize == csize)
-      n = cache[i].n;
-  if (n < 0) {
-    n = p.fits ? kc::max_active_clusters(kernel, p.threads, p.smem, unsigned(csize)) : 0;
-    cache[used < 32 ? used++ : 31] = Entry{key, dev, p.threads, p.smem, csize, n};
-  }
+  const int n = p.fits ? kc::max_active_clusters_cached(kernel, p.threads, p.smem, unsigned(csize)) : 0;
   int64_t g = (rows + p.slots - 1) / p.slots;
   if (g > n) g = n;
   if (v4_grid_cap() > 0) {  // tests: at most that many blocks, but at least one cluster

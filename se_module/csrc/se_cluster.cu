@@ -48,7 +48,6 @@
 // or 256 threads (the plan's: as many as one wave of the grid allows), grid (K, N),
 // cluster (K, 1, 1): blockIdx.x is the rank.
 #include <algorithm>
-#include <mutex>
 #include <type_traits>
 
 #include "se_act.cuh"
@@ -484,39 +483,17 @@ cudaError_t launch_cluster_kernel(const ClusterArgs& a, const ClusterPlan& p, in
 }
 
 // How many clusters of k CTAs of `threads` threads (and up to `smem` bytes each) fit on
-// the device at once: CUDA's occupancy query (a cluster's CTAs share one GPC), asked once
-// per (device, kernel, threads, k) and kept.
+// the device at once: CUDA's occupancy query (a cluster's CTAs share one GPC), kept per
+// (device, kernel, threads, k, smem) by kc::max_active_clusters_cached.
 template <typename T, typename TW, Layout LAY, bool kBwd>
 int cluster_capacity(int threads, int k, size_t smem) {
-  struct Entry {
-    int dev, threads, k;
-    size_t smem;
-    const void* fn;
-    int n;
-  };
-  static std::mutex mu;
-  static Entry cache[64];
-  static int used = 0;
   auto kernel = se_cluster_kernel<T, TW, LAY, kBwd>;
   const void* fn = reinterpret_cast<const void*>(kernel);
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  std::lock_guard<std::mutex> lock(mu);
-  for (int i = 0; i < used; ++i)
-    if (cache[i].dev == dev && cache[i].fn == fn && cache[i].threads == threads && cache[i].k == k &&
-        cache[i].smem == smem)
-      return cache[i].n;
-  if (k > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  if (smem > 48 * 1024 && cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  const int n = kc::max_active_clusters(kernel, threads, smem, unsigned(k));
-  if (used < 64) cache[used++] = Entry{dev, threads, k, smem, fn, n};
-  return n;
+  return kc::max_active_clusters_cached(kernel, threads, smem, unsigned(k), [&]() -> cudaError_t {
+    if (k > 8) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return cudaSuccess;
+  });
 }
 
 ClusterArgs cluster_args(const Dims& d, int64_t S, Act act, Gate gate, const SeParams& w, const ClusterPlan& p) {

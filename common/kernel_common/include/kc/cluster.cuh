@@ -40,6 +40,12 @@
 //   max_active_clusters(kernel, block, smem, cluster_x)
 //                             how many such clusters fit on the device at once
 //                             (0 when none or on error; the error is cleared)
+//   max_active_clusters_cached(kernel, block, smem, cluster_x, prepare)
+//                             the same, asked once per (device, kernel, block, smem,
+//                             cluster_x) and calling thread, then kept (plans query it
+//                             on every call); prepare() runs before the query only,
+//                             to set the kernel's attributes it depends on (dynamic
+//                             shared memory above 48 KB, non-portable cluster sizes)
 // Below sm_90 the device helpers trap: launchers must select cluster kernels
 // only on compute capability 9.0+.
 #pragma once
@@ -184,6 +190,40 @@ int max_active_clusters(void (*kernel)(KArgs...), int block, size_t smem, unsign
     return 0;
   }
   return n;
+}
+
+template <typename... KArgs, typename Prepare>
+int max_active_clusters_cached(void (*kernel)(KArgs...), int block, size_t smem, unsigned cluster_x,
+                               Prepare prepare) {
+  struct Entry {
+    const void* k;
+    int dev, block;
+    size_t smem;
+    unsigned cluster_x;
+    int n;
+  };
+  constexpr int kEntries = 32;
+  static thread_local Entry cache[kEntries];
+  static thread_local int used = 0;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const void* key = reinterpret_cast<const void*>(kernel);
+  for (int i = 0; i < used; ++i)
+    if (cache[i].k == key && cache[i].dev == dev && cache[i].block == block && cache[i].smem == smem &&
+        cache[i].cluster_x == cluster_x)
+      return cache[i].n;
+  const int n = prepare() == cudaSuccess ? max_active_clusters(kernel, block, smem, cluster_x) : 0;
+  if (n == 0) cudaGetLastError();
+  cache[used < kEntries ? used++ : kEntries - 1] = Entry{key, dev, block, smem, cluster_x, n};
+  return n;
+}
+
+template <typename... KArgs>
+int max_active_clusters_cached(void (*kernel)(KArgs...), int block, size_t smem, unsigned cluster_x) {
+  return max_active_clusters_cached(kernel, block, smem, cluster_x, [] { return cudaSuccess; });
 }
 
 }  // namespace kc
