@@ -12,6 +12,9 @@
 #     se-ncu      se_module tools/kernel_times.py under ncu: per-kernel GPU time of versions 4 and 5 at
 #                 SE_NCU ("N C H W S", default the B4 batch-1 row; SE_NCU_FWD=1: forward only) in fp32 /
 #                 bf16, NCHW / channels_last, then ncu's sections for the v5 kernel in bf16 channels_last
+#     se-kt       per-kernel GPU time (ncu, caches NOT flushed between kernels, so L2 residency counts)
+#                 of one bf16 channels_last forward + backward at each shape of SE_KT ("N C H W S;..."),
+#                 versions SE_KT_V (default "4 5"); every kernel of the step, torch's included
 #     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel;
 #                 FIN_KNOBS: its --knobs passes, e.g. plan,grid=132,plan)
 #     ln-test     day26 test.py (4 xdist workers; LN_K: a -k expression)
@@ -79,6 +82,16 @@ for step in "$@"; do
             say "ln-san rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|rc=" "$OUT/ln_san.log" | tail -8 | tee -a "$LOG" ;;
     se-san) timeout 300 bash scripts/sanitize.sh se_module ${SE_SAN_K:+"$SE_SAN_K"} >"$OUT/se_san.log" 2>&1
             say "se-san rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|rc=" "$OUT/se_san.log" | tail -8 | tee -a "$LOG" ;;
+    se-kt) (cd se_module
+            IFS=';' read -ra KTS <<<"${SE_KT:-128 1152 7 7 48}"
+            for shp in "${KTS[@]}"; do
+              echo "== $shp"
+              timeout 120 ncu --metrics gpu__time_duration.sum --cache-control none \
+                python3 tools/kernel_times.py $shp --dtype bf16 --cl --versions ${SE_KT_V:-4 5} 2>&1 |
+                grep -E "\)x\(|version|duration|==ERR" |
+                sed -E 's/, Context.*//; s/^ +//; s/gpu__time_duration.sum +//'
+            done) >"$OUT/se_kt.log" 2>&1
+           say "se-kt rc=$?"; awk '/^==/{print; p=0} /call 1/{p=0} /call 2/{p=1} p' "$OUT/se_kt.log" | cut -c1-140 | tee -a "$LOG" ;;
     *) say "unknown step $step" ;;
   esac
   say "  ($step: $(( $(date +%s) - t )) s)"

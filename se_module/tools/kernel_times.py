@@ -30,7 +30,9 @@ def main():
     _, ours, x, g = B.setup(tuple(a.shape), dtype, a.cl)
     for v in a.versions:
         ours.version = v
-        for _ in range(2):  # warm: the last call is the one to read
+        for k in range(2):  # warm: the last call is the one to read
+            torch.cuda.synchronize()
+            print(f"version {v} call {k + 1}", flush=True)
             if a.forward:
                 with torch.no_grad():
                     ours(x)
