@@ -98,7 +98,6 @@ constexpr int64_t kClusterBwdMinCS = 16384;
 constexpr size_t kClusterSmemBudget = 56 * 1024;
 constexpr int kClusterMaxThreads = 1024;
 constexpr int kParts = 8;  // threads per output of the products over the share's channels
-constexpr int kWgTile = 32;  // wgrad_tile_kernel: 32 x 32 outputs, 32 samples per staging step
 
 struct ClusterArgs {
   const void* x;   // [N, C, L] or [N, L, C]
@@ -402,69 +401,11 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) se_cluster_kernel(Clust
   }
 }
 
-// dst[o1, o2] = sum_n A[n, o1] B[n, o2] and bias[o1] = sum_n A[n, o1], for the
-// two weight gradients: product 0 dw1 = dz1^T p (A = dz1 [N, S], B = p [N, C]),
-// product 1 dw2 = dz2^T a (A = dz2 [N, C], B = a [N, S]). A block owns a 32 x 32
-// tile of one product; thread t adds the outputs (rows t / 32 + 8 k, column
-// t % 32), n ascending, over the batch staged 32 samples at a time.
-struct WgradProduct {
-  const float *a, *b;
-  int64_t m1, m2;
-  void *dst, *bias;
-  int64_t tiles2;  // tiles along o2
-  int64_t blocks;  // tiles in all
-};
-struct WgradTileArgs {
-  WgradProduct prod[2];
-  int64_t n;
-  kc::DType wdt;
-};
-
-__global__ void __launch_bounds__(kThreads) wgrad_tile_kernel(WgradTileArgs w) {
-  __shared__ float as[kWgTile][kWgTile];
-  __shared__ float bs[kWgTile][kWgTile];
-  const bool second = int64_t(blockIdx.x) >= w.prod[0].blocks;
-  const WgradProduct& P = second ? w.prod[1] : w.prod[0];
-  const int64_t tile = second ? blockIdx.x - w.prod[0].blocks : blockIdx.x;
-  const int64_t t1 = tile / P.tiles2, t2 = tile - t1 * P.tiles2;
-  const int64_t o1b = t1 * kWgTile, o2b = t2 * kWgTile;
-  const int col = threadIdx.x & 31, row = threadIdx.x >> 5;  // row 0..7
-  float acc[4] = {0.f, 0.f, 0.f, 0.f}, bacc[4] = {0.f, 0.f, 0.f, 0.f};
-  const bool bias = P.bias != nullptr && t2 == 0 && col == 0;
+// The weight gradients after the cluster pass (dev::wgrad_tile_block), launched
+// with PDL: the cluster kernel triggers them before its dx stores.
+__global__ void __launch_bounds__(kThreads) wgrad_tile_kernel(dev::WgradTileArgs w) {
   kc::grid_dependency_wait();
-  for (int64_t n0 = 0; n0 < w.n; n0 += kWgTile) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t nn = n0 + row + 8 * k;
-      const int64_t o1 = o1b + col, o2 = o2b + col;
-      as[row + 8 * k][col] = (nn < w.n && o1 < P.m1) ? P.a[nn * P.m1 + o1] : 0.f;
-      bs[row + 8 * k][col] = (nn < w.n && o2 < P.m2) ? P.b[nn * P.m2 + o2] : 0.f;
-    }
-    __syncthreads();
-    const int cnt = int(w.n - n0 < kWgTile ? w.n - n0 : kWgTile);
-    for (int q = 0; q < cnt; ++q) {
-      const float bv = bs[q][col];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float av = as[q][row + 8 * k];
-        acc[k] += av * bv;
-        if (bias) bacc[k] += av;
-      }
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int64_t o1 = o1b + row + 8 * k, o2 = o2b + col;
-    if (o1 < P.m1 && o2 < P.m2) kc::store_float(P.dst, w.wdt, o1 * P.m2 + o2, acc[k]);
-    if (bias && o1 < P.m1) kc::store_float(P.bias, w.wdt, o1, bacc[k]);
-  }
-}
-
-WgradProduct wgrad_product(const float* a, const float* b, int64_t m1, int64_t m2, void* dst, void* bias) {
-  WgradProduct p{a, b, m1, m2, dst, bias, ceil_div(m2, kWgTile), 0};
-  p.blocks = ceil_div(m1, kWgTile) * p.tiles2;
-  return p;
+  dev::wgrad_tile_block(w, blockIdx.x);
 }
 
 template <typename T, typename TW, Layout LAY, bool kBwd>
@@ -622,12 +563,9 @@ cudaError_t cluster_backward(const void* grad, const void* x, kc::DType dt, cons
   a.a_out = ws + 2 * d.n * d.c;
   a.dz1_out = a.a_out + d.n * S;
   KC_CUDA_TRY(dispatch_cluster<true>(a, dt, d, p, stream));
-  WgradTileArgs wg{};
-  wg.prod[0] = wgrad_product(a.dz1_out, a.p_out, S, d.c, dw.dw1, dw.db1);
-  wg.prod[1] = wgrad_product(a.dz2_out, a.a_out, d.c, S, dw.dw2, dw.db2);
-  wg.n = d.n;
-  wg.wdt = w.dt;
-  const int64_t blocks = wg.prod[0].blocks + wg.prod[1].blocks;
+  const dev::WgradTileArgs wg = dev::wgrad_args(a.dz1_out, a.p_out, a.dz2_out, a.a_out, dw.dw1, dw.db1, dw.dw2,
+                                                dw.db2, d.n, d.c, S, w.dt);
+  const int64_t blocks = dev::wgrad_blocks(wg);
   KC_CUDA_TRY(dev::check_grid(blocks));
   return kc::launch(wgrad_tile_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, kc::sm90_or_newer(), wg);
 }

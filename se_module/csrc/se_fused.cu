@@ -693,7 +693,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     return launch_mlp(mlp_backward_kernel<decltype(tag)::value>, d, smem, m, o, stream);
   }));
   }
-  dev::WgradArgs wg{dz1, pool, dz2, a, dw.dw1, dw.db1, dw.dw2, dw.db2, w.dt, d.n, d.c, S};
+  const dev::WgradTileArgs wg = dev::wgrad_args(dz1, pool, dz2, a, dw.dw1, dw.db1, dw.dw2, dw.db2, d.n, d.c, S, w.dt);
   return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms, &wg,
                                      stream);
 }

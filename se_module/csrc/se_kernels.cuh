@@ -99,6 +99,18 @@ __device__ __forceinline__ void load_f(const T* p, float (&f)[VEC]) {
   }
 }
 
+// VEC elements of T as they are in memory (one 16-byte load when VEC > 1), to convert when used
+template <int VEC, typename T>
+__device__ __forceinline__ kc::Vec<T, VEC> load_raw(const T* p) {
+  if constexpr (VEC == 1) {
+    kc::Vec<T, 1> v;
+    v.v[0] = p[0];
+    return v;
+  } else {
+    return kc::load_vec<VEC>(p);
+  }
+}
+
 // store VEC floats as T; streaming = evict-first (st.global.cs) for 16-byte vectors
 template <int VEC, typename T>
 __device__ __forceinline__ void store_f(T* p, const float (&f)[VEC], bool streaming) {
@@ -339,8 +351,15 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T
 // memory (kThreads * VEC floats per sum). kc::block_reduce_* reduce a whole
 // block to ONE value, which is not the shape of this reduction (one value per
 // column), so the column step is written out here.
+// Loads: kColsBatch(kSumGX) rows per thread in flight, held as raw vectors until
+// they are summed; at most 64 registers (kColsMinBlocks blocks of kThreads per SM).
+// H100, 2026-11-25: with 4 rows in flight and no register cap the bf16 kernels took
+// 70 / 116 registers (3 / 2 blocks per SM), and the plan's blocks each did about one
+// round trip of loads: (128, 1152, 7, 7) read x at 1.0 TB/s (13.9 us of a graph replay).
+constexpr int kColsMinBlocks = 4;
+__host__ __device__ constexpr int cols_batch(bool sum_gx) { return sum_gx ? 4 : 8; }
 template <typename T, int VEC, bool kSumX, bool kSumGX, bool kWriteGS>
-__global__ void __launch_bounds__(kThreads) reduce_cols_kernel(ReduceArgs<T> a) {
+__global__ void __launch_bounds__(kThreads, kColsMinBlocks) reduce_cols_kernel(ReduceArgs<T> a) {
   static_assert(kSumX || kSumGX, "nothing to reduce");
   constexpr int NS = int(kSumX) + int(kSumGX);
   __shared__ float red[NS][kThreads * VEC];
@@ -388,20 +407,26 @@ __global__ void __launch_bounds__(kThreads) reduce_cols_kernel(ReduceArgs<T> a) 
         store_f<VEC>(a.gs_out + off, o, false);
       }
     };
-    for (int64_t l = l0 + rp; l < l1; l += 4 * rows_par) {
-      float xv[4][VEC], gv[4][VEC];
-      int64_t off[4];
+    constexpr int U = cols_batch(kSumGX);
+    const int64_t step = int64_t(rows_par) * a.c;  // elements from one of a thread's rows to its next
+    for (int64_t l = l0 + rp; l < l1; l += U * rows_par) {
+      kc::Vec<T, VEC> xr[U], gr[U];
+      const int64_t base = (n * a.l + l) * a.c + col_off;
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        off[u] = (n * a.l + l + u * rows_par) * a.c + col_off;
+      for (int u = 0; u < U; ++u) {
         if (l + u * rows_par < l1) {
-          load_f<VEC>(a.x + off[u], xv[u]);
-          if constexpr (kSumGX) load_f<VEC>(a.g + off[u], gv[u]);
+          xr[u] = load_raw<VEC>(a.x + base + u * step);
+          if constexpr (kSumGX) gr[u] = load_raw<VEC>(a.g + base + u * step);
         }
       }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        if (l + u * rows_par < l1) consume(off[u], xv[u], gv[u]);
+      for (int u = 0; u < U; ++u) {
+        if (l + u * rows_par < l1) {
+          float xv[VEC], gv[VEC] = {};
+          kc::vec_to_float(xr[u], xv);
+          if constexpr (kSumGX) kc::vec_to_float(gr[u], gv);
+          consume(base + u * step, xv, gv);
+        }
       }
     }
   }
@@ -517,53 +542,91 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
 // Grid-stride over VEC-vectors with 4 vectors in flight per thread. reverse:
 // walk from the end, so the first vectors read are the ones the preceding
 // reduction read last (still in L2). In Dx mode, blocks past ew_blocks compute
-// the weight gradients instead (see wgrad_block), saving a launch.
+// the weight gradients instead (wgrad_tile_block), saving a launch.
 enum class Ew : int { Scale = 0, Dx = 1, Bcast = 2 };
 
-struct WgradArgs {
-  const float* dz1;  // [N, S]
-  const float* p;    // [N, C]
-  const float* dz2;  // [N, C]
-  const float* a;    // [N, S]
-  void *dw1, *db1, *dw2, *db2;  // in dt
-  kc::DType dt;
-  int64_t n, c, s;
+// The weight gradients as two small products, summed over n in order (deterministic):
+// dst[o1, o2] = sum_n A[n, o1] B[n, o2] and bias[o1] = sum_n A[n, o1];
+// product 0 dw1 = dz1^T p, db1 (A = dz1 [N, S], B = p [N, C]),
+// product 1 dw2 = dz2^T a, db2 (A = dz2 [N, C], B = a [N, S]).
+// A block owns a kWgTile x kWgTile tile of one product; thread t adds the outputs
+// (rows t / 32 + 8 k, column t % 32), n ascending, over the batch staged kWgTile
+// samples at a time in shared memory (so each A and B element is read once per
+// tile, not once per output). Used by v5's wgrad_tile_kernel and by the extra
+// blocks of v4's Dx pass. (H100, 2026-11-25: v4's earlier one-output-per-thread
+// dot over n, 8 loads in flight, added ~15 us to the Dx pass at (128, 1152, 7, 7).)
+constexpr int kWgTile = 32;
+struct WgradProduct {
+  const float *a, *b;
+  int64_t m1, m2;
+  void *dst, *bias;
+  int64_t tiles2;  // tiles along o2
+  int64_t blocks;  // tiles in all
+};
+struct WgradTileArgs {
+  WgradProduct prod[2];
+  int64_t n;
+  kc::DType wdt;
 };
 
-// Weight gradients, one output per thread, summed over n in order (deterministic):
-//   dw1[j, c] = sum_n dz1[n, j] p[n, c]     db1[j] = sum_n dz1[n, j]
-//   dw2[c, j] = sum_n dz2[n, c] a[n, j]     db2[c] = sum_n dz2[n, c]
-__device__ __forceinline__ void wgrad_block(const WgradArgs& w, int64_t block) {
-  const int64_t o = block * kThreads + threadIdx.x;
-  const int64_t sc = w.s * w.c;
-  float acc = 0.f;
-  auto dot = [&](const float* u, int64_t su, const float* v, int64_t sv) {  // sum_n u[n * su] v[n * sv]
-    batched_loop<8>(0, w.n, 1, [&](int64_t n) { return make_float2(u[n * su], v[n * sv]); },
-                    [&](int64_t, float2 e) { acc += e.x * e.y; });
-  };
-  auto sum = [&](const float* u, int64_t su) {
-    batched_loop<8>(0, w.n, 1, [&](int64_t n) { return u[n * su]; }, [&](int64_t, float e) { acc += e; });
-  };
-  if (o < sc) {
-    const int64_t j = o / w.c, c = o - (o / w.c) * w.c;
-    dot(w.dz1 + j, w.s, w.p + c, w.c);
-    kc::store_float(w.dw1, w.dt, o, acc);
-  } else if (o < 2 * sc) {
-    const int64_t q = o - sc;
-    const int64_t c = q / w.s, j = q - (q / w.s) * w.s;
-    dot(w.dz2 + c, w.c, w.a + j, w.s);
-    kc::store_float(w.dw2, w.dt, q, acc);
-  } else if (o < 2 * sc + w.s) {
-    const int64_t j = o - 2 * sc;
-    sum(w.dz1 + j, w.s);
-    kc::store_float(w.db1, w.dt, j, acc);
-  } else if (o < 2 * sc + w.s + w.c) {
-    const int64_t c = o - 2 * sc - w.s;
-    sum(w.dz2 + c, w.c);
-    kc::store_float(w.db2, w.dt, c, acc);
+inline WgradProduct wgrad_product(const float* a, const float* b, int64_t m1, int64_t m2, void* dst, void* bias) {
+  WgradProduct p{a, b, m1, m2, dst, bias, ceil_div(m2, int64_t(kWgTile)), 0};
+  p.blocks = ceil_div(m1, int64_t(kWgTile)) * p.tiles2;
+  return p;
+}
+// dw1 = dz1^T p, db1; dw2 = dz2^T a, db2 (dz1, a: [N, S]; p, dz2: [N, C]; outputs in wdt)
+inline WgradTileArgs wgrad_args(const float* dz1, const float* p, const float* dz2, const float* a, void* dw1,
+                                void* db1, void* dw2, void* db2, int64_t n, int64_t c, int64_t s, kc::DType wdt) {
+  WgradTileArgs w{};
+  w.prod[0] = wgrad_product(dz1, p, s, c, dw1, db1);
+  w.prod[1] = wgrad_product(dz2, a, c, s, dw2, db2);
+  w.n = n;
+  w.wdt = wdt;
+  return w;
+}
+inline int64_t wgrad_blocks(const WgradTileArgs& w) { return w.prod[0].blocks + w.prod[1].blocks; }
+
+// One tile (block < wgrad_blocks(w)); the caller has waited for dz1 .. a to be written.
+__device__ __forceinline__ void wgrad_tile_block(const WgradTileArgs& w, int64_t block) {
+  __shared__ float as[kWgTile][kWgTile];
+  __shared__ float bs[kWgTile][kWgTile];
+  static_assert(kThreads == 8 * kWgTile, "a thread per (row group, column) of the tile");
+  const bool second = block >= w.prod[0].blocks;
+  const WgradProduct& P = second ? w.prod[1] : w.prod[0];
+  const int64_t tile = second ? block - w.prod[0].blocks : block;
+  const int64_t t1 = tile / P.tiles2, t2 = tile - t1 * P.tiles2;
+  const int64_t o1b = t1 * kWgTile, o2b = t2 * kWgTile;
+  const int col = threadIdx.x & 31, row = threadIdx.x >> 5;  // row 0..7
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, bacc[4] = {0.f, 0.f, 0.f, 0.f};
+  const bool bias = P.bias != nullptr && t2 == 0 && col == 0;
+  for (int64_t n0 = 0; n0 < w.n; n0 += kWgTile) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t nn = n0 + row + 8 * k;
+      const int64_t o1 = o1b + col, o2 = o2b + col;
+      as[row + 8 * k][col] = (nn < w.n && o1 < P.m1) ? P.a[nn * P.m1 + o1] : 0.f;
+      bs[row + 8 * k][col] = (nn < w.n && o2 < P.m2) ? P.b[nn * P.m2 + o2] : 0.f;
+    }
+    __syncthreads();
+    const int cnt = int(w.n - n0 < kWgTile ? w.n - n0 : kWgTile);
+    for (int q = 0; q < cnt; ++q) {
+      const float bv = bs[q][col];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float av = as[q][row + 8 * k];
+        acc[k] += av * bv;
+        if (bias) bacc[k] += av;
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t o1 = o1b + row + 8 * k, o2 = o2b + col;
+    if (o1 < P.m1 && o2 < P.m2) kc::store_float(P.dst, w.wdt, o1 * P.m2 + o2, acc[k]);
+    if (bias && o1 < P.m1) kc::store_float(P.bias, w.wdt, o1, bacc[k]);
   }
 }
-inline int64_t wgrad_blocks(int64_t c, int64_t s) { return ceil_div(2 * s * c + s + c, kThreads); }
 
 template <typename T>
 struct EwArgs {
@@ -578,7 +641,7 @@ struct EwArgs {
   bool reverse, streaming;
   bool straddle;  // NCHW with L not a multiple of VEC: a vector's elements may lie in two rows
   int ew_blocks;
-  WgradArgs wg;
+  WgradTileArgs wg;
 };
 
 template <Layout LAY, bool k64, typename T>
@@ -616,7 +679,7 @@ __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
   if constexpr (MODE == Ew::Dx) {
     if (int(blockIdx.x) >= a.ew_blocks) {
       grid_dependency_wait();
-      wgrad_block(a.wg, int64_t(blockIdx.x) - a.ew_blocks);
+      wgrad_tile_block(a.wg, int64_t(blockIdx.x) - a.ew_blocks);
       return;
     }
   }
@@ -678,7 +741,7 @@ __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
 template <Ew MODE>
 cudaError_t launch_ew(const void* in, const float* s, const float* coef, float alpha, void* out,
                       kc::DType dt, const Dims& d, bool reverse, bool streaming, bool pdl, int num_sms,
-                      const WgradArgs* wg, cudaStream_t stream) {
+                      const WgradTileArgs* wg, cudaStream_t stream) {
   return KC_DTYPE_SWITCH(dt, T, [&]() -> cudaError_t {
     constexpr int MV = kc::max_vec_elems<T>();
     const int64_t inner = d.layout == Layout::NCHW ? d.l : d.c;
@@ -715,7 +778,7 @@ cudaError_t launch_ew(const void* in, const float* s, const float* coef, float a
       int64_t blocks = a.ew_blocks;
       if (wg != nullptr) {
         a.wg = *wg;
-        blocks += wgrad_blocks(wg->c, wg->s);
+        blocks += wgrad_blocks(*wg);
       }
       if (a.total_vec == 0) return cudaSuccess;
       KC_CUDA_TRY(check_grid(blocks));

@@ -37,8 +37,8 @@ using dev::kThreads;
 
 ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms) {
   const int vec = dev::max_vec(dt);
-  // Aim for two full waves of threads (2048 resident threads per SM), but give
-  // each lane at least 4 vectors (NCHW) or rows (NHWC) of work per split.
+  // NCHW: aim for two full waves of threads (2048 resident threads per SM), but
+  // give each lane at least 4 vectors of work per split.
   const int64_t target = int64_t(num_sms > 0 ? num_sms : 1) * 2048 * 2;
   int64_t max_splits, want;
   if (d.layout == Layout::NCHW) {
@@ -46,11 +46,15 @@ ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms) {
     max_splits = ceil_div(d.l, int64_t(team) * vec * 4);
     want = ceil_div(target, d.n * d.c * team);
   } else {
+    // One wave of reduce_cols_kernel's blocks (kColsMinBlocks per SM), each thread
+    // with at least 4 rows where L allows; where N * tiles fill the wave already,
+    // one split: each block walks the sample's whole L. (Two waves of short blocks
+    // before 2026-11-25: see reduce_cols_kernel.)
     int tc, tiles;
     dev::nhwc_tiles(d.c, vec, &tc, &tiles);
     const int rows_par = kThreads / tc;
     max_splits = ceil_div(d.l, int64_t(rows_par) * 4);
-    want = ceil_div(target, d.n * tiles * kThreads);
+    want = int64_t(num_sms > 0 ? num_sms : 1) * dev::kColsMinBlocks / (d.n * tiles);
   }
   int64_t splits = want < max_splits ? want : max_splits;
   if (splits > 1024) splits = 1024;
