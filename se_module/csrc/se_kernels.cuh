@@ -541,8 +541,8 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
 //   Bcast: out = s[n, c] * alpha              (pool backward; `in` unused)
 // Grid-stride over VEC-vectors with 4 vectors in flight per thread. reverse:
 // walk from the end, so the first vectors read are the ones the preceding
-// reduction read last (still in L2). In Dx mode, blocks past ew_blocks compute
-// the weight gradients instead (wgrad_tile_block), saving a launch.
+// reduction read last (still in L2). In Dx mode, wg_blocks extra blocks (the first)
+// compute the weight gradients (wgrad_tile_block), saving a launch.
 enum class Ew : int { Scale = 0, Dx = 1, Bcast = 2 };
 
 // The weight gradients as two small products, summed over n in order (deterministic):
@@ -640,7 +640,8 @@ struct EwArgs {
   FastDiv div_a, div_b;  // NCHW: div_a = L. NHWC: div_a = C, div_b = L * C (32-bit path only)
   bool reverse, streaming;
   bool straddle;  // NCHW with L not a multiple of VEC: a vector's elements may lie in two rows
-  int ew_blocks;
+  int ew_blocks;  // blocks of the elementwise pass (grid-stride)
+  int wg_blocks;  // Dx: blocks before them that compute the weight gradients (wgrad_tile_block)
   WgradTileArgs wg;
 };
 
@@ -676,12 +677,17 @@ __device__ __forceinline__ void channel_factors(const float* f, int64_t ch, floa
 
 template <typename T, int VEC, Layout LAY, Ew MODE, bool k64>
 __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
+  // Dx: the first wg_blocks blocks compute the weight gradients. They go first so
+  // that their latency-bound staging overlaps the elementwise blocks' streaming
+  // instead of trailing it (the block scheduler starts blocks in index order).
+  int64_t block = blockIdx.x;
   if constexpr (MODE == Ew::Dx) {
-    if (int(blockIdx.x) >= a.ew_blocks) {
+    if (block < a.wg_blocks) {
       grid_dependency_wait();
-      wgrad_tile_block(a.wg, int64_t(blockIdx.x) - a.ew_blocks);
+      wgrad_tile_block(a.wg, block);
       return;
     }
+    block -= a.wg_blocks;
   }
   const int64_t stride = int64_t(a.ew_blocks) * kThreads;
   const int64_t total = a.total_vec;
@@ -700,7 +706,7 @@ __global__ void __launch_bounds__(kThreads) channel_ew_kernel(EwArgs<T> a) {
       }
     }
   };
-  int64_t v0 = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  int64_t v0 = block * kThreads + threadIdx.x;
   load_batch(v0);
   grid_dependency_wait();
   while (v0 < total) {
@@ -778,7 +784,8 @@ cudaError_t launch_ew(const void* in, const float* s, const float* coef, float a
       int64_t blocks = a.ew_blocks;
       if (wg != nullptr) {
         a.wg = *wg;
-        blocks += wgrad_blocks(*wg);
+        a.wg_blocks = int(wgrad_blocks(*wg));
+        blocks += a.wg_blocks;
       }
       if (a.total_vec == 0) return cudaSuccess;
       KC_CUDA_TRY(check_grid(blocks));
