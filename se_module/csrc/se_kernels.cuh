@@ -187,7 +187,7 @@ struct ReduceArgs {
   float* part_gx;
   int tc;         // NHWC: vector columns per block tile
   int col_tiles;  // NHWC: tiles across C
-  int64_t reduce_blocks;  // blocks past these widen the parameters (cast)
+  int64_t reduce_blocks;  // the reduction's blocks, after the cast.blocks that widen the parameters
   ParamCast cast;
 };
 
@@ -201,17 +201,18 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_kernel(ReduceArgs<T> a) 
   static_assert(kSumX || kSumGX, "nothing to reduce");
   constexpr int NS = int(kSumX) + int(kSumGX);
   __shared__ float smem[32 * NS];
-  if (int64_t(blockIdx.x) >= a.reduce_blocks) return cast_params_block(a.cast, int(blockIdx.x - a.reduce_blocks));
+  if (int(blockIdx.x) < a.cast.blocks) return cast_params_block(a.cast, int(blockIdx.x));
+  const int64_t block = int64_t(blockIdx.x) - a.cast.blocks;
   grid_dependency_wait();
   launch_dependents();
   int64_t unit;
   int lane;
   if constexpr (TEAM == 32) {
-    unit = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+    unit = block * (kThreads / 32) + threadIdx.x / 32;
     lane = threadIdx.x & 31;
     if (unit >= a.n * a.c * a.splits) return;  // the whole warp leaves together
   } else {
-    unit = blockIdx.x;
+    unit = block;
     lane = threadIdx.x;
   }
   const int64_t row = unit / a.splits;
@@ -304,11 +305,12 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T
   constexpr int NS = int(kSumX) + int(kSumGX);
   extern __shared__ float4 tile4[];
   T* tile = reinterpret_cast<T*>(tile4);
-  if (int64_t(blockIdx.x) >= a.reduce_blocks) return cast_params_block(a.cast, int(blockIdx.x - a.reduce_blocks));
+  if (int(blockIdx.x) < a.cast.blocks) return cast_params_block(a.cast, int(blockIdx.x));
+  const int64_t block = int64_t(blockIdx.x) - a.cast.blocks;
   grid_dependency_wait();
   launch_dependents();
   const int64_t rows = a.n * a.c;
-  const int64_t row0 = int64_t(blockIdx.x) * rb;
+  const int64_t row0 = block * rb;
   const int nrows = int(min(int64_t(rb), rows - row0));
   const int64_t len = int64_t(nrows) * a.l;  // elements of this block's piece (a multiple of VEC: see the launcher)
   const int64_t base = row0 * a.l;
@@ -363,10 +365,11 @@ __global__ void __launch_bounds__(kThreads, kColsMinBlocks) reduce_cols_kernel(R
   static_assert(kSumX || kSumGX, "nothing to reduce");
   constexpr int NS = int(kSumX) + int(kSumGX);
   __shared__ float red[NS][kThreads * VEC];
-  if (int64_t(blockIdx.x) >= a.reduce_blocks) return cast_params_block(a.cast, int(blockIdx.x - a.reduce_blocks));
+  if (int(blockIdx.x) < a.cast.blocks) return cast_params_block(a.cast, int(blockIdx.x));
+  const int64_t block = int64_t(blockIdx.x) - a.cast.blocks;
   grid_dependency_wait();
   launch_dependents();
-  const int64_t b = blockIdx.x;
+  const int64_t b = block;
   const int tile = int(b % a.col_tiles);
   const int64_t rest = b / a.col_tiles;
   const int sp = int(rest % a.splits);
