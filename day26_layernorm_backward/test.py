@@ -204,19 +204,32 @@ def test_cuda_ring(stages, knob):
             run_and_check(x, w, b, dy, (cols,), version=5)
 
 
+# Row lengths per knob cluster value: 1 (no split, version 5) at every size; 2 and 4 only
+# where each CTA's share is over 4096 columns (the plan's own splits, the only split
+# kernels compiled: csrc/layernorm_knobs.h), up to shares of 16384 (16-bit, 4 vectors a
+# thread). Sizes without a split into whole 16-byte vectors, or whose share no kernel
+# holds (fp32 shares over 8192), fall back along version 6's chain.
+CLUSTER_COLS = {
+    "1": [64, 768, 1000, 4096, 12288, 16384],
+    "2": [8320, 12288, 16384, 24576],
+    "4": [16448, 32768, 65536],
+}
+CLUSTER_COLS_SANITIZE = {"1": [64, 1000, 4096], "2": [8320, 24576], "4": [16448]}
+
+
 @requires_cuda
 @pytest.mark.parametrize("cluster", ["1", "2", "4"])
 def test_cuda_ring_cluster(cluster, knob):
     """Version 6: the ring backward with each row split across a cluster of CTAs
     (knob cluster; 1: no split, version 5 runs; the row sums exchanged through
     distributed shared memory; the forward split too, next test), for shares of a
-    row from 16 columns to 8192, every dtype, fp32 or same-dtype weights, whole and
-    dx-only; with the grid capped at 8 blocks so every slot walks many rows (both
-    exchange buffers reused many times), and bitwise reproducible. Sizes a cluster
-    cannot split into whole 16-byte vectors use a smaller one (1000 fp32: 2)."""
+    row over 4096 columns (fp32: 4 vectors a thread; 16-bit: 2, and 4 over 8192), every
+    dtype, fp32 or same-dtype weights, whole and dx-only; with the grid capped at 8
+    blocks so every slot walks many rows (both exchange buffers reused many times), and
+    bitwise reproducible."""
     knob.set("cluster", cluster)
     knob.set("grid", "8")
-    for cols in ([64, 1000, 4096] if SANITIZE else [64, 768, 1000, 4096, 12288, 16384]):
+    for cols in (CLUSTER_COLS_SANITIZE if SANITIZE else CLUSTER_COLS)[cluster]:
         for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
             for wdtype in (("same",) if SANITIZE else ("same", torch.float32)):
                 x, w, b, dy = make(300 if cols < 4096 else 40, cols, dtype, "cuda", wdtype=wdtype)
@@ -239,15 +252,15 @@ def test_cuda_ring_cluster(cluster, knob):
 @pytest.mark.parametrize("version", [0, 6])
 def test_cuda_forward_cluster(cluster, version, knob):
     """The forward with each row split across a cluster of CTAs (version 6; auto's
-    choice for fp32 rows longer than 8192; knob cluster forces the split for
-    shorter ones, and for 16-bit rows under auto): each CTA's share reduced to
-    (mean, m2), the pairs exchanged through distributed shared memory and
-    combined in rank order. Shares from 16 columns to 16384, every dtype, fp32 or
-    same-dtype weights; the grid capped at 8 blocks so every slot walks many rows
+    choice for fp32 rows longer than 8192; knob cluster sets the CTAs, and splits
+    16-bit rows under auto too): each CTA's share reduced to (mean, m2), the pairs
+    exchanged through distributed shared memory and combined in rank order. Shares
+    over 4096 columns (the only split kernels compiled) to 16384, every dtype, fp32
+    or same-dtype weights; the grid capped at 8 blocks so every slot walks many rows
     (both exchange buffers reused many times); bitwise reproducible."""
     knob.set("cluster", cluster)
     knob.set("grid", "8")
-    for cols in ([64, 4096] if SANITIZE else [64, 1000, 4096, 12288, 16384, 32768]):
+    for cols in (CLUSTER_COLS_SANITIZE if SANITIZE else CLUSTER_COLS)[cluster]:
         for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
             for wdtype in ("same", torch.float32):
                 x, w, b, dy = make(300 if cols < 4096 else 40, cols, dtype, "cuda", wdtype=wdtype)
@@ -268,11 +281,14 @@ def test_cuda_forward_l2_prefetch(knob):
     rows over 8192 columns, fp32 shares of a cluster-split row) it also asks the
     copy engine to prefetch the row after next into L2 (knob l2_prefetch, default
     on). A hint must change nothing: against the reference, and bitwise against
-    the same kernels without it; the grid capped at 5 blocks so that every slot
-    walks many rows and the prefetch runs past the last one it may touch."""
+    the same kernels without it (16-bit rows, unsplit: the kernels without it are
+    sm_80's; split rows have none, test_cuda_knobs_without_kernels_are_refused);
+    the grid capped at 5 blocks so that every slot walks many rows and the
+    prefetch runs past the last one it may touch. The split rows' prefetch: the
+    cluster tests."""
     knob.set("grid", "5")
-    for cols in ([12288] if SANITIZE else [8200, 12288, 16384, 32768]):
-        for dtype in testing.FLOAT_DTYPES:
+    for cols in ([12288] if SANITIZE else [8200, 12288, 16384]):
+        for dtype in (torch.float16, torch.bfloat16):
             x, w, b, dy = make(61, cols, dtype, "cuda")
             out = {}
             for l2pf in ("1", "0"):
@@ -284,6 +300,27 @@ def test_cuda_forward_l2_prefetch(knob):
             testing.assert_close(mean, xd.mean(-1), atol=1e-5, rtol=1e-5, name="mean")
             for a, c in zip(out["1"], out["0"]):
                 assert torch.equal(a, c), "the L2 prefetch changed the forward's output"
+
+
+@requires_cuda
+def test_cuda_knobs_without_kernels_are_refused(knob):
+    """Knob values that would reach a kernel that is not compiled are an error, not a quiet
+    fallback (csrc/layernorm_knobs.h): cluster 2 or 4 with shares of at most 4096
+    columns; l2_prefetch=0 with a forward row that may be split."""
+    x, w, b, dy = make(8, 4096, torch.float32, "cuda")
+    _, mean, rstd = layer_norm_forward(x, 4096, w, b)
+    knob.set("cluster", "2")
+    with pytest.raises(RuntimeError, match="knob cluster=2 would split rows of 4096 columns into shares of 2048"):
+        layer_norm_forward(x, 4096, w, b)
+    with pytest.raises(RuntimeError, match="knob cluster=2"):
+        layer_norm_backward(dy, x, 4096, mean, rstd, w, version=6)
+    knob.set("cluster", "-1")
+    x, w, b, dy = make(8, 12288, torch.float32, "cuda")
+    _, mean, rstd = layer_norm_forward(x, 12288, w, b)
+    knob.set("l2_prefetch", "0")
+    with pytest.raises(RuntimeError, match="knob l2_prefetch=0"):
+        layer_norm_forward(x, 12288, w, b, version=3)  # whatever the version
+    layer_norm_backward(dy, x, 12288, mean, rstd, w)  # the knob concerns the forward only
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -352,6 +389,30 @@ def test_fp32_weights_with_low_precision_input(device, dtype):
     x, w, b, dy = make(5, 768, dtype, device, wdtype=torch.float32)
     y, dx, dw, db = run_and_check(x, w, b, dy, (768,))
     assert y.dtype == dtype and dw.dtype == torch.float32 and db.dtype == torch.float32
+
+
+@requires_cuda
+@pytest.mark.parametrize("wdtype", ["same", torch.float32])
+@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+def test_cuda_weight_dtype_and_dx_only(dtype, wdtype):
+    """Kernels that take the weight dtype, or whether to keep the column sums, at run time
+    (version 4, the ring at up to 16 columns a thread, version 3, version 2's warp rows):
+    both weight dtypes against the reference, and dx alone equal to the whole backward's
+    up to a few roundings. Aligned and offset (no 16-byte vectors) inputs."""
+    if dtype == torch.float32 and wdtype != "same":
+        pytest.skip("fp32 inputs take fp32 weights")
+    for cols in [256, 768, 4096]:
+        for offset in (False, True):
+            for v in (2, 3, 4, 5, 6):
+                x, w, b, dy = make(40, cols, dtype, "cuda", wdtype=wdtype)
+                if offset:
+                    x, w, b, dy = (testing.offset_view(t) for t in (x, w, b, dy))
+                _, dx, _, _ = run_and_check(x, w, b, dy, (cols,), version=v)
+                _, mean, rstd = layer_norm_forward(x, cols, w, b, version=v)
+                dx_only, _, _ = layer_norm_backward(dy, x, cols, mean, rstd, w, (True, False, False), version=v)
+                ulp = torch.finfo(dtype).eps
+                torch.testing.assert_close(dx_only.float(), dx.float(), rtol=2 * ulp,
+                                           atol=8 * ulp * dx.abs().max().item())
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -53,7 +53,15 @@ auto ln_typed(kc::DType dt, kc::DType wdt, F&& f) {
   });
 }
 
-// Tensor arguments of every backward kernel, typed.
+// f(T{}) for the input dtype T: kernels whose weight dtype is a run-time value
+// (TW = void below), one instantiation for both weight dtypes.
+template <typename F>
+auto ln_input_typed(kc::DType dt, F&& f) {
+  return KC_DTYPE_SWITCH(dt, T, [&] { return f(T{}); });
+}
+
+// Tensor arguments of every backward kernel, typed (TW = void: a weight pointer
+// whose dtype, T or fp32, the kernel gets as a run-time flag).
 template <typename T, typename TW>
 struct BwdPtrs {
   const T* dy;
@@ -82,7 +90,10 @@ cudaError_t launch_bwd_main(void (*kernel)(KArgs...), const LnBackwardArgs& a, c
 // ------------------------------------------------------- device helpers
 // 2 and 3:
 // pass 1 of a row: the row sums of g = dy * w and g * xhat; per column dy * xhat
-// and dy into pw/pb. pass 2: dx = rstd * (g - a - xhat * b).
+// and dy into pw/pb. pass 2: dx = rstd * (g - a - xhat * b). Version 2 reads the
+// weights from w at column c; version 3 (the _wv forms) gets them in fp32, wv.
+// (Version 2's forms keep their own loops: written as a call of the _wv forms,
+// ptxas scheduled some of its kernels differently.)
 template <typename T, typename TW, int VEC>
 __device__ __forceinline__ void bwd_pass1(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv, const TW* w,
                                           int64_t c, float mu, float rs, float (&sums)[2], float (&pw)[VEC],
@@ -113,6 +124,49 @@ __device__ __forceinline__ void bwd_pass2(const kc::Vec<T, VEC>& xv, const kc::V
     out[j] = rs * (g - a - xhat * b);
   }
   store_from_f32<T, VEC>(dxr + c, out);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void bwd_pass1_wv(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv,
+                                             const float (&wv)[VEC], float mu, float rs, float (&sums)[2],
+                                             float (&pw)[VEC], float (&pb)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+    const float d = kc::to_float(dv.v[j]);
+    const float g = d * wv[j];
+    sums[0] += g;
+    sums[1] += g * xhat;
+    pw[j] = d * xhat;
+    pb[j] = d;
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void bwd_pass2_wv(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv,
+                                             const float (&wv)[VEC], int64_t c, float mu, float rs, float a, float b,
+                                             T* dxr) {
+  float out[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
+    const float g = kc::to_float(dv.v[j]) * wv[j];
+    out[j] = rs * (g - a - xhat * b);
+  }
+  store_from_f32<T, VEC>(dxr + c, out);
+}
+
+// VEC weights at column c as fp32 (1 where w is null), their dtype a run-time
+// flag (fp32 when w_f32, else T): one uniform branch per vector. Version 3 only,
+// which reads the weights with every row; its speed is not the plan's (the plan
+// never picks it), and one instantiation then serves both weight dtypes.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_param_any(const void* w, bool w_f32, int64_t c, float (&out)[VEC]) {
+  if (std::is_same<T, float>::value || w_f32) {
+    load_param<float, VEC>(static_cast<const float*>(w), c, 1.f, out);
+  } else {
+    load_param<T, VEC>(static_cast<const T*>(w), c, 1.f, out);
+  }
 }
 
 // 3, 4, 5, 6:
@@ -185,6 +239,44 @@ __device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], f
 }
 
 // 4, 5, 6:
+// A thread's weights read once, into fp32 registers, for all of its rows (v4;
+// the ring where a thread owns at most 16 columns): the weight dtype (fp32 when
+// w_f32, else T) is then a run-time value, one uniform branch here at kernel
+// start, and one instantiation serves both weight dtypes. (Kernels that read the
+// weights in every row keep the dtype a template argument: a branch there
+// compiled both dtypes' row loops into one kernel, with more registers and a
+// slower forward; docs/log.md, 2026-11-25.) Vector it of the thread covers columns
+// col0 + (it * tpr + t) * VEC ...; those at or past D get 0, a null w weight 1.
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void load_weights_once(float (&wf)[ITERS][VEC], const void* w, bool w_f32, int64_t col0,
+                                                  int64_t D, int tpr, int t) {
+  auto load = [&](auto tw) {
+    using TW = decltype(tw);
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int64_t c = (int64_t(it) * tpr + t) * VEC;
+      if (c < D) {
+        load_param<TW, VEC>(static_cast<const TW*>(w), col0 + c, 1.f, wf[it]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) wf[it][j] = 0.f;
+      }
+    }
+  };
+  if (std::is_same<T, float>::value || w_f32) {
+    load(float{});
+  } else {
+    load(T{});
+  }
+}
+
+// The ring keeps a thread's weights in registers where it owns at most
+// kRingWRegCols columns (ITERS vectors of 16 bytes' worth of T); else it reads
+// them with every row.
+constexpr int kRingWRegCols = 16;
+template <typename T, int ITERS>
+constexpr bool kRingWReg = ITERS * kc::max_vec_elems<T>() <= kRingWRegCols;
+
 // One vector of a row in v4 and the ring (weights wv in fp32). Each 16-byte
 // vector of x and dy is converted to fp32 once (kc::vec_to_float: a 16-bit pair
 // is one 32-bit word). Pass 1: the row sums of g = dy * w and g * xhat into sums,

@@ -25,7 +25,10 @@ namespace {
 // Pass 1 and pass 2 read the row from the ring. A stage is refilled (with the row
 // `stages` rows later) once the slot's reduction barrier of the next row shows
 // every thread past its last read of it. The weights of a thread's columns stay
-// in registers when it owns at most 16 columns (else they are read with each row).
+// in registers when it owns at most 16 columns (kRingWReg; else they are read with
+// each row): those kernels are compiled once for both weight dtypes (TW = void,
+// the dtype a run-time flag w_f32 read once at kernel start: load_weights_once),
+// the others per weight dtype (TW; w_f32 unused).
 //
 // kCluster: a row is split across the CTAs of a cluster (kc/cluster.cuh): CTA
 // rank r of a cluster owns columns [r * Dc, (r + 1) * Dc) of every row, and slot
@@ -46,7 +49,8 @@ namespace {
 // The partial row of a cluster is written by its CTAs, each its own columns.
 //
 // Assumptions (launcher): sm_90+; VEC = 16 bytes of T, every pointer and Dc allow
-// it (so a row share is a multiple of 16 bytes); D = cluster size * Dc; blockDim.x
+// it (so a row share is a multiple of 16 bytes); D = cluster size * Dc (kCluster:
+// Dc over kClusterMinShare columns, kClusterIters' shares); blockDim.x
 // = slots * tpr, tpr a multiple of 32; 2 <= stages <= kRingMaxStages; dynamic
 // shared memory: slots * stages * 2 * span elements of T, span = tpr * ITERS *
 // VEC >= Dc (slot k's ring at k * stages * 2 * span; stage s: x at s * 2 * span,
@@ -60,9 +64,10 @@ template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster>
 __global__ void __launch_bounds__(kV4SmallThreads, kPartials ? 0 : 2)
 ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
             const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
-            float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages) {
+            float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages, bool w_f32) {
   constexpr int VEC = kc::max_vec_elems<T>();
-  constexpr bool kWReg = ITERS * VEC <= 16;  // the weights in registers too
+  constexpr bool kWReg = kRingWReg<T, ITERS>;  // the weights in registers too
+  static_assert(kWReg == std::is_void<TW>::value, "TW = void exactly where the weights sit in registers");
   extern __shared__ __align__(128) unsigned char ring_smem[];
   __shared__ float red[kV4MaxSlots][2 * 32 * 2];
   __shared__ uint64_t full[kV4MaxSlots][kRingMaxStages];  // per slot and stage: the row has landed
@@ -91,18 +96,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
 #pragma unroll
     for (int j = 0; j < VEC; ++j) accw[it][j] = accb[it][j] = 0.f;
   float wf[kWReg ? ITERS : 1][VEC];
-  if constexpr (kWReg) {
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int64_t c = (int64_t(it) * tpr + t) * VEC;
-      if (c < Dc) {
-        load_param<TW, VEC>(w, col0 + c, 1.f, wf[it]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) wf[it][j] = 0.f;
-      }
-    }
-  }
+  if constexpr (kWReg) load_weights_once<T, VEC, ITERS>(wf, w, w_f32, col0, Dc, tpr, t);
   auto weights = [&](int it, int64_t c, float (&wv)[VEC]) {
     if constexpr (kWReg) {
 #pragma unroll
@@ -222,17 +216,49 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
 
 template <typename T, typename TW>
 using RingKernel = void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t,
-                            int64_t, int, int);
+                            int64_t, int, int, bool);
 
-template <typename T, typename TW>
-RingKernel<T, TW> ring_kernel(const LnBwdPlan& p) {
-  return KC_BOOL_SWITCH(p.partials, kP, [&] {
-    return KC_BOOL_SWITCH(p.cluster > 1, kCl, [&] {
-      return with_iters<4>(p.iters, RingKernel<T, TW>(nullptr), [&](auto it) {
-        return RingKernel<T, TW>(ln_bwd_ring<T, TW, decltype(it)::value, kP, kCl>);
+// f(kernel) with plan p's instantiation for the dtypes of `a`, nullptr where
+// none is compiled: the weights in registers (kRingWReg) -> TW = void, one kernel
+// for both weight dtypes; else TW, the weights' dtype. kCluster only at the
+// ITERS that shares over kClusterMinShare columns have (kClusterIters: the
+// plan's own splits; the cluster knob is refused for smaller shares).
+template <typename F>
+auto with_ring_kernel(const LnBackwardArgs& a, const LnBwdPlan& p, F&& f) {
+  return ln_input_typed(a.dt, [&](auto t) {
+    using T = decltype(t);
+    return KC_BOOL_SWITCH(p.partials, kP, [&] {
+      return KC_BOOL_SWITCH(p.cluster > 1, kCl, [&] {
+        auto typed = [&](auto tw) {
+          using TW = decltype(tw);
+          using K = RingKernel<T, typename TW::type>;
+          return with_iters<4>(p.iters, K(nullptr), [&](auto it) {
+            constexpr int I = decltype(it)::value;
+            constexpr bool kCompiled = kRingWReg<T, I> == std::is_void<typename TW::type>::value &&
+                                       (!kCl || kClusterIters<T, I>);
+            if constexpr (kCompiled) return K(ln_bwd_ring<T, typename TW::type, I, kP, kCl>);
+            return K(nullptr);
+          });
+        };
+        if (p.iters * kc::max_vec_elems<T>() <= kRingWRegCols) return f(typed(std::common_type<void>{}));
+        if (a.wdt == kc::DType::F32) return f(typed(std::common_type<float>{}));
+        return f(typed(std::common_type<T>{}));
       });
     });
   });
+}
+
+// Launches plan p's kernel: a plain grid (version 5) or clusters of p.cluster CTAs.
+template <typename T, typename TW>
+cudaError_t launch_ring(RingKernel<T, TW> kernel, const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
+  const int64_t Dc = a.cols / p.cluster;
+  const bool w_f32 = a.wdt == kc::DType::F32;
+  if (p.cluster == 1 || !kernel || p.grid <= 0)
+    return launch_bwd_main<T, TW>(kernel, a, p, stream, Dc, p.tpr, p.stages, w_f32);
+  const BwdPtrs<T, TW> q(a);
+  return kc::launch_cluster(kernel, dim3(unsigned(p.grid)), dim3(unsigned(p.threads)), p.smem, stream,
+                            unsigned(p.cluster), q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows, a.cols, Dc,
+                            p.tpr, p.stages, w_f32);
 }
 
 // Stages of the ring: 3 (H200, runs 18-20: 4 within 1%, 6 (the most that fit)
@@ -257,8 +283,7 @@ bool bwd_plan_ring(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.tpr = cfg.tpr;
   const int knob = ln_knob(kKnobRingStages);
   p.stages = knob >= 2 && knob <= kRingMaxStages ? knob : kRingStages;
-  return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
-    const auto kernel = ring_kernel<decltype(t), decltype(tw)>(p);
+  return with_ring_kernel(a, p, [&](auto kernel) {
     if (!kernel) return false;
     const size_t row_bytes = 2 * size_t(p.tpr) * p.iters * V * elem;  // x and dy
     const V4Plan vp = v4_plan(kernel, p.tpr, kV4SmallThreads, a.rows, size_t(p.stages) * row_bytes, 0);
@@ -275,18 +300,7 @@ bool bwd_plan_ring(const LnBackwardArgs& a, LnBwdPlan& p) {
 }
 
 cudaError_t bwd_launch_ring(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
-  return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) -> cudaError_t {
-    using T = decltype(t);
-    using TW = decltype(tw);
-    const auto kernel = ring_kernel<T, TW>(p);
-    const int64_t Dc = a.cols / p.cluster;
-    if (p.cluster == 1 || !kernel || p.grid <= 0)
-      return launch_bwd_main<T, TW>(kernel, a, p, stream, Dc, p.tpr, p.stages);
-    const BwdPtrs<T, TW> q(a);
-    return kc::launch_cluster(kernel, dim3(unsigned(p.grid)), dim3(unsigned(p.threads)), p.smem, stream,
-                              unsigned(p.cluster), q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows, a.cols,
-                              Dc, p.tpr, p.stages);
-  });
+  return with_ring_kernel(a, p, [&](auto kernel) { return launch_ring(kernel, a, p, stream); });
 }
 
 }  // namespace day26

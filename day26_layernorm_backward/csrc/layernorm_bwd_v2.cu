@@ -23,7 +23,10 @@ namespace {
 // - dynamic shared memory: slots * 2 * D floats (accumulators), 16-byte aligned.
 // - VEC > 1 only when dy, x, dx, weight are VEC-aligned and D % VEC == 0.
 // - partial: [gridDim.x][2][D] fp32 (row 0: dweight partial, row 1: dbias), written
-//   fully when kPartials (every column, zeros for columns no row touched).
+//   fully when the kernel keeps partials (every column, zeros for columns no row
+//   touched): kPartials, and for the warp path (version 2 only: the plan runs
+//   version 4 for rows of up to 512 columns) partial not null, a run-time test,
+//   so that one warp kernel serves the whole backward and dx alone.
 template <int VEC>
 __device__ __forceinline__ void smem_accumulate(float* p, const float (&v)[VEC]) {
   if constexpr (VEC % 4 == 0) {
@@ -51,6 +54,8 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   static_assert(ITERS > 0 || VEC == 1, "ITERS = 0: the scalar loop");
   extern __shared__ __align__(16) float acc[];  // [slots][2][D]
   __shared__ float red[64];
+  // the warp path's kernels are compiled with kPartials only (v2_kernel)
+  const bool partials = kPartials && (!kWarp || partial != nullptr);
   kc::launch_dependents();  // see launch_finalize
   const int tpr = kWarp ? 32 : blockDim.x;
   const int t = kWarp ? (threadIdx.x & 31) : threadIdx.x;
@@ -58,7 +63,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   const int64_t slot = kWarp ? (threadIdx.x >> 5) : 0;
   const float inv_d = 1.f / float(D);
 
-  if (kPartials) {
+  if (partials) {
     for (int64_t i = threadIdx.x; i < slots * 2 * D; i += blockDim.x) acc[i] = 0.f;
     __syncthreads();
   }
@@ -83,7 +88,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       for (int64_t c = t; c < D; c += tpr) {
         float pw[1], pb[1];
         bwd_pass1<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, c, mu, rs, sums, pw, pb);
-        if (kPartials) {
+        if (partials) {
           smem_accumulate<1>(acc_w + c, pw);
           smem_accumulate<1>(acc_b + c, pb);
         }
@@ -105,7 +110,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
         if (c < D) {
           float pw[VEC], pb[VEC];
           bwd_pass1<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums, pw, pb);
-          if (kPartials) {
+          if (partials) {
             smem_accumulate<VEC>(acc_w + c, pw);
             smem_accumulate<VEC>(acc_b + c, pb);
           }
@@ -122,7 +127,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       }
     }
   }
-  if (kPartials) {
+  if (partials) {
     __syncthreads();
     // Sum the slots in a fixed order and write this block's partial row.
     float* out = partial + int64_t(blockIdx.x) * 2 * D;
@@ -141,17 +146,22 @@ using V2Kernel = void (*)(const T*, const T*, const float*, const float*, const 
 // The instantiation plan p names: 16-byte vectors, ITERS from the plan (warp
 // rows hold at most kMaxEptWarp elements a thread, block rows kMaxEpt:
 // v2_config's limits, nothing above them is instantiated); else the scalar
-// loop (ITERS = 0), whatever the plan's iters.
+// loop (ITERS = 0), whatever the plan's iters. Warp rows: the kPartials kernel
+// for dx alone too (partial null: the kernel tests it).
 template <typename T, typename TW>
 V2Kernel<T, TW> v2_kernel(const LnBwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
   return KC_BOOL_SWITCH(p.warp, kWarp, [&] {
-    return KC_BOOL_SWITCH(p.partials, kP, [&] {
-      if (p.vec != V) return V2Kernel<T, TW>(ln_bwd_v2<T, TW, 1, 0, kWarp, kP>);
-      constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / V;
-      return with_iters<kMax>(p.iters, V2Kernel<T, TW>(nullptr), [&](auto it) {
-        return V2Kernel<T, TW>(ln_bwd_v2<T, TW, V, decltype(it)::value, kWarp, kP>);
-      });
+    return KC_BOOL_SWITCH(p.partials || kWarp, kP, [&] {
+      if constexpr (kWarp && !kP) {
+        return V2Kernel<T, TW>(nullptr);  // not reached: warp rows take the kPartials kernel
+      } else {
+        if (p.vec != V) return V2Kernel<T, TW>(ln_bwd_v2<T, TW, 1, 0, kWarp, kP>);
+        constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / V;
+        return with_iters<kMax>(p.iters, V2Kernel<T, TW>(nullptr), [&](auto it) {
+          return V2Kernel<T, TW>(ln_bwd_v2<T, TW, V, decltype(it)::value, kWarp, kP>);
+        });
+      }
     });
   });
 }

@@ -5,6 +5,10 @@
 // longer leave shared memory to the accumulators, dy * xhat and dy per column
 // are summed in registers (each thread owns fixed columns). Block path with
 // 16-byte vectors and two stages that fit only; else version 2.
+// Selectable only (version=3; the plan never picks it), so compiled once per
+// input dtype and ITERS: the weight dtype is a run-time flag (one uniform branch
+// per weight vector, load_param_any) and the column sums are always kept and
+// written only when asked for (partial not null).
 #include "layernorm_bwd_common.cuh"
 
 #include "kc/async_copy.cuh"
@@ -16,12 +20,13 @@ namespace {
 
 // v3. Block path, VEC = 16 bytes of T, blockDim.x = threads per row <= kMaxTpr;
 // dynamic shared memory: stages * 2 * D elements of T ([stages][x | dy][D]);
-// partial: [gridDim.x][2][D] fp32 when kPartials (every column written).
-template <typename T, typename TW, int ITERS, bool kPartials>
+// w: fp32 when w_f32, else T (or null); partial: [gridDim.x][2][D] fp32 when not
+// null (every column written).
+template <typename T, int ITERS>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-          const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
-          float* __restrict__ partial, int64_t rows, int64_t D, int stages) {
+          const float* __restrict__ rstd, const void* __restrict__ w, T* __restrict__ dx,
+          float* __restrict__ partial, int64_t rows, int64_t D, int stages, bool w_f32) {
   constexpr int VEC = kc::max_vec_elems<T>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sbuf = reinterpret_cast<T*>(smem_raw);  // stage s: x at s * 2D, dy at s * 2D + D
@@ -63,15 +68,14 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     for (int it = 0; it < ITERS; ++it) {
       const int64_t c = (int64_t(it) * tpr + t) * VEC;
       if (c < D) {
-        float pw[VEC], pb[VEC];
-        bwd_pass1<T, TW, VEC>(*reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c),
-                              *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), w, c, mu, rs, sums, pw, pb);
-        if (kPartials) {
+        float wv[VEC], pw[VEC], pb[VEC];
+        load_param_any<T, VEC>(w, w_f32, c, wv);
+        bwd_pass1_wv<T, VEC>(*reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c),
+                             *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), wv, mu, rs, sums, pw, pb);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            accw[it][j] += pw[j];
-            accb[it][j] += pb[j];
-          }
+        for (int j = 0; j < VEC; ++j) {
+          accw[it][j] += pw[j];
+          accb[it][j] += pb[j];
         }
       }
     }
@@ -80,30 +84,30 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
-        if (c < D)
-          bwd_pass2<T, TW, VEC>(*reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c),
-                                *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), w, c, mu, rs, sums[0] * inv_d,
-                                sums[1] * inv_d, dx + row * D);
+        if (c < D) {
+          float wv[VEC];
+          load_param_any<T, VEC>(w, w_f32, c, wv);
+          bwd_pass2_wv<T, VEC>(*reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c),
+                               *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), wv, c, mu, rs, sums[0] * inv_d,
+                               sums[1] * inv_d, dx + row * D);
+        }
       }
     }
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
   kc::cp_async_wait(0);
-  if (kPartials) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, D, tpr, t);
+  if (partial) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, D, tpr, t);
 }
 
-template <typename T, typename TW>
-using V3Kernel = void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t,
-                          int);
+template <typename T>
+using V3Kernel = void (*)(const T*, const T*, const float*, const float*, const void*, T*, float*, int64_t, int64_t,
+                          int, bool);
 
-template <typename T, typename TW>
-V3Kernel<T, TW> v3_kernel(const LnBwdPlan& p) {
+template <typename T>
+V3Kernel<T> v3_kernel(const LnBwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
-  return KC_BOOL_SWITCH(p.partials, kP, [&] {
-    return with_iters<kMaxEpt / V>(p.iters, V3Kernel<T, TW>(nullptr), [&](auto it) {
-      return V3Kernel<T, TW>(ln_bwd_v3<T, TW, decltype(it)::value, kP>);
-    });
-  });
+  return with_iters<kMaxEpt / V>(p.iters, V3Kernel<T>(nullptr),
+                                 [&](auto it) { return V3Kernel<T>(ln_bwd_v3<T, decltype(it)::value>); });
 }
 
 }  // namespace
@@ -122,8 +126,8 @@ bool bwd_plan_v3(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.threads = cfg.threads;
   p.stages = stages;
   p.smem = size_t(stages) * 2 * size_t(a.cols) * elem;
-  return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
-    const auto kernel = v3_kernel<decltype(t), decltype(tw)>(p);
+  return ln_input_typed(a.dt, [&](auto t) {
+    const auto kernel = v3_kernel<decltype(t)>(p);
     if (!kernel || allow_dynamic_smem(kernel, p.smem) != cudaSuccess) return false;
     int per_sm = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, p.smem) != cudaSuccess) {
@@ -137,10 +141,9 @@ bool bwd_plan_v3(const LnBackwardArgs& a, LnBwdPlan& p) {
 }
 
 cudaError_t bwd_launch_v3(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
-  return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
+  return ln_input_typed(a.dt, [&](auto t) {
     using T = decltype(t);
-    using TW = decltype(tw);
-    return launch_bwd_main<T, TW>(v3_kernel<T, TW>(p), a, p, stream, p.stages);
+    return launch_bwd_main<T, void>(v3_kernel<T>(p), a, p, stream, p.stages, a.wdt == kc::DType::F32);
   });
 }
 

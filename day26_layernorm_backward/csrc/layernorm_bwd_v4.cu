@@ -21,15 +21,16 @@ namespace {
 // writes the block's partial row. With kPrefetch the next row's x, dy, mean and
 // rstd are loaded before the current row is reduced, so every slot keeps a row's
 // loads in flight while it computes. The weights of a thread's columns are read
-// once (fp32 registers) instead of once per row.
+// once (fp32 registers) instead of once per row, so their dtype is a run-time
+// flag (w_f32: fp32, else T; load_weights_once): one kernel for both.
 // Dynamic shared memory (kPartials): when slots > 1, (slots - 1) * tpr * ITERS * 2 * VEC
 // floats (the end-of-kernel slot sum).
 // partial: [gridDim.x][2][D] fp32 when kPartials (every column written).
-template <typename T, typename TW, int VEC, int ITERS, bool kPartials, bool kPrefetch>
+template <typename T, int VEC, int ITERS, bool kPartials, bool kPrefetch>
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-          const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
-          float* __restrict__ partial, int64_t rows, int64_t D, int tpr) {
+          const float* __restrict__ rstd, const void* __restrict__ w, T* __restrict__ dx,
+          float* __restrict__ partial, int64_t rows, int64_t D, int tpr, bool w_f32) {
   extern __shared__ __align__(16) float slot_acc[];
   __shared__ float red[kV4MaxSlots][2 * 32 * 2];
   kc::launch_dependents();  // see launch_finalize
@@ -44,16 +45,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     for (int j = 0; j < VEC; ++j) accw[it][j] = accb[it][j] = 0.f;
   // the weights of this thread's columns, as fp32, for every row
   float wf[ITERS][VEC];
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int64_t c = (int64_t(it) * tpr + t) * VEC;
-    if (c < D) {
-      load_param<TW, VEC>(w, c, 1.f, wf[it]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) wf[it][j] = 0.f;
-    }
-  }
+  load_weights_once<T, VEC, ITERS>(wf, w, w_f32, 0, D, tpr, t);
 
   const int64_t stride = int64_t(gridDim.x) * slots;
   int64_t row = int64_t(blockIdx.x) * slots + slot;
@@ -111,28 +103,28 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   }
 }
 
-template <typename T, typename TW>
-using V4Kernel = void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t,
-                          int);
+template <typename T>
+using V4Kernel = void (*)(const T*, const T*, const float*, const float*, const void*, T*, float*, int64_t, int64_t,
+                          int, bool);
 
 // The next row prefetched (kPrefetch) only where the plan asks for it: 16-bit
 // rows in 16-byte vectors of 512 to 1023 columns, hence 1 or 2 vectors a thread.
 template <typename T, int VEC, int ITERS>
 constexpr bool kV4PrefetchCompiled = sizeof(T) == 2 && VEC == kc::max_vec_elems<T>() && ITERS <= 2;
 
-template <typename T, typename TW>
-V4Kernel<T, TW> v4_kernel(const LnBwdPlan& p) {
+template <typename T>
+V4Kernel<T> v4_kernel(const LnBwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
   return KC_BOOL_SWITCH(p.partials, kP, [&] {
     if (p.vec != V)  // without 16-byte vectors: the one scalar instantiation (v4_config), no prefetch
-      return p.iters == kV4ScalarIters && !p.prefetch ? V4Kernel<T, TW>(ln_bwd_v4<T, TW, 1, kV4ScalarIters, kP, false>)
-                                                      : V4Kernel<T, TW>(nullptr);
-    return with_iters<4>(p.iters, V4Kernel<T, TW>(nullptr), [&](auto it) {
+      return p.iters == kV4ScalarIters && !p.prefetch ? V4Kernel<T>(ln_bwd_v4<T, 1, kV4ScalarIters, kP, false>)
+                                                      : V4Kernel<T>(nullptr);
+    return with_iters<4>(p.iters, V4Kernel<T>(nullptr), [&](auto it) {
       constexpr int I = decltype(it)::value;
       if constexpr (kV4PrefetchCompiled<T, V, I>) {
-        if (p.prefetch) return V4Kernel<T, TW>(ln_bwd_v4<T, TW, V, I, kP, true>);
+        if (p.prefetch) return V4Kernel<T>(ln_bwd_v4<T, V, I, kP, true>);
       }
-      return p.prefetch ? V4Kernel<T, TW>(nullptr) : V4Kernel<T, TW>(ln_bwd_v4<T, TW, V, I, kP, false>);
+      return p.prefetch ? V4Kernel<T>(nullptr) : V4Kernel<T>(ln_bwd_v4<T, V, I, kP, false>);
     });
   });
 }
@@ -151,8 +143,8 @@ bool bwd_plan_v4(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.iters = cfg.iters;
   p.tpr = cfg.tpr;
   p.prefetch = elem == 2 && p.vec == int(16 / elem) && a.cols >= 512 && a.cols < 1024;
-  return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
-    const auto kernel = v4_kernel<decltype(t), decltype(tw)>(p);
+  return ln_input_typed(a.dt, [&](auto t) {
+    const auto kernel = v4_kernel<decltype(t)>(p);
     if (!kernel) return false;
     const size_t per_thread = p.partials ? 2 * size_t(p.vec) * p.iters * sizeof(float) : 0;
     const V4Plan vp = v4_plan(kernel, p.tpr, kV4SmallThreads, a.rows, 0, per_thread);
@@ -166,10 +158,9 @@ bool bwd_plan_v4(const LnBackwardArgs& a, LnBwdPlan& p) {
 }
 
 cudaError_t bwd_launch_v4(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
-  return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
+  return ln_input_typed(a.dt, [&](auto t) {
     using T = decltype(t);
-    using TW = decltype(tw);
-    return launch_bwd_main<T, TW>(v4_kernel<T, TW>(p), a, p, stream, p.tpr);
+    return launch_bwd_main<T, void>(v4_kernel<T>(p), a, p, stream, p.tpr, a.wdt == kc::DType::F32);
   });
 }
 

@@ -377,9 +377,17 @@ constexpr int kRingMaxStages = 6;
 // into 4 no faster than into 2), in clusters of at most kRingMaxCluster; only
 // sizes whose share is a whole number of 16-byte vectors.
 // Knob kKnobCluster = 1, 2 or 4 overrides (1: no split; set, it splits 16-bit
-// forward rows too).
+// forward rows too), for shares over kClusterMinShare columns only
+// (layernorm_knobs.h: smaller shares have no kernel, and the glue refuses them).
 constexpr int kRingMaxCluster = 4;
 constexpr int64_t kRingCtaCols = 8192;
+static_assert(kClusterMinShare == kRingCtaCols / 2, "the plan's own splits leave each CTA over half its most");
+// The ITERS (v4_config's, vectors a thread) of a share over kClusterMinShare
+// columns, the only ones the split kernels are compiled for: fp32 4 (1025-2048
+// vectors: more than 512 threads at 2), 16-bit 2 (513-1024 vectors, 16 elements a
+// thread) or, over 8192 columns, 4 (v4_config's long rows).
+template <typename T, int ITERS>
+constexpr bool kClusterIters = sizeof(T) == 4 ? ITERS == 4 : ITERS >= 2;
 // kKnobCluster's value when it is 1, 2 or 4; else 0 (not set).
 inline int ring_cluster_env() {
   const int v = ln_knob(kKnobCluster);

@@ -21,6 +21,18 @@ const void* ptr_or_null(const c10::optional<at::Tensor>& t) {
   return t.has_value() && t->defined() ? t->data_ptr() : nullptr;
 }
 
+// Knob values that reach no compiled kernel (layernorm_knobs.h): an error, not a
+// quiet fallback to another family.
+void check_knobs(int64_t cols, bool fp32, bool forward) {
+  const int c = ln_knob(kKnobCluster);
+  TORCH_CHECK(!ln_cluster_knob_refused(cols), "day26: knob cluster=", c, " would split rows of ", cols,
+              " columns into shares of ", cols / (c > 0 ? c : 1), "; split kernels are compiled only for shares of over ",
+              kClusterMinShare, " columns (version 6's own splits)");
+  TORCH_CHECK(!forward || !ln_l2_prefetch_knob_refused(cols, fp32),
+              "day26: knob l2_prefetch=0 with forward rows that may be split across a cluster (fp32 over 8192 "
+              "columns, or knob cluster set): the split forward is compiled with the L2 prefetch only");
+}
+
 c10::optional<at::Tensor> contiguous_or_none(const c10::optional<at::Tensor>& t) {
   if (t.has_value() && t->defined()) return t->contiguous();
   return c10::nullopt;
@@ -32,6 +44,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
                                                                    double eps, int64_t version) {
   const LnShape s = ln_check_inputs(x_, nshape, weight_, bias_, /*allow_f64=*/false, version);  // devices too
   TORCH_CHECK(x_.is_cuda(), "layer_norm: input must be a CUDA tensor here");
+  check_knobs(s.cols, x_.scalar_type() == at::kFloat, /*forward=*/true);
   const at::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous();
   const auto weight = contiguous_or_none(weight_), bias = contiguous_or_none(bias_);
@@ -68,6 +81,7 @@ LnShape check_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArray
                        const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, int64_t version) {
   const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight_, /*allow_f64=*/false, version);
   TORCH_CHECK(x_.is_cuda(), "layer_norm backward: input must be a CUDA tensor here");
+  check_knobs(s.cols, x_.scalar_type() == at::kFloat, /*forward=*/false);
   return s;
 }
 

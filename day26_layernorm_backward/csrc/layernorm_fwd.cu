@@ -424,8 +424,12 @@ struct FwdPlan {
 template <typename T, typename TW>
 using FwdV4Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, int64_t, float, int);
 
-// The v4 instantiation of a plan. kL2pf only where a thread holds 4 full
-// vectors and prefetches the next row (kPrefetch: 16-bit or split rows).
+// The v4 instantiation of a plan (nullptr: none compiled). kL2pf only where a
+// thread holds 4 full vectors and prefetches the next row (kPrefetch: 16-bit or
+// split rows). Split rows (kCluster) only at the ITERS of shares over
+// kClusterMinShare columns (kClusterIters: the plan's own splits), and at 4
+// vectors a thread only with the L2 prefetch (on wherever a cluster can run: sm_90);
+// the knobs that would reach others are refused (layernorm_knobs.h).
 template <typename T, typename TW>
 FwdV4Kernel<T, TW> fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf) {
   constexpr int V = kc::max_vec_elems<T>();
@@ -436,9 +440,15 @@ FwdV4Kernel<T, TW> fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf) {
     constexpr int I = decltype(it)::value;
     return KC_BOOL_SWITCH(cluster, kCl, [&] {
       constexpr bool kL2able = I == 4 && (sizeof(T) == 2 || kCl);
-      if constexpr (kL2able)
-        if (l2pf) return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, true>);
-      return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, false>);
+      if constexpr (kCl && !kClusterIters<T, I>) {
+        return FwdV4Kernel<T, TW>(nullptr);
+      } else if constexpr (kCl && kL2able) {
+        return l2pf ? FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, true>) : FwdV4Kernel<T, TW>(nullptr);
+      } else {
+        if constexpr (kL2able)
+          if (l2pf) return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, true>);
+        return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, false>);
+      }
     });
   });
 }
