@@ -24,10 +24,12 @@ const void* ptr_or_null(const c10::optional<at::Tensor>& t) {
 // Knob values that reach no compiled kernel (layernorm_knobs.h): an error, not a
 // quiet fallback to another family.
 void check_knobs(int64_t cols, bool fp32, bool forward) {
-  const int c = ln_knob(kKnobCluster);
-  TORCH_CHECK(!ln_cluster_knob_refused(cols), "day26: knob cluster=", c, " would split rows of ", cols,
-              " columns into shares of ", cols / (c > 0 ? c : 1), "; split kernels are compiled only for shares of over ",
-              kClusterMinShare, " columns (version 6's own splits)");
+  if (ln_cluster_knob_refused(cols)) {
+    const int64_t ctas = ln_knob(kKnobCluster);  // 2 or 4 here
+    const int64_t share = cols / ctas, min_share = kClusterMinShare;
+    TORCH_CHECK(false, "day26: knob cluster=", ctas, " would split rows of ", cols, " columns into shares of ", share,
+                "; split kernels are compiled only for shares of over ", min_share, " columns (version 6's own splits)");
+  }
   TORCH_CHECK(!forward || !ln_l2_prefetch_knob_refused(cols, fp32),
               "day26: knob l2_prefetch=0 with forward rows that may be split across a cluster (fp32 over 8192 "
               "columns, or knob cluster set): the split forward is compiled with the L2 prefetch only");
