@@ -13,6 +13,7 @@
 #include <torch/library.h>
 #include <torch/python.h>
 
+#include "kc/torch_utils.h"
 #include "layernorm_knobs.h"
 #include "layernorm_autograd.h"
 
@@ -48,7 +49,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   // Private (tests, tools/): day26_layernorm.ops.knobs() is the way to use these.
   m.def("_set_knob", [](int knob, int value) {
-    TORCH_CHECK(knob >= 0 && knob < day26::kNumKnobs, "day26: no knob ", knob);
+    TORCH_CHECK(knob >= 0 && knob < day26::kNumKnobs, "day26: no knob ", kc::fmt(knob));
     day26::ln_knobs()[knob] = value;
   });
   m.def("_knob_names", [] {

@@ -24,11 +24,13 @@ const void* ptr_or_null(const c10::optional<at::Tensor>& t) {
 // Knob values that reach no compiled kernel (layernorm_knobs.h): an error, not a
 // quiet fallback to another family.
 void check_knobs(int64_t cols, bool fp32, bool forward) {
+  // numbers through kc::fmt (kc/torch_utils.h: streaming an integer from an extension
+  // crashes on the GPU image; this message did, 2026-11-25)
   if (ln_cluster_knob_refused(cols)) {
     const int64_t ctas = ln_knob(kKnobCluster);  // 2 or 4 here
-    const int64_t share = cols / ctas, min_share = kClusterMinShare;
-    TORCH_CHECK(false, "day26: knob cluster=", ctas, " would split rows of ", cols, " columns into shares of ", share,
-                "; split kernels are compiled only for shares of over ", min_share, " columns (version 6's own splits)");
+    TORCH_CHECK(false, "day26: knob cluster=", kc::fmt(ctas), " would split rows of ", kc::fmt(cols),
+                " columns into shares of ", kc::fmt(cols / ctas), "; split kernels are compiled only for shares of over ",
+                kc::fmt(kClusterMinShare), " columns (version 6's own splits)");
   }
   TORCH_CHECK(!forward || !ln_l2_prefetch_knob_refused(cols, fp32),
               "day26: knob l2_prefetch=0 with forward rows that may be split across a cluster (fp32 over 8192 "
