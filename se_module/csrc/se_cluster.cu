@@ -41,8 +41,8 @@
 // (g, dx) 16-byte aligned; NCHW: C * L * sizeof(T) a multiple of 16, shares made
 // of units of `unit` channels with unit * L * sizeof(T) a multiple of 16; NHWC:
 // C a multiple of VEC, units of VEC channels; N <= kClusterMaxN (CTAs of 256 threads)
-// or every cluster resident at once (512 or 1024 threads), and backward
-// C * S >= kClusterBwdMinCS (where it measured faster than version 4, below);
+// or, forward only, every cluster resident at once (512 or 1024 threads); backward
+// N <= kClusterMaxN and C * S >= kClusterBwdMinCS (where it measured faster than version 4, below);
 // K <= 16 and K <= the number of units; the parameters in fp32 or in
 // x's dtype; the share and the vectors within `smem` bytes. Blocks of 1024, 512
 // or 256 threads (the plan's: as many as one wave of the grid allows), grid (K, N),
@@ -83,7 +83,12 @@ constexpr int kMaxCluster = 16;
 //   (not an EfficientNet shape). bf16 (1, 2688, 12, 12) forward 35.3 / 34.9 us (v4) against
 //   20.7 / 19.9 (CTAs of 256 threads: 37 us in ncu on the H100, 8 warps an SM stalled on
 //   each phase in turn).
-// kClusterMaxN bounds N for CTAs of kThreads only (the 2026-11-24 data above).
+// - 2026-11-25, after version 4's channels_last reduction and weight gradients got faster
+//   (se_kernels.cuh): at the two N = 128 EfficientNet rows whose clusters fit at once, bf16
+//   channels_last forward + backward ran 0.95 / 0.97x v4 on the H100 and 0.96 / 0.98x on
+//   the H200 (bench.py --only effnet), the forward 0.97-1.02x: the backward's v5 is kept
+//   to N <= kClusterMaxN again.
+// kClusterMaxN bounds N for CTAs of kThreads, and for the backward at any CTA size.
 constexpr int64_t kClusterMaxN = 16;
 constexpr int64_t kClusterBwdMinCS = 16384;
 // Shared memory a CTA may take: four CTAs of kThreads (and their 1 KB reserve each)
@@ -480,7 +485,7 @@ int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t
 bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
                   int nptrs, const LaunchOpts& o, ClusterPlan* plan) {
   if (!o.cluster || d.n < 1 || d.c < 1 || d.l < 1) return false;
-  if (backward && d.c * S < kClusterBwdMinCS) return false;
+  if (backward && (d.c * S < kClusterBwdMinCS || d.n > kClusterMaxN)) return false;
   if (wdt != kc::DType::F32 && wdt != dt) return false;  // instantiated for fp32 parameters or x's dtype
   for (int i = 0; i < nptrs; ++i)
     if (!kc::is_aligned(ptrs[i], 16)) return false;
