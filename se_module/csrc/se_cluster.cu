@@ -40,9 +40,8 @@
 // Assumptions (cluster_plan checks them, else versions 1-4 run): sm_90; x, out
 // (g, dx) 16-byte aligned; NCHW: C * L * sizeof(T) a multiple of 16, shares made
 // of units of `unit` channels with unit * L * sizeof(T) a multiple of 16; NHWC:
-// C a multiple of VEC, units of VEC channels; N <= kClusterMaxN (CTAs of 256 threads)
-// or, forward only, every cluster resident at once (512 or 1024 threads); backward
-// N <= kClusterMaxN and C * S >= kClusterBwdMinCS (where it measured faster than version 4, below);
+// C a multiple of VEC, units of VEC channels; N <= kClusterMaxN, and backward
+// C * S >= kClusterBwdMinCS (where it measured faster than version 4, below);
 // K <= 16 and K <= the number of units; the parameters in fp32 or in
 // x's dtype; the share and the vectors within `smem` bytes. Blocks of 1024, 512
 // or 256 threads (the plan's: as many as one wave of the grid allows), grid (K, N),
@@ -73,7 +72,7 @@ constexpr int kMaxCluster = 16;
 //   MLP, not the bytes, is most of v4's time): 1.05-1.51x but fp32 (16, 960, 12, 12) 0.98x;
 //   below that C * S, 0.75-1.2x.
 // - 2026-11-25, CTAs of 1024 / 512 threads where every cluster of the grid is resident at
-//   once (cluster_plan; then N may exceed 16), fc2 split over kParts threads a channel, the
+//   once (cluster_plan; then N could exceed 16, until the entry below), fc2 split over kParts threads a channel, the
 //   weights prefetched into L2 (results/*_2026-11-25_probe5.json, H100 / H200): N <= 16,
 //   90 rows: forward 0.92-1.92x / 0.94-1.98x (under 0.99x at 8 / 6 rows, 0.92-0.98x: fp32
 //   at C = 240 or 336, and (16, 2688, 12, 12) fp32 at 0.99x), forward + backward 0.92-1.44x /
@@ -84,11 +83,14 @@ constexpr int kMaxCluster = 16;
 //   20.7 / 19.9 (CTAs of 256 threads: 37 us in ncu on the H100, 8 warps an SM stalled on
 //   each phase in turn).
 // - 2026-11-25, after version 4's channels_last reduction and weight gradients got faster
-//   (se_kernels.cuh): at the two N = 128 EfficientNet rows whose clusters fit at once, bf16
-//   channels_last forward + backward ran 0.95 / 0.97x v4 on the H100 and 0.96 / 0.98x on
-//   the H200 (bench.py --only effnet), the forward 0.97-1.02x: the backward's v5 is kept
-//   to N <= kClusterMaxN again.
-// kClusterMaxN bounds N for CTAs of kThreads, and for the backward at any CTA size.
+//   (se_kernels.cuh; bench.py --only effnet, the v4 column): at the two N = 128 EfficientNet
+//   rows whose clusters fit at once, bf16 channels_last forward + backward ran 0.95 / 0.97x
+//   v4's speed on the H100 and 0.96 / 0.98x on the H200, the forward 0.97 / 1.01x on both;
+//   v5's forward followed by v4's backward was no faster (59.5 / 71.5 us against 59.2 / 71.4
+//   all-v5, H100). So v5 is taken at N <= kClusterMaxN only, as before the 512 / 1024-thread
+//   CTAs, which now serve small batches whose clusters all fit at once. (The one N = 32
+//   EfficientNet row v5 took, bf16 CL (32, 960, 12, 12), forward 1.03x v4 on the H100,
+//   1.01x on the H200, goes to v4 with it.)
 constexpr int64_t kClusterMaxN = 16;
 constexpr int64_t kClusterBwdMinCS = 16384;
 // Shared memory a CTA may take: four CTAs of kThreads (and their 1 KB reserve each)
@@ -485,7 +487,7 @@ int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t
 bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
                   int nptrs, const LaunchOpts& o, ClusterPlan* plan) {
   if (!o.cluster || d.n < 1 || d.c < 1 || d.l < 1) return false;
-  if (backward && (d.c * S < kClusterBwdMinCS || d.n > kClusterMaxN)) return false;
+  if (d.n > kClusterMaxN || (backward && d.c * S < kClusterBwdMinCS)) return false;
   if (wdt != kc::DType::F32 && wdt != dt) return false;  // instantiated for fp32 parameters or x's dtype
   for (int i = 0; i < nptrs; ++i)
     if (!kc::is_aligned(ptrs[i], 16)) return false;
@@ -523,7 +525,6 @@ bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool ba
       }
     if (k == 0) continue;
     if (threads == kThreads) {
-      if (d.n > kClusterMaxN) return false;
       while (2 * k <= kMaxCluster && 2 * k <= p.units && d.n * k < 2 * int64_t(o.num_sms)) k *= 2;
     } else {
       // every cluster resident at once: N clusters of k CTAs within the occupancy query's count
