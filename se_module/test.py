@@ -618,12 +618,12 @@ def test_cuda_pairs_versions(layout, pair):
                 close(a, r, 2e-5, f"{name} v{version} ({act}, {gate}, {shape})")
 
 # v5 (se_cluster.cu: a sample per thread-block cluster, its channels shared among the
-# cluster's CTAs in shared memory; sm_90; up to 16 samples in CTAs of 256 threads, more where
-# every cluster of 512- or 1024-thread CTAs is resident at once; the backward where C * S >=
-# 16384). Shapes: many channels over a small image, one sample (16 CTAs a sample), one unit
-# of channels (clusters of one CTA), S over the largest block size (1100, and C * S = 352000:
-# the backward too), odd H * W (NCHW shares of 4 or 8 channels), 33 samples (taken where the
-# clusters fit at once), and fp32 (2, 2688, 12, 12), whose share does not fit: version 4 runs it.
+# cluster's CTAs in shared memory; sm_90; up to 16 samples, in CTAs of 512 or 1024 threads
+# where every cluster is resident at once, else 256; the backward where C * S >= 16384).
+# Shapes: many channels over a small image, one sample (16 CTAs a sample), one unit of
+# channels (clusters of one CTA), S over the largest block size (1100, and C * S = 352000:
+# the backward too), odd H * W (NCHW shares of 4 or 8 channels), 33 samples (over 16: version 4
+# runs them), and fp32 (2, 2688, 12, 12), whose share does not fit: version 4 runs it.
 CLUSTER = [(3, 96, 20, 20, 24), (1, 1152, 7, 7, 48), (33, 240, 14, 14, 10), (4, 320, 5, 5, 1100),
            (16, 8, 4, 4, 2), (2, 2688, 12, 12, 112)]
 

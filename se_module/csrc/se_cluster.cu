@@ -86,9 +86,10 @@ constexpr int kMaxCluster = 16;
 //   (se_kernels.cuh; bench.py --only effnet, the v4 column): at the two N = 128 EfficientNet
 //   rows whose clusters fit at once, bf16 channels_last forward + backward ran 0.95 / 0.97x
 //   v4's speed on the H100 and 0.96 / 0.98x on the H200, the forward 0.97 / 1.01x on both;
-//   v5's forward followed by v4's backward was no faster (59.5 / 71.5 us against 59.2 / 71.4
-//   all-v5, H100). So v5 is taken at N <= kClusterMaxN only, as before the 512 / 1024-thread
-//   CTAs, which now serve small batches whose clusters all fit at once. (The one N = 32
+//   v5's forward followed by v4's backward at (128, 672, 7, 7), whose backward had been v5's
+//   (C * S = 18816), was no faster: 71.5 us against 71.4 (H100). So v5 is taken at
+//   N <= kClusterMaxN only, as before the 512 / 1024-thread CTAs, which now serve small
+//   batches whose clusters all fit at once. (The one N = 32
 //   EfficientNet row v5 took, bf16 CL (32, 960, 12, 12), forward 1.03x v4 on the H100,
 //   1.01x on the H200, goes to v4 with it.)
 constexpr int64_t kClusterMaxN = 16;
