@@ -416,17 +416,20 @@ __global__ void __launch_bounds__(kThreads) wgrad_tile_kernel(dev::WgradTileArgs
   dev::wgrad_tile_block(w, blockIdx.x);
 }
 
+// The attributes a launch (or an occupancy query) of the cluster kernel with clusters
+// of k CTAs and smem bytes of dynamic shared memory needs.
+template <typename T, typename TW, Layout LAY, bool kBwd>
+cudaError_t set_cluster_attributes(int k, size_t smem) {
+  const void* fn = reinterpret_cast<const void*>(se_cluster_kernel<T, TW, LAY, kBwd>);
+  if (k > 8) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  return cudaSuccess;
+}
+
 template <typename T, typename TW, Layout LAY, bool kBwd>
 cudaError_t launch_cluster_kernel(const ClusterArgs& a, const ClusterPlan& p, int64_t n, cudaStream_t stream) {
   auto kernel = se_cluster_kernel<T, TW, LAY, kBwd>;
-  if (p.k > 8) {
-    KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                     cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  }
-  if (p.smem > 48 * 1024) {
-    KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem)));
-  }
+  KC_CUDA_TRY((set_cluster_attributes<T, TW, LAY, kBwd>(p.k, p.smem)));
   return kc::launch_cluster(kernel, dim3(unsigned(p.k), unsigned(n)), dim3(unsigned(p.threads)), p.smem, stream,
                             unsigned(p.k), a);
 }
@@ -436,13 +439,8 @@ cudaError_t launch_cluster_kernel(const ClusterArgs& a, const ClusterPlan& p, in
 // (device, kernel, threads, k, smem) by kc::max_active_clusters_cached.
 template <typename T, typename TW, Layout LAY, bool kBwd>
 int cluster_capacity(int threads, int k, size_t smem) {
-  auto kernel = se_cluster_kernel<T, TW, LAY, kBwd>;
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  return kc::max_active_clusters_cached(kernel, threads, smem, unsigned(k), [&]() -> cudaError_t {
-    if (k > 8) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return cudaSuccess;
-  });
+  return kc::max_active_clusters_cached(se_cluster_kernel<T, TW, LAY, kBwd>, threads, smem, unsigned(k),
+                                        [&] { return set_cluster_attributes<T, TW, LAY, kBwd>(k, smem); });
 }
 
 ClusterArgs cluster_args(const Dims& d, int64_t S, Act act, Gate gate, const SeParams& w, const ClusterPlan& p) {

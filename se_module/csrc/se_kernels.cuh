@@ -99,18 +99,6 @@ __device__ __forceinline__ void load_f(const T* p, float (&f)[VEC]) {
   }
 }
 
-// VEC elements of T as they are in memory (one 16-byte load when VEC > 1), to convert when used
-template <int VEC, typename T>
-__device__ __forceinline__ kc::Vec<T, VEC> load_raw(const T* p) {
-  if constexpr (VEC == 1) {
-    kc::Vec<T, 1> v;
-    v.v[0] = p[0];
-    return v;
-  } else {
-    return kc::load_vec<VEC>(p);
-  }
-}
-
 // store VEC floats as T; streaming = evict-first (st.global.cs) for 16-byte vectors
 template <int VEC, typename T>
 __device__ __forceinline__ void store_f(T* p, const float (&f)[VEC], bool streaming) {
@@ -187,8 +175,7 @@ struct ReduceArgs {
   float* part_gx;
   int tc;         // NHWC: vector columns per block tile
   int col_tiles;  // NHWC: tiles across C
-  int64_t reduce_blocks;  // the reduction's blocks, after the cast.blocks that widen the parameters
-  ParamCast cast;
+  ParamCast cast;  // its blocks (cast.blocks) come first in the grid, then the reduction's
 };
 
 // NCHW: rows r = n * C + c, each L contiguous elements.
@@ -353,7 +340,7 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T
 // memory (kThreads * VEC floats per sum). kc::block_reduce_* reduce a whole
 // block to ONE value, which is not the shape of this reduction (one value per
 // column), so the column step is written out here.
-// Loads: kColsBatch(kSumGX) rows per thread in flight, held as raw vectors until
+// Loads: cols_batch(kSumGX) rows per thread in flight, held as raw vectors until
 // they are summed; at most 64 registers (kColsMinBlocks blocks of kThreads per SM).
 // H100, 2026-11-25: with 4 rows in flight and no register cap the bf16 kernels took
 // 70 / 116 registers (3 / 2 blocks per SM), and the plan's blocks each did about one
@@ -418,8 +405,8 @@ __global__ void __launch_bounds__(kThreads, kColsMinBlocks) reduce_cols_kernel(R
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (l + u * rows_par < l1) {
-          xr[u] = load_raw<VEC>(a.x + base + u * step);
-          if constexpr (kSumGX) gr[u] = load_raw<VEC>(a.g + base + u * step);
+          xr[u] = kc::load_vec<VEC>(a.x + base + u * step);
+          if constexpr (kSumGX) gr[u] = kc::load_vec<VEC>(a.g + base + u * step);
         }
       }
 #pragma unroll
@@ -484,11 +471,10 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
     const bool vec = kc::is_aligned(x, 16) && (g == nullptr || kc::is_aligned(g, 16)) &&
                      (gs_out == nullptr || kc::is_aligned(gs_out, 16)) && inner % MV == 0;
     ReduceArgs<T> a{static_cast<const T*>(x), static_cast<const T*>(g), s, static_cast<T*>(gs_out),
-                    d.n, d.c, d.l, p.splits, p.chunk, part_x, part_gx, 0, 0, 0, ParamCast{}};
+                    d.n, d.c, d.l, p.splits, p.chunk, part_x, part_gx, 0, 0, ParamCast{}};
     if (cast != nullptr) a.cast = *cast;
     // the grid: the reduction's blocks, then a.cast.blocks that widen the parameters
     auto grid = [&](int64_t reduce_blocks) {
-      a.reduce_blocks = reduce_blocks;
       const int64_t blocks = reduce_blocks + a.cast.blocks;
       return check_grid(blocks) == cudaSuccess ? unsigned(blocks) : 0u;
     };

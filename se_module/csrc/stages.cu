@@ -37,11 +37,12 @@ using dev::kThreads;
 
 ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms) {
   const int vec = dev::max_vec(dt);
-  // NCHW: aim for two full waves of threads (2048 resident threads per SM), but
-  // give each lane at least 4 vectors of work per split.
-  const int64_t target = int64_t(num_sms > 0 ? num_sms : 1) * 2048 * 2;
+  const int64_t sms = num_sms > 0 ? num_sms : 1;
   int64_t max_splits, want;
   if (d.layout == Layout::NCHW) {
+    // Aim for two full waves of threads (2048 resident threads per SM), but give
+    // each lane at least 4 vectors of work per split.
+    const int64_t target = sms * 2048 * 2;
     const int team = dev::nchw_team(d);
     max_splits = ceil_div(d.l, int64_t(team) * vec * 4);
     want = ceil_div(target, d.n * d.c * team);
@@ -54,7 +55,7 @@ ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms) {
     dev::nhwc_tiles(d.c, vec, &tc, &tiles);
     const int rows_par = kThreads / tc;
     max_splits = ceil_div(d.l, int64_t(rows_par) * 4);
-    want = int64_t(num_sms > 0 ? num_sms : 1) * dev::kColsMinBlocks / (d.n * tiles);
+    want = sms * dev::kColsMinBlocks / (d.n * tiles);
   }
   int64_t splits = want < max_splits ? want : max_splits;
   if (splits > 1024) splits = 1024;
