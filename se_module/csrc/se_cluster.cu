@@ -269,21 +269,22 @@ __device__ __forceinline__ void write_share(T* dst, const T* src_s, int64_t n, i
   }
 }
 
+// [p, p + bytes) asked into L2 by the copy engine, rounded out to 16 bytes (the copy's
+// unit), which stays inside the 16-byte chunks, so the pages, its bytes are in: a hint
+// that nothing waits for.
+__device__ __forceinline__ void prefetch_range(const void* p, int64_t bytes) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes) + 15) & ~uintptr_t(15);
+  kc::bulk_prefetch_l2(reinterpret_cast<const void*>(b), unsigned(e - b));
+}
+
 // The share's weights, w1[:, c0 : c0 + cc] (S rows of cc) and w2[c0 : c0 + cc, :] (cc * S
-// contiguous), asked into L2 by the copy engine: a hint that nothing waits for, so the
-// products' first loads hit L2 rather than DRAM. Each range is rounded out to 16 bytes
-// (the copy's unit), which stays inside the 16-byte chunks, so the pages, its bytes are in.
+// contiguous), on their way to L2, so the products' first loads hit L2 rather than DRAM.
 template <typename TW>
-__device__ __forceinline__ void prefetch_weights(const ClusterArgs& a, int64_t c0, int64_t cc) {
-  auto range = [](const TW* p, int64_t elems) {
-    const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
-    const uintptr_t e = (reinterpret_cast<uintptr_t>(p + elems) + 15) & ~uintptr_t(15);
-    kc::bulk_prefetch_l2(reinterpret_cast<const void*>(b), unsigned(e - b));
-  };
-  const TW* w1 = static_cast<const TW*>(a.w1);
-  const TW* w2 = static_cast<const TW*>(a.w2);
-  for (int64_t j = threadIdx.x; j < a.s; j += blockDim.x) range(w1 + j * a.c + c0, cc);
-  if (threadIdx.x == blockDim.x - 1) range(w2 + c0 * a.s, cc * a.s);
+__device__ __forceinline__ void prefetch_weights(const TW* w1, const TW* w2, int64_t C, int64_t S, int64_t c0,
+                                                 int64_t cc) {
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) prefetch_range(w1 + j * C + c0, cc * int64_t(sizeof(TW)));
+  if (threadIdx.x == blockDim.x - 1) prefetch_range(w2 + c0 * S, cc * S * int64_t(sizeof(TW)));
 }
 
 // The rank's share: channels [c0, c0 + cc).
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) se_cluster_kernel(Clust
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   // 0. the share's weights (w1[:, share], w2[share, :]) on their way to L2 while x is staged
-  prefetch_weights<TW>(a, c0, cc);
+  prefetch_weights(static_cast<const TW*>(a.w1), static_cast<const TW*>(a.w2), C, S, c0, cc);
   // 1. the share (and g's)
   stage_slab<T, LAY>(static_cast<const T*>(a.x), xs, n, c0, cc, a, div_vc);
   if constexpr (kBwd) stage_slab<T, LAY>(static_cast<const T*>(a.g), gs, n, c0, cc, a, div_vc);
@@ -481,6 +482,225 @@ int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t
   });
 }
 
+
+// ------------------------------------------------------------------ v6: the MLP in one cluster launch
+// Version 4 runs the MLP between the reduction and the elementwise pass as 2 (forward)
+// or 4 (backward) product kernels (se_fused.cu), each a chain of dependent loads that
+// fills the GPU for a few microseconds: at (128, 1152, 7, 7) bf16 channels_last they
+// took 39 of the block's 93 us (H100, tools/timeline.py, 2026-11-25), more than either
+// pass over x. Here the whole MLP of a tile of samples runs in one cluster of K CTAs,
+// one launch each way. CTA r owns the channels [r * cmax, (r + 1) * cmax) of every
+// sample of the tile:
+//   forward: 1. p = (1 / L) (sum of the reduction's splits) for its channels;
+//            2. fc1's partial over them: zp[t, j] = sum_{c in share} w1[j, c] p[t, c];
+//            3. cluster barrier; z1 = b1 + the K partials, read from the peers' shared
+//               memory in rank order (every CTA gets the same bits); a = act(z1);
+//            4. fc2 for its channels: s = gate(w2[c, :] . a + b2[c]) -> s [N, C].
+//   backward: the same with ds = sum_l g x staged beside p, then dz2 = gate'(z2) ds,
+//            fc2's transposed partial dap[t, j] = sum_{c in share} w2[c, j] dz2[t, c],
+//            a second barrier, dz1 = (sum of the dap partials) act'(z1), and
+//            coef = (w1[:, c] . dz1) / L for its channels; p, dz2 (its channels) and
+//            a, dz1 (rank 0) for the weight gradients, as version 4's kernels write them.
+// Every product is share_product's shape (kParts threads an output, loads batched),
+// applied to the tile's T samples at once: each weight is loaded once per tile. The
+// weights are fp32 (the caller's or the reduction's widened copies) and read from
+// L2 where used; fp32 caller weights are first asked into L2 while the reduction
+// drains (PDL). Sums have fixed orders: deterministic, and equal to version 4's
+// results to rounding only.
+constexpr int kMlpMaxCluster = 16;
+constexpr int64_t kMlpShare = 64;  // channels a CTA the plan aims at (K = C / 64, at most 16)
+constexpr int kMlpMaxTile = 8;     // samples a cluster
+
+struct MlpClusterArgs {
+  MlpIo io;
+  int64_t n, c, s;
+  int cmax;         // channels a CTA (the last one may have fewer)
+  float inv_l;
+  Act act;
+  Gate gate;
+  dev::FastDiv div_splits;
+};
+
+__host__ __device__ inline int64_t pad4f(int64_t n) { return (n + 3) & ~int64_t(3); }
+// floats of shared memory: p, ds, sv, dz [T][cmax]; zp, dap, z1, av, dz1 [T][S]
+__host__ __device__ inline int64_t mlp_smem_floats(int tile, int64_t cmax, int64_t s) {
+  return 4 * pad4f(tile * cmax) + 5 * pad4f(tile * s);
+}
+
+// out[t * ldo + j] = sum_{i < len} w(j, i) v[t * ldv + i] for j < outs and the T samples:
+// share_product with T accumulators, so each weight is loaded once for the tile.
+template <int T, typename W>
+__device__ __forceinline__ void tile_product(W w, const float* v, int64_t ldv, int64_t len, int64_t outs,
+                                             float* out, int64_t ldo) {
+  const int q = threadIdx.x % kParts;
+  for (int64_t j0 = 0; j0 < outs; j0 += blockDim.x / kParts) {
+    const int64_t j = j0 + threadIdx.x / kParts;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[t] = 0.f;
+    if (j < outs)
+      dev::batched_loop<8>(q, len, kParts, [&](int64_t i) { return w(j, i); }, [&](int64_t i, float wv) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[t] += wv * v[t * ldv + i];
+      });
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float d = acc[t];
+#pragma unroll
+      for (int off = kParts / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+      if (q == 0 && j < outs) out[t * ldo + j] = d;
+    }
+  }
+}
+
+template <int T, bool kBwd>
+__global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a) {
+  extern __shared__ float4 sm4[];
+  const MlpIo& io = a.io;
+  const int64_t C = a.c, S = a.s, cmax = a.cmax;
+  const int64_t pc = pad4f(T * cmax), ps = pad4f(T * S);
+  float* p = reinterpret_cast<float*>(sm4);  // [T][cmax] each
+  float* ds = p + pc;
+  float* sv = ds + pc;  // fc2's products, then (backward) coef's
+  float* dz = sv + pc;  // dz2
+  float* zp = dz + pc;  // [T][S] each
+  float* dap = zp + ps;
+  float* z1 = dap + ps;
+  float* av = z1 + ps;
+  float* dz1 = av + ps;
+  const unsigned rank = kc::cluster_rank(), K = kc::cluster_size_x();
+  const int64_t c0 = int64_t(rank) * cmax, cc = min(cmax, C - c0);
+  const int64_t n0 = int64_t(blockIdx.y) * T;
+  const int nt = int(min(int64_t(T), a.n - n0));
+  const int tid = threadIdx.x, nthr = blockDim.x;
+
+  if (!io.params_late) prefetch_weights(io.w1, io.w2, C, S, c0, cc);  // the caller's: while the reduction drains
+  dev::grid_dependency_wait();
+  dev::launch_dependents();
+
+  // 1. p (and ds) of the tile's samples for the share: item e = (t, cl), each the sum of the
+  // splits in order; a thread's (item, split) pairs run split-fastest, 16 loads in flight.
+  const int splits = int(a.div_splits.d);
+  const int64_t items = T * cc;
+  const int64_t own = tid < items ? (items - 1 - tid) / nthr + 1 : 0;
+  float2 acc = make_float2(0.f, 0.f);
+  auto item_at = [&](int k, int& t, int64_t& cl) {
+    const int64_t e = tid + int64_t(k) * nthr;
+    t = int(e / cc);
+    cl = e - t * cc;
+  };
+  dev::batched_loop<16>(
+      0, own * splits, 1,
+      [&](int64_t f) {
+        const int k = int(a.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
+        int t;
+        int64_t cl;
+        item_at(k, t, cl);
+        float2 v = make_float2(0.f, 0.f);
+        if (t < nt) {
+          const int64_t at = ((n0 + t) * splits + sp) * C + c0 + cl;
+          v.x = io.part_x[at];
+          if constexpr (kBwd) v.y = io.part_gx[at];
+        }
+        return v;
+      },
+      [&](int64_t f, float2 v) {
+        const int k = int(a.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
+        acc.x = sp > 0 ? acc.x + v.x : v.x;
+        acc.y = sp > 0 ? acc.y + v.y : v.y;
+        if (sp == splits - 1) {
+          int t;
+          int64_t cl;
+          item_at(k, t, cl);
+          const float pv = acc.x * a.inv_l;
+          p[t * cmax + cl] = pv;
+          if constexpr (kBwd) {
+            ds[t * cmax + cl] = acc.y;
+            if (t < nt) io.p_out[(n0 + t) * C + c0 + cl] = pv;
+          }
+        }
+      });
+  __syncthreads();
+
+  // 2. fc1's partial over the share; 3. the cluster's partials in rank order, z1, a
+  const float* w1 = io.w1;
+  const float* w2 = io.w2;
+  tile_product<T>([&](int64_t j, int64_t cl) { return __ldg(w1 + j * C + c0 + cl); }, p, cmax, cc, S, zp, S);
+  kc::cluster_sync();
+  for (int64_t e = tid; e < T * S; e += nthr) {
+    const int64_t t = e / S, j = e - t * S;
+    float z = 0.f;
+    for (unsigned r = 0; r < K; ++r) z += kc::ld_cluster(kc::map_rank(zp + e, r));
+    z += io.b1[j];
+    z1[e] = z;
+    av[e] = dev::act_rt(a.act, z);
+    if (kBwd && rank == 0 && t < nt) io.a_out[(n0 + t) * S + j] = av[e];
+  }
+  if constexpr (!kBwd) kc::cluster_arrive();  // done reading the peers' zp (waited for before exit)
+  __syncthreads();
+
+  // 4. fc2 for the share, the gate (and its derivative against ds)
+  tile_product<T>([&](int64_t cl, int64_t j) { return __ldg(w2 + (c0 + cl) * S + j); }, av, S, S, cc, sv, cmax);
+  __syncthreads();
+  for (int64_t e = tid; e < T * cc; e += nthr) {
+    const int64_t t = e / cc, cl = e - t * cc, k = t * cmax + cl;
+    const float z2 = sv[k] + io.b2[c0 + cl];
+    const float s = dev::gate_f(a.gate, z2);
+    if (t < nt) io.s_out[(n0 + t) * C + c0 + cl] = s;
+    if constexpr (kBwd) {
+      const float d = dev::gate_bwd(a.gate, z2, s, ds[k]);
+      dz[k] = d;
+      if (t < nt) io.dz2_out[(n0 + t) * C + c0 + cl] = d;
+    }
+  }
+  if constexpr (!kBwd) {
+    kc::cluster_wait();  // no CTA leaves while a peer may still read its zp
+    return;
+  }
+  __syncthreads();
+
+  // 5. fc2's transposed partial; 6. the partials in rank order, dz1
+  tile_product<T>([&](int64_t j, int64_t cl) { return __ldg(w2 + (c0 + cl) * S + j); }, dz, cmax, cc, S, dap, S);
+  kc::cluster_sync();  // the dap partials are visible, and every peer has read zp
+  for (int64_t e = tid; e < T * S; e += nthr) {
+    const int64_t t = e / S, j = e - t * S;
+    float d = 0.f;
+    for (unsigned r = 0; r < K; ++r) d += kc::ld_cluster(kc::map_rank(dap + e, r));
+    const float g1 = d * dev::act_grad_rt(a.act, z1[e]);
+    dz1[e] = g1;
+    if (rank == 0 && t < nt) io.dz1_out[(n0 + t) * S + j] = g1;
+  }
+  kc::cluster_arrive();  // done reading the peers' dap
+  __syncthreads();
+
+  // 7. coef = (w1^T dz1) / L for the share
+  tile_product<T>([&](int64_t cl, int64_t j) { return __ldg(w1 + j * C + c0 + cl); }, dz1, S, S, cc, sv, cmax);
+  __syncthreads();
+  for (int64_t e = tid; e < T * cc; e += nthr) {
+    const int64_t t = e / cc, cl = e - t * cc;
+    if (t < nt) io.coef_out[(n0 + t) * C + c0 + cl] = sv[t * cmax + cl] * a.inv_l;
+  }
+  kc::cluster_wait();
+}
+
+template <int T, bool kBwd>
+cudaError_t set_mlp_attributes(int k, size_t smem) {
+  const void* fn = reinterpret_cast<const void*>(mlp_cluster_kernel<T, kBwd>);
+  if (k > 8) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  return cudaSuccess;
+}
+
+// f(std::integral_constant<int, T>{}) for the plan's tile T (1, 2, 4 or 8 samples)
+template <typename F>
+auto with_tile(int tile, F f) {
+  switch (tile) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
 }  // namespace
 
 bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
@@ -544,6 +764,57 @@ bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool ba
     return true;
   }
   return false;
+}
+
+
+bool mlp_cluster_plan(const Dims& d, int64_t S, bool backward, const LaunchOpts& o, MlpClusterPlan* plan) {
+  if (!o.mlp_cluster || d.n < 1 || d.c < 1 || S < 1) return false;
+  MlpClusterPlan p{};
+  const int64_t k0 = std::min<int64_t>(kMlpMaxCluster, ceil_div(d.c, kMlpShare));
+  p.cmax = int(ceil_div(d.c, k0));
+  p.k = int(ceil_div(d.c, p.cmax));  // every CTA has channels
+  // the fewest samples a tile with at most two CTAs an SM
+  p.tile = 1;
+  while (p.tile < kMlpMaxTile && ceil_div(d.n, p.tile) * p.k > 2 * int64_t(o.num_sms)) p.tile *= 2;
+  if (ceil_div(d.n, p.tile) > 65535) return false;
+  p.smem = size_t(mlp_smem_floats(p.tile, p.cmax, S)) * sizeof(float);
+  if (p.smem > size_t(o.max_smem)) return false;
+  const int fit = with_tile(p.tile, [&](auto tile) {
+    constexpr int T = decltype(tile)::value;
+    auto query = [&](auto kernel, auto prepare) {
+      return kc::max_active_clusters_cached(kernel, kThreads, p.smem, unsigned(p.k), prepare);
+    };
+    return backward ? query(mlp_cluster_kernel<T, true>, [&] { return set_mlp_attributes<T, true>(p.k, p.smem); })
+                    : query(mlp_cluster_kernel<T, false>, [&] { return set_mlp_attributes<T, false>(p.k, p.smem); });
+  });
+  if (fit < 1) return false;
+  *plan = p;
+  return true;
+}
+
+cudaError_t mlp_cluster(bool backward, const MlpIo& io, const Dims& d, int64_t S, Act act, Gate gate,
+                        const MlpClusterPlan& p, bool pdl, cudaStream_t stream) {
+  MlpClusterArgs a{};
+  a.io = io;
+  a.n = d.n, a.c = d.c, a.s = S;
+  a.cmax = p.cmax;
+  a.inv_l = 1.f / float(d.l);
+  a.act = act;
+  a.gate = gate;
+  a.div_splits = dev::FastDiv(uint32_t(io.splits));
+  const dim3 grid(unsigned(p.k), unsigned(ceil_div(d.n, p.tile)));
+  return with_tile(p.tile, [&](auto tile) -> cudaError_t {
+    constexpr int T = decltype(tile)::value;
+    auto go = [&](auto kernel) {
+      return kc::launch_cluster_pdl(kernel, grid, dim3(kThreads), p.smem, stream, unsigned(p.k), pdl, a);
+    };
+    if (backward) {
+      KC_CUDA_TRY((set_mlp_attributes<T, true>(p.k, p.smem)));
+      return go(mlp_cluster_kernel<T, true>);
+    }
+    KC_CUDA_TRY((set_mlp_attributes<T, false>(p.k, p.smem)));
+    return go(mlp_cluster_kernel<T, false>);
+  });
 }
 
 cudaError_t cluster_forward(const void* x, kc::DType dt, const Dims& d, int64_t S, Act act, Gate gate,
