@@ -278,6 +278,19 @@ __device__ __forceinline__ void prefetch_range(const void* p, int64_t bytes) {
   kc::bulk_prefetch_l2(reinterpret_cast<const void*>(b), unsigned(e - b));
 }
 
+// The sum over the cluster's K CTAs of the float at `local`'s place in each one's shared
+// memory, in rank order; all K loads issued before the first add.
+__device__ __forceinline__ float sum_peers(const float* local, unsigned K) {
+  float v[kMaxCluster];
+#pragma unroll
+  for (unsigned r = 0; r < kMaxCluster; ++r) v[r] = r < K ? kc::ld_cluster(kc::map_rank(local, r)) : 0.f;
+  float z = 0.f;
+#pragma unroll
+  for (unsigned r = 0; r < kMaxCluster; ++r)
+    if (r < K) z += v[r];
+  return z;
+}
+
 // The share's weights, w1[:, c0 : c0 + cc] (S rows of cc) and w2[c0 : c0 + cc, :] (cc * S
 // contiguous), on their way to L2, so the products' first loads hit L2 rather than DRAM.
 template <typename TW>
@@ -346,9 +359,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) se_cluster_kernel(Clust
   // 4. the cluster's partials, in rank order
   kc::cluster_sync();
   for (int64_t j = threadIdx.x; j < S; j += nt) {
-    float z = 0.f;
-    for (unsigned r = 0; r < K; ++r) z += kc::ld_cluster(kc::map_rank(zp + j, r));
-    z += kc::to_float(static_cast<const TW*>(a.b1)[j]);
+    const float z = sum_peers(zp + j, K) + kc::to_float(static_cast<const TW*>(a.b1)[j]);
     z1[j] = z;
     av[j] = dev::act_rt(a.act, z);
   }
@@ -383,9 +394,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) se_cluster_kernel(Clust
     share_product([&](int64_t j, int64_t cl) { return w2v(cl, j); }, dz, cc, S, dap);
     kc::cluster_sync();  // the dap partials are visible, and every peer has read zp
     for (int64_t j = threadIdx.x; j < S; j += nt) {
-      float d = 0.f;
-      for (unsigned r = 0; r < K; ++r) d += kc::ld_cluster(kc::map_rank(dap + j, r));
-      const float g1 = d * dev::act_grad_rt(a.act, z1[j]);
+      const float g1 = sum_peers(dap + j, K) * dev::act_grad_rt(a.act, z1[j]);
       dz1[j] = g1;
       if (rank == 0) {
         a.a_out[n * S + j] = av[j];
@@ -488,9 +497,11 @@ int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t
 // or 4 (backward) product kernels (se_fused.cu), each a chain of dependent loads that
 // fills the GPU for a few microseconds: at (128, 1152, 7, 7) bf16 channels_last they
 // took 39 of the block's 93 us (H100, tools/timeline.py, 2026-11-25), more than either
-// pass over x. Here the whole MLP of a tile of samples runs in one cluster of K CTAs,
-// one launch each way. CTA r owns the channels [r * cmax, (r + 1) * cmax) of every
-// sample of the tile:
+// pass over x. Here the whole MLP of a tile of T samples runs in one cluster of K CTAs,
+// one launch each way. CTA r owns the channels [r * cmax, r * cmax + cc) of every
+// sample of the tile and copies its share of the parameters (w1[:, share], w2[share, :],
+// b2[share], and b1) into shared memory, widening 16-bit ones, before it waits for the
+// reduction (PDL), so the products below read shared memory only:
 //   forward: 1. p = (1 / L) (sum of the reduction's splits) for its channels;
 //            2. fc1's partial over them: zp[t, j] = sum_{c in share} w1[j, c] p[t, c];
 //            3. cluster barrier; z1 = b1 + the K partials, read from the peers' shared
@@ -501,34 +512,62 @@ int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t
 //            a second barrier, dz1 = (sum of the dap partials) act'(z1), and
 //            coef = (w1[:, c] . dz1) / L for its channels; p, dz2 (its channels) and
 //            a, dz1 (rank 0) for the weight gradients, as version 4's kernels write them.
-// Every product is share_product's shape (kParts threads an output, loads batched),
-// applied to the tile's T samples at once: each weight is loaded once per tile. The
-// weights are fp32 (the caller's or the reduction's widened copies) and read from
-// L2 where used; fp32 caller weights are first asked into L2 while the reduction
-// drains (PDL). Sums have fixed orders: deterministic, and equal to version 4's
-// results to rounding only.
+// Each product is share_product's shape (kParts threads an output) with T accumulators.
+// Sums have fixed orders: deterministic, and equal to version 4's results to rounding.
 constexpr int kMlpMaxCluster = 16;
 constexpr int64_t kMlpShare = 64;  // channels a CTA the plan aims at (K = C / 64, at most 16)
 constexpr int kMlpMaxTile = 8;     // samples a cluster
 
 struct MlpClusterArgs {
   MlpIo io;
+  const void *w1, *b1, *w2, *b2;  // the caller's parameters, in wdt
+  kc::DType wdt;
   int64_t n, c, s;
   int cmax;         // channels a CTA (the last one may have fewer)
   float inv_l;
   Act act;
   Gate gate;
   dev::FastDiv div_splits;
+  dev::FastDiv div_s;
 };
 
 __host__ __device__ inline int64_t pad4f(int64_t n) { return (n + 3) & ~int64_t(3); }
-// floats of shared memory: p, ds, sv, dz [T][cmax]; zp, dap, z1, av, dz1 [T][S]
-__host__ __device__ inline int64_t mlp_smem_floats(int tile, int64_t cmax, int64_t s) {
-  return 4 * pad4f(tile * cmax) + 5 * pad4f(tile * s);
+// Row strides of the staged weights, the smallest >= the row with stride % 32 == 8: the
+// products' warps read 4 rows of 8 consecutive floats (distinct banks).
+__host__ __device__ inline int64_t mlp_ld(int64_t row) { return row + ((40 - row % 32) % 32); }
+
+// Offsets (floats) of the shared-memory pieces, the same on host and device.
+struct MlpSmem {
+  int64_t w1, w2, b1, b2, vec, tot;
+};
+__host__ __device__ inline MlpSmem mlp_smem(int tile, int64_t cmax, int64_t s) {
+  MlpSmem m{};
+  m.w1 = 0;                                   // [S][ld1]
+  m.w2 = m.w1 + s * mlp_ld(cmax);             // [cmax][ld2]
+  m.b1 = m.w2 + pad4f(cmax * mlp_ld(s));      // [S]
+  m.b2 = m.b1 + pad4f(s);                     // [cmax]
+  m.vec = m.b2 + pad4f(cmax);                 // p, ds, sv, dz [T][cmax]; zp, dap, z1, av, dz1 [T][S]
+  m.tot = m.vec + 4 * pad4f(tile * cmax) + 5 * pad4f(tile * s);
+  return m;
+}
+
+// dst[r * ld + i] = src[r * src_ld + i] for r < rows, i < len, widened to fp32 (8 loads in flight)
+template <typename TW>
+__device__ __forceinline__ void stage_rows(const TW* src, int64_t src_ld, int64_t rows, int64_t len,
+                                           float* dst, int64_t ld, const dev::FastDiv& div_len) {
+  dev::batched_loop<8>(threadIdx.x, rows * len, blockDim.x,
+                       [&](int64_t e) {
+                         const int64_t r = div_len.div(uint32_t(e));
+                         return src[r * src_ld + (e - r * len)];
+                       },
+                       [&](int64_t e, TW v) {
+                         const int64_t r = div_len.div(uint32_t(e));
+                         dst[r * ld + (e - r * len)] = kc::to_float(v);
+                       });
 }
 
 // out[t * ldo + j] = sum_{i < len} w(j, i) v[t * ldv + i] for j < outs and the T samples:
-// share_product with T accumulators, so each weight is loaded once for the tile.
+// share_product with T accumulators (w read once for the tile's samples).
 template <int T, typename W>
 __device__ __forceinline__ void tile_product(W w, const float* v, int64_t ldv, int64_t len, int64_t outs,
                                              float* out, int64_t ldo) {
@@ -538,11 +577,13 @@ __device__ __forceinline__ void tile_product(W w, const float* v, int64_t ldv, i
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[t] = 0.f;
-    if (j < outs)
-      dev::batched_loop<8>(q, len, kParts, [&](int64_t i) { return w(j, i); }, [&](int64_t i, float wv) {
+    if (j < outs) {
+      for (int64_t i = q; i < len; i += kParts) {
+        const float wv = w(j, i);
 #pragma unroll
         for (int t = 0; t < T; ++t) acc[t] += wv * v[t * ldv + i];
-      });
+      }
+    }
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       float d = acc[t];
@@ -556,10 +597,17 @@ __device__ __forceinline__ void tile_product(W w, const float* v, int64_t ldv, i
 template <int T, bool kBwd>
 __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a) {
   extern __shared__ float4 sm4[];
+  float* smem = reinterpret_cast<float*>(sm4);
   const MlpIo& io = a.io;
   const int64_t C = a.c, S = a.s, cmax = a.cmax;
+  const MlpSmem m = mlp_smem(T, cmax, S);
+  const int64_t ld1 = mlp_ld(cmax), ld2 = mlp_ld(S);
+  float* w1s = smem + m.w1;  // w1s[j * ld1 + cl] = w1[j, c0 + cl]
+  float* w2s = smem + m.w2;  // w2s[cl * ld2 + j] = w2[c0 + cl, j]
+  float* b1s = smem + m.b1;
+  float* b2s = smem + m.b2;
   const int64_t pc = pad4f(T * cmax), ps = pad4f(T * S);
-  float* p = reinterpret_cast<float*>(sm4);  // [T][cmax] each
+  float* p = smem + m.vec;  // [T][cmax] each
   float* ds = p + pc;
   float* sv = ds + pc;  // fc2's products, then (backward) coef's
   float* dz = sv + pc;  // dz2
@@ -574,7 +622,17 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   const int nt = int(min(int64_t(T), a.n - n0));
   const int tid = threadIdx.x, nthr = blockDim.x;
 
-  if (!io.params_late) prefetch_weights(io.w1, io.w2, C, S, c0, cc);  // the caller's: while the reduction drains
+  // 0. the share of the parameters: the caller's, which no earlier kernel writes, so
+  // this overlaps the reduction's tail
+  const dev::FastDiv div_cc{uint32_t(cc)};
+  KC_DTYPE_SWITCH(a.wdt, TW, [&] {
+    const TW* w1 = static_cast<const TW*>(a.w1);
+    const TW* w2 = static_cast<const TW*>(a.w2);
+    stage_rows(w1 + c0, C, S, cc, w1s, ld1, div_cc);
+    stage_rows(w2 + c0 * S, S, cc, S, w2s, ld2, a.div_s);
+    for (int64_t j = tid; j < S; j += nthr) b1s[j] = kc::to_float(static_cast<const TW*>(a.b1)[j]);
+    for (int64_t cl = tid; cl < cc; cl += nthr) b2s[cl] = kc::to_float(static_cast<const TW*>(a.b2)[c0 + cl]);
+  });
   dev::grid_dependency_wait();
   dev::launch_dependents();
 
@@ -584,18 +642,11 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   const int64_t items = T * cc;
   const int64_t own = tid < items ? (items - 1 - tid) / nthr + 1 : 0;
   float2 acc = make_float2(0.f, 0.f);
-  auto item_at = [&](int k, int& t, int64_t& cl) {
-    const int64_t e = tid + int64_t(k) * nthr;
-    t = int(e / cc);
-    cl = e - t * cc;
-  };
   dev::batched_loop<16>(
       0, own * splits, 1,
       [&](int64_t f) {
         const int k = int(a.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
-        int t;
-        int64_t cl;
-        item_at(k, t, cl);
+        const int64_t e = tid + int64_t(k) * nthr, t = div_cc.div(uint32_t(e)), cl = e - t * cc;
         float2 v = make_float2(0.f, 0.f);
         if (t < nt) {
           const int64_t at = ((n0 + t) * splits + sp) * C + c0 + cl;
@@ -609,9 +660,7 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
         acc.x = sp > 0 ? acc.x + v.x : v.x;
         acc.y = sp > 0 ? acc.y + v.y : v.y;
         if (sp == splits - 1) {
-          int t;
-          int64_t cl;
-          item_at(k, t, cl);
+          const int64_t e = tid + int64_t(k) * nthr, t = div_cc.div(uint32_t(e)), cl = e - t * cc;
           const float pv = acc.x * a.inv_l;
           p[t * cmax + cl] = pv;
           if constexpr (kBwd) {
@@ -623,15 +672,11 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   __syncthreads();
 
   // 2. fc1's partial over the share; 3. the cluster's partials in rank order, z1, a
-  const float* w1 = io.w1;
-  const float* w2 = io.w2;
-  tile_product<T>([&](int64_t j, int64_t cl) { return __ldg(w1 + j * C + c0 + cl); }, p, cmax, cc, S, zp, S);
+  tile_product<T>([&](int64_t j, int64_t cl) { return w1s[j * ld1 + cl]; }, p, cmax, cc, S, zp, S);
   kc::cluster_sync();
   for (int64_t e = tid; e < T * S; e += nthr) {
     const int64_t t = e / S, j = e - t * S;
-    float z = 0.f;
-    for (unsigned r = 0; r < K; ++r) z += kc::ld_cluster(kc::map_rank(zp + e, r));
-    z += io.b1[j];
+    const float z = sum_peers(zp + e, K) + b1s[j];
     z1[e] = z;
     av[e] = dev::act_rt(a.act, z);
     if (kBwd && rank == 0 && t < nt) io.a_out[(n0 + t) * S + j] = av[e];
@@ -640,11 +685,11 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   __syncthreads();
 
   // 4. fc2 for the share, the gate (and its derivative against ds)
-  tile_product<T>([&](int64_t cl, int64_t j) { return __ldg(w2 + (c0 + cl) * S + j); }, av, S, S, cc, sv, cmax);
+  tile_product<T>([&](int64_t cl, int64_t j) { return w2s[cl * ld2 + j]; }, av, S, S, cc, sv, cmax);
   __syncthreads();
   for (int64_t e = tid; e < T * cc; e += nthr) {
-    const int64_t t = e / cc, cl = e - t * cc, k = t * cmax + cl;
-    const float z2 = sv[k] + io.b2[c0 + cl];
+    const int64_t t = div_cc.div(uint32_t(e)), cl = e - t * cc, k = t * cmax + cl;
+    const float z2 = sv[k] + b2s[cl];
     const float s = dev::gate_f(a.gate, z2);
     if (t < nt) io.s_out[(n0 + t) * C + c0 + cl] = s;
     if constexpr (kBwd) {
@@ -660,13 +705,11 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   __syncthreads();
 
   // 5. fc2's transposed partial; 6. the partials in rank order, dz1
-  tile_product<T>([&](int64_t j, int64_t cl) { return __ldg(w2 + (c0 + cl) * S + j); }, dz, cmax, cc, S, dap, S);
+  tile_product<T>([&](int64_t j, int64_t cl) { return w2s[cl * ld2 + j]; }, dz, cmax, cc, S, dap, S);
   kc::cluster_sync();  // the dap partials are visible, and every peer has read zp
   for (int64_t e = tid; e < T * S; e += nthr) {
     const int64_t t = e / S, j = e - t * S;
-    float d = 0.f;
-    for (unsigned r = 0; r < K; ++r) d += kc::ld_cluster(kc::map_rank(dap + e, r));
-    const float g1 = d * dev::act_grad_rt(a.act, z1[e]);
+    const float g1 = sum_peers(dap + e, K) * dev::act_grad_rt(a.act, z1[e]);
     dz1[e] = g1;
     if (rank == 0 && t < nt) io.dz1_out[(n0 + t) * S + j] = g1;
   }
@@ -674,10 +717,10 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   __syncthreads();
 
   // 7. coef = (w1^T dz1) / L for the share
-  tile_product<T>([&](int64_t cl, int64_t j) { return __ldg(w1 + j * C + c0 + cl); }, dz1, S, S, cc, sv, cmax);
+  tile_product<T>([&](int64_t cl, int64_t j) { return w1s[j * ld1 + cl]; }, dz1, S, S, cc, sv, cmax);
   __syncthreads();
   for (int64_t e = tid; e < T * cc; e += nthr) {
-    const int64_t t = e / cc, cl = e - t * cc;
+    const int64_t t = div_cc.div(uint32_t(e)), cl = e - t * cc;
     if (t < nt) io.coef_out[(n0 + t) * C + c0 + cl] = sv[t * cmax + cl] * a.inv_l;
   }
   kc::cluster_wait();
@@ -701,6 +744,19 @@ auto with_tile(int tile, F f) {
     default: return f(std::integral_constant<int, 8>{});
   }
 }
+
+// clusters of k CTAs of the tile's kernel, smem bytes each, that fit on the device at once
+int mlp_capacity(int tile, bool backward, int k, size_t smem) {
+  return with_tile(tile, [&](auto t) {
+    constexpr int T = decltype(t)::value;
+    if (backward)
+      return kc::max_active_clusters_cached(mlp_cluster_kernel<T, true>, kThreads, smem, unsigned(k),
+                                            [&] { return set_mlp_attributes<T, true>(k, smem); });
+    return kc::max_active_clusters_cached(mlp_cluster_kernel<T, false>, kThreads, smem, unsigned(k),
+                                          [&] { return set_mlp_attributes<T, false>(k, smem); });
+  });
+}
+
 }  // namespace
 
 bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
@@ -773,35 +829,32 @@ bool mlp_cluster_plan(const Dims& d, int64_t S, bool backward, const LaunchOpts&
   const int64_t k0 = std::min<int64_t>(kMlpMaxCluster, ceil_div(d.c, kMlpShare));
   p.cmax = int(ceil_div(d.c, k0));
   p.k = int(ceil_div(d.c, p.cmax));  // every CTA has channels
-  // the fewest samples a tile with at most two CTAs an SM
-  p.tile = 1;
-  while (p.tile < kMlpMaxTile && ceil_div(d.n, p.tile) * p.k > 2 * int64_t(o.num_sms)) p.tile *= 2;
+  // the fewest samples a cluster with every cluster resident at once (else 8 and more waves)
+  for (p.tile = 1;; p.tile *= 2) {
+    p.smem = size_t(mlp_smem(p.tile, p.cmax, S).tot) * sizeof(float);
+    if (p.smem > size_t(o.max_smem)) return false;
+    const int fit = mlp_capacity(p.tile, backward, p.k, p.smem);
+    if (fit < 1) return false;
+    if (ceil_div(d.n, p.tile) <= fit || p.tile == kMlpMaxTile) break;
+  }
   if (ceil_div(d.n, p.tile) > 65535) return false;
-  p.smem = size_t(mlp_smem_floats(p.tile, p.cmax, S)) * sizeof(float);
-  if (p.smem > size_t(o.max_smem)) return false;
-  const int fit = with_tile(p.tile, [&](auto tile) {
-    constexpr int T = decltype(tile)::value;
-    auto query = [&](auto kernel, auto prepare) {
-      return kc::max_active_clusters_cached(kernel, kThreads, p.smem, unsigned(p.k), prepare);
-    };
-    return backward ? query(mlp_cluster_kernel<T, true>, [&] { return set_mlp_attributes<T, true>(p.k, p.smem); })
-                    : query(mlp_cluster_kernel<T, false>, [&] { return set_mlp_attributes<T, false>(p.k, p.smem); });
-  });
-  if (fit < 1) return false;
   *plan = p;
   return true;
 }
 
-cudaError_t mlp_cluster(bool backward, const MlpIo& io, const Dims& d, int64_t S, Act act, Gate gate,
-                        const MlpClusterPlan& p, bool pdl, cudaStream_t stream) {
+cudaError_t mlp_cluster(bool backward, const MlpIo& io, const SeParams& w, const Dims& d, int64_t S, Act act,
+                        Gate gate, const MlpClusterPlan& p, bool pdl, cudaStream_t stream) {
   MlpClusterArgs a{};
   a.io = io;
+  a.w1 = w.w1, a.b1 = w.b1, a.w2 = w.w2, a.b2 = w.b2;
+  a.wdt = w.dt;
   a.n = d.n, a.c = d.c, a.s = S;
   a.cmax = p.cmax;
   a.inv_l = 1.f / float(d.l);
   a.act = act;
   a.gate = gate;
   a.div_splits = dev::FastDiv(uint32_t(io.splits));
+  a.div_s = dev::FastDiv(uint32_t(S));
   const dim3 grid(unsigned(p.k), unsigned(ceil_div(d.n, p.tile)));
   return with_tile(p.tile, [&](auto tile) -> cudaError_t {
     constexpr int T = decltype(tile)::value;

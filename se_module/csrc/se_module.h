@@ -144,20 +144,19 @@ struct MlpClusterPlan {
   size_t smem = 0;  // dynamic shared memory a CTA, bytes
 };
 bool mlp_cluster_plan(const Dims& d, int64_t S, bool backward, const LaunchOpts& o, MlpClusterPlan* plan);
-// The MLP's inputs and outputs, all fp32: the reduction's partials [N, splits, C] (sum x;
-// backward also sum g x), the parameters, and the per-sample vectors the elementwise
-// pass and the weight gradients read (s, coef = dp / L, p, dz2 [N, C]; a, dz1 [N, S]).
+// The MLP's inputs and outputs, all fp32 (the parameters come as SeParams, in their own
+// dtype): the reduction's partials [N, splits, C] (sum x; backward also sum g x), and the
+// per-sample vectors the elementwise pass and the weight gradients read (s, coef = dp / L,
+// p, dz2 [N, C]; a, dz1 [N, S]).
 struct MlpIo {
   const float* part_x = nullptr;
   const float* part_gx = nullptr;
   int splits = 1;
-  const float *w1 = nullptr, *b1 = nullptr, *w2 = nullptr, *b2 = nullptr;
-  bool params_late = false;  // the parameters are written by the preceding kernel (widened 16-bit ones)
   float* s_out = nullptr;
   float *coef_out = nullptr, *p_out = nullptr, *dz2_out = nullptr, *a_out = nullptr, *dz1_out = nullptr;
 };
-cudaError_t mlp_cluster(bool backward, const MlpIo& io, const Dims& d, int64_t S, Act act, Gate gate,
-                        const MlpClusterPlan& p, bool pdl, cudaStream_t stream);
+cudaError_t mlp_cluster(bool backward, const MlpIo& io, const SeParams& w, const Dims& d, int64_t S, Act act,
+                        Gate gate, const MlpClusterPlan& p, bool pdl, cudaStream_t stream);
 
 // Dynamic shared memory the fused MLP kernels need (bytes), and the most any
 // block may have on the current device; the glue rejects shapes above it.
