@@ -512,8 +512,14 @@ int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t
 //            a second barrier, dz1 = (sum of the dap partials) act'(z1), and
 //            coef = (w1[:, c] . dz1) / L for its channels; p, dz2 (its channels) and
 //            a, dz1 (rank 0) for the weight gradients, as version 4's kernels write them.
-// Each product is share_product's shape (kParts threads an output) with T accumulators.
-// Sums have fixed orders: deterministic, and equal to version 4's results to rounding.
+// Each product is share_product's shape (kParts threads an output) with T accumulators;
+// the per-sample vectors are stored [index][T] (samples fastest), so a thread reads the T
+// values it multiplies with one weight as 16-byte vectors. Index math is 32-bit (shared
+// memory). Sums have fixed orders: deterministic, equal to version 4's results to rounding.
+// (A first version with [T][index] vectors, 64-bit indices, weights read from L2 where used
+// and one peer load at a time took 21 / 48 us forward / backward at (128, 1152, 7, 7) bf16
+// (H100, ncu), issue-bound at 4 warps a scheduler: the products cost more instructions
+// than FMAs, and 16 serial distributed-shared-memory loads per sum.)
 constexpr int kMlpMaxCluster = 16;
 constexpr int64_t kMlpShare = 64;  // channels a CTA the plan aims at (K = C / 64, at most 16)
 constexpr int kMlpMaxTile = 8;     // samples a cluster
@@ -522,8 +528,9 @@ struct MlpClusterArgs {
   MlpIo io;
   const void *w1, *b1, *w2, *b2;  // the caller's parameters, in wdt
   kc::DType wdt;
-  int64_t n, c, s;
-  int cmax;         // channels a CTA (the last one may have fewer)
+  int64_t n, c;
+  int s;
+  int cmax;         // channels a CTA (the last one may have fewer): a multiple of 8
   float inv_l;
   Act act;
   Gate gate;
@@ -531,65 +538,101 @@ struct MlpClusterArgs {
   dev::FastDiv div_s;
 };
 
-__host__ __device__ inline int64_t pad4f(int64_t n) { return (n + 3) & ~int64_t(3); }
+__host__ __device__ inline int pad4i(int n) { return (n + 3) & ~3; }
 // Row strides of the staged weights, the smallest >= the row with stride % 32 == 8: the
 // products' warps read 4 rows of 8 consecutive floats (distinct banks).
-__host__ __device__ inline int64_t mlp_ld(int64_t row) { return row + ((40 - row % 32) % 32); }
+__host__ __device__ inline int mlp_ld(int row) { return row + ((40 - row % 32) % 32); }
 
 // Offsets (floats) of the shared-memory pieces, the same on host and device.
 struct MlpSmem {
-  int64_t w1, w2, b1, b2, vec, tot;
+  int w1, w2, b1, b2, vec, tot;
 };
-__host__ __device__ inline MlpSmem mlp_smem(int tile, int64_t cmax, int64_t s) {
+__host__ __device__ inline MlpSmem mlp_smem(int tile, int cmax, int s) {
   MlpSmem m{};
-  m.w1 = 0;                                   // [S][ld1]
-  m.w2 = m.w1 + s * mlp_ld(cmax);             // [cmax][ld2]
-  m.b1 = m.w2 + pad4f(cmax * mlp_ld(s));      // [S]
-  m.b2 = m.b1 + pad4f(s);                     // [cmax]
-  m.vec = m.b2 + pad4f(cmax);                 // p, ds, sv, dz [T][cmax]; zp, dap, z1, av, dz1 [T][S]
-  m.tot = m.vec + 4 * pad4f(tile * cmax) + 5 * pad4f(tile * s);
+  m.w1 = 0;                             // [S][ld1]
+  m.w2 = m.w1 + s * mlp_ld(cmax);       // [cmax][ld2]
+  m.b1 = m.w2 + cmax * mlp_ld(s);       // [S]
+  m.b2 = m.b1 + pad4i(s);               // [cmax]
+  m.vec = m.b2 + pad4i(cmax);           // p, ds, sv, dz [cmax][T]; zp, dap, z1, av, dz1 [S][T]
+  m.tot = m.vec + 4 * cmax * tile + 5 * pad4i(s * tile);
   return m;
 }
 
-// dst[r * ld + i] = src[r * src_ld + i] for r < rows, i < len, widened to fp32 (8 loads in flight)
+// dst[r * ld + i] = src[r * src_ld + i] for r < rows, i < len, widened to fp32. 16-byte
+// loads where every vector lies in one source row run (contiguous rows, or rows of whole
+// vectors) and src is aligned, 4 in flight; the rest element by element.
 template <typename TW>
-__device__ __forceinline__ void stage_rows(const TW* src, int64_t src_ld, int64_t rows, int64_t len,
-                                           float* dst, int64_t ld, const dev::FastDiv& div_len) {
-  dev::batched_loop<8>(threadIdx.x, rows * len, blockDim.x,
-                       [&](int64_t e) {
-                         const int64_t r = div_len.div(uint32_t(e));
-                         return src[r * src_ld + (e - r * len)];
+__device__ __forceinline__ void stage_rows(const TW* src, int src_ld, int rows, int len, float* dst, int ld,
+                                           const dev::FastDiv& div_len) {
+  constexpr int VEC = kc::max_vec_elems<TW>();
+  const int total = rows * len;
+  const bool vec_ok = kc::is_aligned(src, 16) && (src_ld == len || (len % VEC == 0 && src_ld % VEC == 0));
+  const int nvec = vec_ok ? total / VEC : 0;
+  dev::batched_loop<4>(threadIdx.x, nvec, blockDim.x,
+                       [&](int64_t v) {
+                         const int e = int(v) * VEC, r = int(div_len.div(uint32_t(e)));
+                         return kc::load_vec<VEC>(src + r * src_ld + (e - r * len));
                        },
-                       [&](int64_t e, TW v) {
-                         const int64_t r = div_len.div(uint32_t(e));
-                         dst[r * ld + (e - r * len)] = kc::to_float(v);
+                       [&](int64_t v, kc::Vec<TW, VEC> x) {
+                         const int e = int(v) * VEC;
+                         int r = int(div_len.div(uint32_t(e))), c = e - r * len;
+#pragma unroll
+                         for (int k = 0; k < VEC; ++k) {
+                           dst[r * ld + c] = kc::to_float(x.v[k]);
+                           if (++c == len) c = 0, ++r;
+                         }
                        });
+  for (int e = nvec * VEC + threadIdx.x; e < total; e += blockDim.x) {
+    const int r = int(div_len.div(uint32_t(e))), c = e - r * len;
+    dst[r * ld + c] = kc::to_float(src[r * src_ld + c]);
+  }
 }
 
-// out[t * ldo + j] = sum_{i < len} w(j, i) v[t * ldv + i] for j < outs and the T samples:
-// share_product with T accumulators (w read once for the tile's samples).
+// T consecutive floats of shared memory (16-byte aligned for T >= 4, 8 for T = 2)
+template <int T>
+__device__ __forceinline__ void load_t(const float* p, float (&v)[T]) {
+  if constexpr (T % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < T; k += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(p + k);
+      v[k] = f.x, v[k + 1] = f.y, v[k + 2] = f.z, v[k + 3] = f.w;
+    }
+  } else if constexpr (T == 2) {
+    const float2 f = *reinterpret_cast<const float2*>(p);
+    v[0] = f.x, v[1] = f.y;
+  } else {
+    v[0] = p[0];
+  }
+}
+
+// out[j * T + t] = sum_{i < len} w(j, i) v[i * T + t] for j < outs and the T samples: kParts
+// threads an output (part q adds i = q, q + kParts, ...), then a shuffle sum in a fixed order.
 template <int T, typename W>
-__device__ __forceinline__ void tile_product(W w, const float* v, int64_t ldv, int64_t len, int64_t outs,
-                                             float* out, int64_t ldo) {
+__device__ __forceinline__ void tile_product(W w, const float* v, int len, int outs, float* out) {
   const int q = threadIdx.x % kParts;
-  for (int64_t j0 = 0; j0 < outs; j0 += blockDim.x / kParts) {
-    const int64_t j = j0 + threadIdx.x / kParts;
+  for (int j0 = 0; j0 < outs; j0 += blockDim.x / kParts) {
+    const int j = j0 + threadIdx.x / kParts;
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[t] = 0.f;
     if (j < outs) {
-      for (int64_t i = q; i < len; i += kParts) {
+#pragma unroll 2
+      for (int i = q; i < len; i += kParts) {
         const float wv = w(j, i);
+        float x[T];
+        load_t<T>(v + i * T, x);
 #pragma unroll
-        for (int t = 0; t < T; ++t) acc[t] += wv * v[t * ldv + i];
+        for (int t = 0; t < T; ++t) acc[t] += wv * x[t];
       }
     }
 #pragma unroll
     for (int t = 0; t < T; ++t) {
-      float d = acc[t];
 #pragma unroll
-      for (int off = kParts / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
-      if (q == 0 && j < outs) out[t * ldo + j] = d;
+      for (int off = kParts / 2; off > 0; off /= 2) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
+    }
+    if (q == 0 && j < outs) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) out[j * T + t] = acc[t];
     }
   }
 }
@@ -599,25 +642,27 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   extern __shared__ float4 sm4[];
   float* smem = reinterpret_cast<float*>(sm4);
   const MlpIo& io = a.io;
-  const int64_t C = a.c, S = a.s, cmax = a.cmax;
+  const int64_t C = a.c;
+  const int S = a.s, cmax = a.cmax;
   const MlpSmem m = mlp_smem(T, cmax, S);
-  const int64_t ld1 = mlp_ld(cmax), ld2 = mlp_ld(S);
+  const int ld1 = mlp_ld(cmax), ld2 = mlp_ld(S);
   float* w1s = smem + m.w1;  // w1s[j * ld1 + cl] = w1[j, c0 + cl]
   float* w2s = smem + m.w2;  // w2s[cl * ld2 + j] = w2[c0 + cl, j]
   float* b1s = smem + m.b1;
   float* b2s = smem + m.b2;
-  const int64_t pc = pad4f(T * cmax), ps = pad4f(T * S);
-  float* p = smem + m.vec;  // [T][cmax] each
-  float* ds = p + pc;
-  float* sv = ds + pc;  // fc2's products, then (backward) coef's
-  float* dz = sv + pc;  // dz2
-  float* zp = dz + pc;  // [T][S] each
+  float* p = smem + m.vec;  // [cmax][T] each
+  float* ds = p + cmax * T;
+  float* sv = ds + cmax * T;  // fc2's products, then (backward) coef's
+  float* dz = sv + cmax * T;  // dz2
+  float* zp = dz + cmax * T;  // [S][T] each
+  const int ps = pad4i(S * T);
   float* dap = zp + ps;
   float* z1 = dap + ps;
   float* av = z1 + ps;
   float* dz1 = av + ps;
   const unsigned rank = kc::cluster_rank(), K = kc::cluster_size_x();
-  const int64_t c0 = int64_t(rank) * cmax, cc = min(cmax, C - c0);
+  const int64_t c0 = int64_t(rank) * cmax;
+  const int cc = int(min(int64_t(cmax), C - c0));
   const int64_t n0 = int64_t(blockIdx.y) * T;
   const int nt = int(min(int64_t(T), a.n - n0));
   const int tid = threadIdx.x, nthr = blockDim.x;
@@ -628,25 +673,26 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   KC_DTYPE_SWITCH(a.wdt, TW, [&] {
     const TW* w1 = static_cast<const TW*>(a.w1);
     const TW* w2 = static_cast<const TW*>(a.w2);
-    stage_rows(w1 + c0, C, S, cc, w1s, ld1, div_cc);
+    stage_rows(w1 + c0, int(C), S, cc, w1s, ld1, div_cc);
     stage_rows(w2 + c0 * S, S, cc, S, w2s, ld2, a.div_s);
-    for (int64_t j = tid; j < S; j += nthr) b1s[j] = kc::to_float(static_cast<const TW*>(a.b1)[j]);
-    for (int64_t cl = tid; cl < cc; cl += nthr) b2s[cl] = kc::to_float(static_cast<const TW*>(a.b2)[c0 + cl]);
+    for (int j = tid; j < S; j += nthr) b1s[j] = kc::to_float(static_cast<const TW*>(a.b1)[j]);
+    for (int cl = tid; cl < cc; cl += nthr) b2s[cl] = kc::to_float(static_cast<const TW*>(a.b2)[c0 + cl]);
   });
   dev::grid_dependency_wait();
   dev::launch_dependents();
 
-  // 1. p (and ds) of the tile's samples for the share: item e = (t, cl), each the sum of the
-  // splits in order; a thread's (item, split) pairs run split-fastest, 16 loads in flight.
+  // 1. p (and ds) of the tile's samples for the share: item e = (t, cl), cl fastest (the
+  // loads coalesce), each the sum of the splits in order; a thread's (item, split) pairs
+  // run split-fastest, 16 loads in flight.
   const int splits = int(a.div_splits.d);
-  const int64_t items = T * cc;
-  const int64_t own = tid < items ? (items - 1 - tid) / nthr + 1 : 0;
+  const int items = T * cc;
+  const int own = tid < items ? (items - 1 - tid) / nthr + 1 : 0;
   float2 acc = make_float2(0.f, 0.f);
   dev::batched_loop<16>(
-      0, own * splits, 1,
+      0, int64_t(own) * splits, 1,
       [&](int64_t f) {
         const int k = int(a.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
-        const int64_t e = tid + int64_t(k) * nthr, t = div_cc.div(uint32_t(e)), cl = e - t * cc;
+        const int e = tid + k * nthr, t = int(div_cc.div(uint32_t(e))), cl = e - t * cc;
         float2 v = make_float2(0.f, 0.f);
         if (t < nt) {
           const int64_t at = ((n0 + t) * splits + sp) * C + c0 + cl;
@@ -660,11 +706,11 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
         acc.x = sp > 0 ? acc.x + v.x : v.x;
         acc.y = sp > 0 ? acc.y + v.y : v.y;
         if (sp == splits - 1) {
-          const int64_t e = tid + int64_t(k) * nthr, t = div_cc.div(uint32_t(e)), cl = e - t * cc;
+          const int e = tid + k * nthr, t = int(div_cc.div(uint32_t(e))), cl = e - t * cc;
           const float pv = acc.x * a.inv_l;
-          p[t * cmax + cl] = pv;
+          p[cl * T + t] = pv;
           if constexpr (kBwd) {
-            ds[t * cmax + cl] = acc.y;
+            ds[cl * T + t] = acc.y;
             if (t < nt) io.p_out[(n0 + t) * C + c0 + cl] = pv;
           }
         }
@@ -672,10 +718,10 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   __syncthreads();
 
   // 2. fc1's partial over the share; 3. the cluster's partials in rank order, z1, a
-  tile_product<T>([&](int64_t j, int64_t cl) { return w1s[j * ld1 + cl]; }, p, cmax, cc, S, zp, S);
+  tile_product<T>([&](int j, int cl) { return w1s[j * ld1 + cl]; }, p, cc, S, zp);
   kc::cluster_sync();
-  for (int64_t e = tid; e < T * S; e += nthr) {
-    const int64_t t = e / S, j = e - t * S;
+  for (int e = tid; e < S * T; e += nthr) {  // e = j * T + t
+    const int j = e / T, t = e - j * T;
     const float z = sum_peers(zp + e, K) + b1s[j];
     z1[e] = z;
     av[e] = dev::act_rt(a.act, z);
@@ -684,11 +730,11 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   if constexpr (!kBwd) kc::cluster_arrive();  // done reading the peers' zp (waited for before exit)
   __syncthreads();
 
-  // 4. fc2 for the share, the gate (and its derivative against ds)
-  tile_product<T>([&](int64_t cl, int64_t j) { return w2s[cl * ld2 + j]; }, av, S, S, cc, sv, cmax);
+  // 4. fc2 for the share, the gate (and its derivative against ds); items (t, cl), cl fastest
+  tile_product<T>([&](int cl, int j) { return w2s[cl * ld2 + j]; }, av, S, cc, sv);
   __syncthreads();
-  for (int64_t e = tid; e < T * cc; e += nthr) {
-    const int64_t t = div_cc.div(uint32_t(e)), cl = e - t * cc, k = t * cmax + cl;
+  for (int e = tid; e < T * cc; e += nthr) {
+    const int t = int(div_cc.div(uint32_t(e))), cl = e - t * cc, k = cl * T + t;
     const float z2 = sv[k] + b2s[cl];
     const float s = dev::gate_f(a.gate, z2);
     if (t < nt) io.s_out[(n0 + t) * C + c0 + cl] = s;
@@ -705,10 +751,10 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   __syncthreads();
 
   // 5. fc2's transposed partial; 6. the partials in rank order, dz1
-  tile_product<T>([&](int64_t j, int64_t cl) { return w2s[cl * ld2 + j]; }, dz, cmax, cc, S, dap, S);
+  tile_product<T>([&](int j, int cl) { return w2s[cl * ld2 + j]; }, dz, cc, S, dap);
   kc::cluster_sync();  // the dap partials are visible, and every peer has read zp
-  for (int64_t e = tid; e < T * S; e += nthr) {
-    const int64_t t = e / S, j = e - t * S;
+  for (int e = tid; e < S * T; e += nthr) {
+    const int j = e / T, t = e - j * T;
     const float g1 = sum_peers(dap + e, K) * dev::act_grad_rt(a.act, z1[e]);
     dz1[e] = g1;
     if (rank == 0 && t < nt) io.dz1_out[(n0 + t) * S + j] = g1;
@@ -717,11 +763,11 @@ __global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a)
   __syncthreads();
 
   // 7. coef = (w1^T dz1) / L for the share
-  tile_product<T>([&](int64_t cl, int64_t j) { return w1s[j * ld1 + cl]; }, dz1, S, S, cc, sv, cmax);
+  tile_product<T>([&](int cl, int j) { return w1s[j * ld1 + cl]; }, dz1, S, cc, sv);
   __syncthreads();
-  for (int64_t e = tid; e < T * cc; e += nthr) {
-    const int64_t t = div_cc.div(uint32_t(e)), cl = e - t * cc;
-    if (t < nt) io.coef_out[(n0 + t) * C + c0 + cl] = sv[t * cmax + cl] * a.inv_l;
+  for (int e = tid; e < T * cc; e += nthr) {
+    const int t = int(div_cc.div(uint32_t(e))), cl = e - t * cc;
+    if (t < nt) io.coef_out[(n0 + t) * C + c0 + cl] = sv[cl * T + t] * a.inv_l;
   }
   kc::cluster_wait();
 }
@@ -826,12 +872,13 @@ bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool ba
 bool mlp_cluster_plan(const Dims& d, int64_t S, bool backward, const LaunchOpts& o, MlpClusterPlan* plan) {
   if (!o.mlp_cluster || d.n < 1 || d.c < 1 || S < 1) return false;
   MlpClusterPlan p{};
+  if (d.c > (int64_t(1) << 24) || S > 4096) return false;  // 32-bit shared-memory indices
   const int64_t k0 = std::min<int64_t>(kMlpMaxCluster, ceil_div(d.c, kMlpShare));
-  p.cmax = int(ceil_div(d.c, k0));
+  p.cmax = int(ceil_div(ceil_div(d.c, k0), 8) * 8);  // shares start at 16-byte boundaries of 16-bit rows
   p.k = int(ceil_div(d.c, p.cmax));  // every CTA has channels
   // the fewest samples a cluster with every cluster resident at once (else 8 and more waves)
   for (p.tile = 1;; p.tile *= 2) {
-    p.smem = size_t(mlp_smem(p.tile, p.cmax, S).tot) * sizeof(float);
+    p.smem = size_t(mlp_smem(p.tile, p.cmax, int(S)).tot) * sizeof(float);
     if (p.smem > size_t(o.max_smem)) return false;
     const int fit = mlp_capacity(p.tile, backward, p.k, p.smem);
     if (fit < 1) return false;
@@ -848,7 +895,7 @@ cudaError_t mlp_cluster(bool backward, const MlpIo& io, const SeParams& w, const
   a.io = io;
   a.w1 = w.w1, a.b1 = w.b1, a.w2 = w.w2, a.b2 = w.b2;
   a.wdt = w.dt;
-  a.n = d.n, a.c = d.c, a.s = S;
+  a.n = d.n, a.c = d.c, a.s = int(S);
   a.cmax = p.cmax;
   a.inv_l = 1.f / float(d.l);
   a.act = act;
