@@ -508,6 +508,33 @@ __device__ __forceinline__ void load_param(const TW* p, int64_t c, float fill, f
   }
 }
 
+// VEC parameters (weight or bias) at column c as fp32 (`fill` where p is null),
+// their dtype a run-time flag: fp32 when w_f32 (always for T = float), else T.
+// One uniform branch per vector, in kernels that only a forced version or a
+// knob reaches (never version 0's plan), where one instantiation then serves both
+// weight dtypes (TW = void below). A kernel on the plan's path that reads its
+// weights with every row keeps their dtype a template argument (a branch there
+// cost the forward 9% on an H100: docs/log.md, 2026-11-25).
+template <typename T, int VEC>
+__device__ __forceinline__ void load_param_any(const void* p, bool w_f32, int64_t c, float fill,
+                                               float (&out)[VEC]) {
+  if (std::is_same<T, float>::value || w_f32) {
+    load_param<float, VEC>(static_cast<const float*>(p), c, fill, out);
+  } else {
+    load_param<T, VEC>(static_cast<const T*>(p), c, fill, out);
+  }
+}
+
+// load_param for a weight dtype TW, load_param_any (the flag w_f32) for TW = void.
+template <typename T, typename TW, int VEC>
+__device__ __forceinline__ void load_param_w(const TW* p, bool w_f32, int64_t c, float fill, float (&out)[VEC]) {
+  if constexpr (std::is_void<TW>::value) {
+    load_param_any<T, VEC>(p, w_f32, c, fill, out);
+  } else {
+    load_param<TW, VEC>(p, c, fill, out);
+  }
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void store_from_f32(T* p, const float (&in)[VEC]) {
   kc::store_vec<VEC>(p, kc::vec_from_float<T>(in));
