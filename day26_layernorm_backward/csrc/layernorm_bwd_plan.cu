@@ -31,7 +31,7 @@ int bwd_vec(const LnBackwardArgs& a) {
 //  - rows over 8192 columns: split across a cluster (6) of 2 or 4 CTAs, at most
 //    8192 columns a CTA (ring_cluster: 8192 split into 2 x 4096 measured slower,
 //    16384 into 4 no faster than into 2); if that cannot run, 4 (fp32) or 2
-//    (16-bit), not 5.
+//    (16-bit), not 5 (version 5 holds at most 8192 columns: bwd_plan_ring).
 //  - 16-bit rows over 4096 columns that get no ring: 2 (v2 measured faster than
 //    row slots there: README's log).
 int auto_families(const LnBackwardArgs& a, int vec, const LnDevice& dev, int (&out)[4]) {
@@ -42,7 +42,8 @@ int auto_families(const LnBackwardArgs& a, int vec, const LnDevice& dev, int (&o
     const int csize = ring_cluster(a.cols, V);
     const int64_t share = a.cols / csize;
     const bool ring = elem == 2 ? share >= 1024 : (share < 1024 || share > 4096);
-    if (ring) out[n++] = csize > 1 ? kClusterSplit : kRing;
+    if (ring && csize > 1) out[n++] = kClusterSplit;
+    else if (ring && a.cols <= kRingCtaCols) out[n++] = kRing;
   }
   if (elem == 4 || a.cols <= 4096) out[n++] = kRowSlots;
   return n;
