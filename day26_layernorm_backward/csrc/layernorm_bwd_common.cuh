@@ -8,7 +8,7 @@
 //   dweight = sum_rows(dy * xhat),  dbias = sum_rows(dy)            per column
 // Versions 2-6 write one fp32 partial row of (dweight, dbias) per block (or per
 // cluster), [partial_rows][2][D], summed in a fixed order by the finalize kernel
-// (layernorm_bwd_finalize.cu): no float atomics anywhere, so the same inputs on
+// (layernorm_bwd_plan.cu): no float atomics anywhere, so the same inputs on
 // the same GPU give bitwise the same dweight/dbias.
 #pragma once
 
