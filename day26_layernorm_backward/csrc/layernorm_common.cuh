@@ -376,8 +376,9 @@ constexpr int kRingMaxStages = 6;
 // columns (H200, README: splitting 8192 into 2 x 4096 measured slower, 16384
 // into 4 no faster than into 2), in clusters of at most kRingMaxCluster; only
 // sizes whose share is a whole number of 16-byte vectors.
-// Knob kKnobCluster = 1, 2 or 4 overrides (1: no split; set, it splits 16-bit
-// forward rows too), for shares over kClusterMinShare columns only
+// Knob kKnobCluster = 1, 2 or 4 overrides (1: no split, which in the backward's
+// ring holds rows of at most kRingCtaCols; set, it splits 16-bit forward rows
+// too), for shares over kClusterMinShare columns only
 // (layernorm_knobs.h: smaller shares have no kernel, and the glue refuses them).
 constexpr int kRingMaxCluster = 4;
 constexpr int64_t kRingCtaCols = 8192;
