@@ -180,7 +180,8 @@ def test_cuda_launch_configurations(target, knob):
 def test_cuda_row_slots(grid, knob):
     """Version 4 (row slots) wherever it can run, its slot shapes: one warp per row up
     to 512 threads per row, 1 to 16 slots per block, the next row prefetched (16-bit
-    rows of 512-1023 columns); with knob grid = 3 every slot walks many rows."""
+    rows of 512-1023 columns); with knob grid = 3 every slot walks many rows. (16-bit
+    rows over 8192 columns have no version 4 backward: version 2 runs them.)"""
     if grid != "0":
         knob.set("grid", grid)
     for cols in [33, 100, 600, 768, 1000, 4096, 12288, 16384]:
@@ -195,7 +196,8 @@ def test_cuda_ring(stages, knob):
     """Version 5: row slots on the ring of rows filled by bulk copies (knob
     ring_stages), for every slot shape and dtype, backward (the forward runs 4).
     knob grid caps the grid at 3 blocks, so every slot walks many rows and its ring
-    wraps around several times (each stage refilled, mbarrier phases flipping)."""
+    wraps around several times (each stage refilled, mbarrier phases flipping).
+    Rows over 8192 columns have no unsplit ring: they fall back (version 2)."""
     knob.set("ring_stages", stages)
     knob.set("grid", "3")
     for cols in ([96, 1000, 4096] if SANITIZE else [8, 96, 768, 1000, 4096, 12288, 16384]):
@@ -204,7 +206,8 @@ def test_cuda_ring(stages, knob):
             run_and_check(x, w, b, dy, (cols,), version=5)
 
 
-# Row lengths per knob cluster value: 1 (no split, version 5) at every size; 2 and 4 only
+# Row lengths per knob cluster value: 1 (no split: version 5 up to 8192 columns, longer
+# rows fall back along version 6's chain to version 2) at every size; 2 and 4 only
 # where each CTA's share is over 4096 columns (the plan's own splits, the only split
 # kernels compiled: csrc/layernorm_knobs.h), up to shares of 16384 (16-bit, 4 vectors a
 # thread). Sizes without a split into whole 16-byte vectors, or whose share no kernel
@@ -396,12 +399,15 @@ def test_fp32_weights_with_low_precision_input(device, dtype):
 @pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
 def test_cuda_weight_dtype_and_dx_only(dtype, wdtype):
     """Kernels that take the weight dtype, or whether to keep the column sums, at run time
-    (version 4, the ring at up to 16 columns a thread, version 3, version 2's warp rows):
-    both weight dtypes against the reference, and dx alone equal to the whole backward's
-    up to a few roundings. Aligned and offset (no 16-byte vectors) inputs."""
+    (version 4's backward, the ring at up to 16 columns a thread, version 3, version 2's
+    warp rows; for 16-bit input also version 2's and 3's forward and version 2's backward
+    kernels that the plan never runs: warp rows, block rows of 1 and 2 vectors a thread
+    at 256-2048 columns): both weight dtypes against the reference, and dx alone equal to
+    the whole backward's up to a few roundings. Aligned and offset (no 16-byte vectors)
+    inputs."""
     if dtype == torch.float32 and wdtype != "same":
         pytest.skip("fp32 inputs take fp32 weights")
-    for cols in [256, 768, 4096]:
+    for cols in [256, 512, 768, 2048, 4096]:
         for offset in (False, True):
             for v in (2, 3, 4, 5, 6):
                 x, w, b, dy = make(40, cols, dtype, "cuda", wdtype=wdtype)
@@ -744,6 +750,11 @@ def test_cuda_plan_fallbacks():
     assert _plan(4, 65536, torch.float32, version=2)["family"] == 1  # longer than registers hold
     assert _plan(16, 768, torch.bfloat16, version=5, offset=True)["family"] == 4  # no 16-byte vectors
     assert _plan(16, 4096, torch.bfloat16, version=6)["family"] in (5, 4)  # 4096: no split (cluster 1)
+    # 16-bit rows over 8192 columns: no version 4 backward, no unsplit ring (version 5)
+    assert _plan(16, 16384, torch.bfloat16, version=4)["family"] == 2
+    assert _plan(16, 16384, torch.bfloat16, version=5)["family"] == 2
+    # auto: a row over 8192 columns that splits into no whole 16-byte vectors runs 2, not 5
+    assert _plan(16, 8200, torch.bfloat16)["family"] == 2
     p = _plan(16, 768, torch.bfloat16, version=4)
     assert p["family"] == 4 and p["prefetch"] == 1 and p["vec"] == 8
     assert _plan(16, 2048, torch.bfloat16, version=4)["prefetch"] == 0

@@ -1,13 +1,13 @@
 // LayerNorm launchers (torch-free); the torch glue in layernorm_cuda.cpp calls
 // these. Versions 0 (auto) and 1-6: layernorm_versions.h. Files:
 //   layernorm_fwd.cu           the forward: versions 1, 2, 3, 4, 6 and its plan
-//   layernorm_bwd_plan.cu      the backward's plan (the auto table, fallbacks) and launch
+//   layernorm_bwd_plan.cu      the backward's plan (the auto table, fallbacks), launch and
+//                              the dweight/dbias finalize (sum of the partial rows)
 //   layernorm_bwd_v1.cu        1: the seed's kernels
 //   layernorm_bwd_v2.cu        2: registers
 //   layernorm_bwd_v3.cu        3: cp.async pipeline
 //   layernorm_bwd_v4.cu        4: row slots
 //   layernorm_bwd_ring.cu      5: ring, 6: ring with the row split across a cluster
-//   layernorm_bwd_finalize.cu  the dweight/dbias finalize (sum of the partial rows)
 //
 // Shapes: x, y, dy, dx are [rows, cols] row-major with rows contiguous
 // (row stride = cols). mean and rstd are fp32 [rows]. weight and bias are

@@ -8,7 +8,7 @@
 //   dweight = sum_rows(dy * xhat),  dbias = sum_rows(dy)            per column
 // Versions 2-6 write one fp32 partial row of (dweight, dbias) per block (or per
 // cluster), [partial_rows][2][D], summed in a fixed order by the finalize kernel
-// (layernorm_bwd_finalize.cu): no float atomics anywhere, so the same inputs on
+// (layernorm_bwd_plan.cu): no float atomics anywhere, so the same inputs on
 // the same GPU give bitwise the same dweight/dbias.
 #pragma once
 
@@ -73,6 +73,14 @@ struct BwdPtrs {
         dx(static_cast<T*>(a.dx)) {}
 };
 
+// The weight type (TW or void) of a backward kernel pointer K.
+template <typename K>
+struct BwdKernelTW;
+template <typename T, typename TW, typename... Rest>
+struct BwdKernelTW<void (*)(const T*, const T*, const float*, const float*, const TW*, Rest...)> {
+  using type = TW;
+};
+
 // Launches plan p's main kernel (persistent grid: p.grid blocks of p.threads,
 // p.smem bytes) with the arguments every backward kernel takes, then `extra`;
 // nothing when p.grid is 0 (no rows). A null kernel: p names no instantiation.
@@ -91,15 +99,16 @@ cudaError_t launch_bwd_main(void (*kernel)(KArgs...), const LnBackwardArgs& a, c
 // 2 and 3:
 // pass 1 of a row: the row sums of g = dy * w and g * xhat; per column dy * xhat
 // and dy into pw/pb. pass 2: dx = rstd * (g - a - xhat * b). Version 2 reads the
-// weights from w at column c; version 3 (the _wv forms) gets them in fp32, wv.
+// weights from w at column c (TW = void: their dtype the flag w_f32,
+// load_param_w); version 3 (the _wv forms) gets them in fp32, wv.
 // (Version 2's forms keep their own loops: written as a call of the _wv forms,
 // ptxas scheduled some of its kernels differently.)
 template <typename T, typename TW, int VEC>
 __device__ __forceinline__ void bwd_pass1(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv, const TW* w,
-                                          int64_t c, float mu, float rs, float (&sums)[2], float (&pw)[VEC],
-                                          float (&pb)[VEC]) {
+                                          bool w_f32, int64_t c, float mu, float rs, float (&sums)[2],
+                                          float (&pw)[VEC], float (&pb)[VEC]) {
   float wv[VEC];
-  load_param<TW, VEC>(w, c, 1.f, wv);
+  load_param_w<T, TW, VEC>(w, w_f32, c, 1.f, wv);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
@@ -114,9 +123,9 @@ __device__ __forceinline__ void bwd_pass1(const kc::Vec<T, VEC>& xv, const kc::V
 
 template <typename T, typename TW, int VEC>
 __device__ __forceinline__ void bwd_pass2(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv, const TW* w,
-                                          int64_t c, float mu, float rs, float a, float b, T* dxr) {
+                                          bool w_f32, int64_t c, float mu, float rs, float a, float b, T* dxr) {
   float wv[VEC], out[VEC];
-  load_param<TW, VEC>(w, c, 1.f, wv);
+  load_param_w<T, TW, VEC>(w, w_f32, c, 1.f, wv);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const float xhat = (kc::to_float(xv.v[j]) - mu) * rs;
@@ -154,19 +163,6 @@ __device__ __forceinline__ void bwd_pass2_wv(const kc::Vec<T, VEC>& xv, const kc
     out[j] = rs * (g - a - xhat * b);
   }
   store_from_f32<T, VEC>(dxr + c, out);
-}
-
-// VEC weights at column c as fp32 (1 where w is null), their dtype a run-time
-// flag (fp32 when w_f32, else T): one uniform branch per vector. Version 3 only,
-// which reads the weights with every row; its speed is not the plan's (the plan
-// never picks it), and one instantiation then serves both weight dtypes.
-template <typename T, int VEC>
-__device__ __forceinline__ void load_param_any(const void* w, bool w_f32, int64_t c, float (&out)[VEC]) {
-  if (std::is_same<T, float>::value || w_f32) {
-    load_param<float, VEC>(static_cast<const float*>(w), c, 1.f, out);
-  } else {
-    load_param<T, VEC>(static_cast<const T*>(w), c, 1.f, out);
-  }
 }
 
 // 3, 4, 5, 6:

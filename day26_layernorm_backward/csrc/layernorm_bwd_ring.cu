@@ -218,11 +218,21 @@ template <typename T, typename TW>
 using RingKernel = void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t,
                             int64_t, int, int, bool);
 
+// Version 5 (no split) holds rows of at most kRingCtaCols columns, as a CTA of
+// version 6 does: v4_config gives them at most 16 elements a thread, so every
+// unsplit kernel keeps its weights in registers (kRingWReg); the weights are
+// read with every row only by the split 16-bit kernels with 4 vectors a thread
+// (shares over 8192 columns). (16-bit rows over 8192 columns that do not split
+// into whole 16-byte vectors, D = 8 mod 16, ran an unsplit kernel with 4 vectors
+// a thread under version 0; they now run version 2, the table's fallback:
+// layernorm_bwd_plan.cu.)
+
 // f(kernel) with plan p's instantiation for the dtypes of `a`, nullptr where
 // none is compiled: the weights in registers (kRingWReg) -> TW = void, one kernel
 // for both weight dtypes; else TW, the weights' dtype. kCluster only at the
 // ITERS that shares over kClusterMinShare columns have (kClusterIters: the
-// plan's own splits; the cluster knob is refused for smaller shares).
+// plan's own splits; the cluster knob is refused for smaller shares); unsplit
+// only where the weights sit in registers (rows of at most kRingCtaCols).
 template <typename F>
 auto with_ring_kernel(const LnBackwardArgs& a, const LnBwdPlan& p, F&& f) {
   return ln_input_typed(a.dt, [&](auto t) {
@@ -235,7 +245,7 @@ auto with_ring_kernel(const LnBackwardArgs& a, const LnBwdPlan& p, F&& f) {
           return with_iters<4>(p.iters, K(nullptr), [&](auto it) {
             constexpr int I = decltype(it)::value;
             constexpr bool kCompiled = kRingWReg<T, I> == std::is_void<typename TW::type>::value &&
-                                       (!kCl || kClusterIters<T, I>);
+                                       (kCl ? kClusterIters<T, I> : kRingWReg<T, I>);
             if constexpr (kCompiled) return K(ln_bwd_ring<T, typename TW::type, I, kP, kCl>);
             return K(nullptr);
           });
@@ -277,6 +287,7 @@ bool bwd_plan_ring(const LnBackwardArgs& a, LnBwdPlan& p) {
   const size_t elem = elem_size(a.dt);
   const int V = int(16 / elem);
   if (!kc::sm90_or_newer() || p.vec != V || p.cluster < 1 || a.cols % (int64_t(p.cluster) * V) != 0) return false;
+  if (p.cluster == 1 && a.cols > kRingCtaCols) return false;  // no such kernel (with_ring_kernel)
   const V4Config cfg = v4_config(a.cols / p.cluster, V);
   if (!cfg.ok) return false;
   p.iters = cfg.iters;

@@ -50,11 +50,11 @@ template <typename T, typename TW, int VEC, int ITERS, bool kWarp, bool kPartial
 __global__ void __launch_bounds__(kMaxTpr)
 ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
           const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
-          float* __restrict__ partial, int64_t rows, int64_t D) {
+          float* __restrict__ partial, int64_t rows, int64_t D, bool w_f32) {
   static_assert(ITERS > 0 || VEC == 1, "ITERS = 0: the scalar loop");
   extern __shared__ __align__(16) float acc[];  // [slots][2][D]
   __shared__ float red[64];
-  // the warp path's kernels are compiled with kPartials only (v2_kernel)
+  // the warp path's kernels are compiled with kPartials only (with_v2_kernel)
   const bool partials = kPartials && (!kWarp || partial != nullptr);
   kc::launch_dependents();  // see launch_finalize
   const int tpr = kWarp ? 32 : blockDim.x;
@@ -87,7 +87,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       float sums[2] = {0.f, 0.f};
       for (int64_t c = t; c < D; c += tpr) {
         float pw[1], pb[1];
-        bwd_pass1<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, c, mu, rs, sums, pw, pb);
+        bwd_pass1<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, w_f32, c, mu, rs, sums, pw, pb);
         if (partials) {
           smem_accumulate<1>(acc_w + c, pw);
           smem_accumulate<1>(acc_b + c, pb);
@@ -96,8 +96,8 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       row_sums(sums);
       if (dx)
         for (int64_t c = t; c < D; c += tpr)
-          bwd_pass2<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, c, mu, rs, sums[0] * inv_d,
-                              sums[1] * inv_d, dx + row * D);
+          bwd_pass2<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, w_f32, c, mu, rs,
+                              sums[0] * inv_d, sums[1] * inv_d, dx + row * D);
     } else {
       RowRegs<T, VEC, ITERS> cx, cd;
       load_row(cx, x + row * D, D, tpr, t);
@@ -109,7 +109,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
         if (c < D) {
           float pw[VEC], pb[VEC];
-          bwd_pass1<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums, pw, pb);
+          bwd_pass1<T, TW, VEC>(cx.v[it], cd.v[it], w, w_f32, c, mu, rs, sums, pw, pb);
           if (partials) {
             smem_accumulate<VEC>(acc_w + c, pw);
             smem_accumulate<VEC>(acc_b + c, pb);
@@ -122,7 +122,8 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
         for (int it = 0; it < ITERS; ++it) {
           const int64_t c = (int64_t(it) * tpr + t) * VEC;
           if (c < D)
-            bwd_pass2<T, TW, VEC>(cx.v[it], cd.v[it], w, c, mu, rs, sums[0] * inv_d, sums[1] * inv_d, dx + row * D);
+            bwd_pass2<T, TW, VEC>(cx.v[it], cd.v[it], w, w_f32, c, mu, rs, sums[0] * inv_d, sums[1] * inv_d,
+                                  dx + row * D);
         }
       }
     }
@@ -141,26 +142,51 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
 }
 
 template <typename T, typename TW>
-using V2Kernel = void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t);
+using V2Kernel =
+    void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t, bool);
 
-// The instantiation plan p names: 16-byte vectors, ITERS from the plan (warp
-// rows hold at most kMaxEptWarp elements a thread, block rows kMaxEpt:
-// v2_config's limits, nothing above them is instantiated); else the scalar
-// loop (ITERS = 0), whatever the plan's iters. Warp rows: the kPartials kernel
-// for dx alone too (partial null: the kernel tests it).
-template <typename T, typename TW>
-V2Kernel<T, TW> v2_kernel(const LnBwdPlan& p) {
+// Version 0's plan runs version 2 only for rows that versions 4-6 cannot run
+// (layernorm_bwd_plan.cu): block rows, either without 16-byte vectors (the
+// scalar loop, ITERS = 0) or, in 16-byte vectors, longer than version 4 holds
+// (fp32 over 8192 columns; 16-bit over 4096, where the ring cannot run), which
+// v2_config gives the most vectors a thread (kMaxEpt). Those kernels have the
+// weight dtype as a template argument (TW); the others, which only version 2 or
+// 3 forced (or knob target_iters) reach, take it at run time for 16-bit input
+// (TW = void, the flag w_f32: one branch per weight vector, one kernel for both
+// weight dtypes).
+template <typename T, bool kWarp, int ITERS>
+constexpr bool kV2Typed = sizeof(T) == 4 || (!kWarp && (ITERS == 0 || ITERS == kMaxEpt / kc::max_vec_elems<T>()));
+
+// f(kernel): the instantiation plan p names, its weight type TW or void
+// (kV2Typed). 16-byte vectors: ITERS from the plan (warp rows hold at most
+// kMaxEptWarp elements a thread, block rows kMaxEpt: v2_config's limits, nothing
+// above them is instantiated); else the scalar loop (ITERS = 0), whatever the
+// plan's iters. Warp rows: the kPartials kernel for dx alone too (partial null:
+// the kernel tests it).
+template <typename T, typename TW, typename F>
+auto with_v2_kernel(const LnBwdPlan& p, F&& f) {
   constexpr int V = kc::max_vec_elems<T>();
   return KC_BOOL_SWITCH(p.warp, kWarp, [&] {
     return KC_BOOL_SWITCH(p.partials || kWarp, kP, [&] {
       if constexpr (kWarp && !kP) {
-        return V2Kernel<T, TW>(nullptr);  // not reached: warp rows take the kPartials kernel
+        return f(V2Kernel<T, TW>(nullptr));  // not reached: warp rows take the kPartials kernel
       } else {
-        if (p.vec != V) return V2Kernel<T, TW>(ln_bwd_v2<T, TW, 1, 0, kWarp, kP>);
+        if (p.vec != V) {
+          using KW = std::conditional_t<kV2Typed<T, kWarp, 0>, TW, void>;
+          return f(V2Kernel<T, KW>(ln_bwd_v2<T, KW, 1, 0, kWarp, kP>));
+        }
         constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / V;
-        return with_iters<kMax>(p.iters, V2Kernel<T, TW>(nullptr), [&](auto it) {
-          return V2Kernel<T, TW>(ln_bwd_v2<T, TW, V, decltype(it)::value, kWarp, kP>);
+        V2Kernel<T, TW> typed = nullptr;
+        V2Kernel<T, void> generic = nullptr;
+        with_iters<kMax>(p.iters, 0, [&](auto it) {
+          constexpr int I = decltype(it)::value;
+          if constexpr (kV2Typed<T, kWarp, I>)
+            typed = ln_bwd_v2<T, TW, V, I, kWarp, kP>;
+          else
+            generic = ln_bwd_v2<T, void, V, I, kWarp, kP>;
+          return 0;
         });
+        return generic ? f(generic) : f(typed);
       }
     });
   });
@@ -178,27 +204,30 @@ bool bwd_plan_v2(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.threads = cfg.threads;
   p.smem = p.partials ? size_t(cfg.warp ? kWarpRowsPerBlock : 1) * 2 * size_t(a.cols) * sizeof(float) : 0;
   return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
-    const auto kernel = v2_kernel<decltype(t), decltype(tw)>(p);
-    if (!kernel) return false;
-    allow_dynamic_smem(kernel, p.smem);
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, p.smem) != cudaSuccess ||
-        per_sm < 1)
-      per_sm = 1;
-    const int64_t rpb = cfg.warp ? kWarpRowsPerBlock : 1;
-    const int64_t groups = (a.rows + rpb - 1) / rpb;
-    const int64_t cap = int64_t(num_sms()) * per_sm;
-    p.grid = groups < cap ? groups : cap;
-    p.partial_rows = p.grid;
-    return true;
+    return with_v2_kernel<decltype(t), decltype(tw)>(p, [&](auto kernel) {
+      if (!kernel) return false;
+      allow_dynamic_smem(kernel, p.smem);
+      int per_sm = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, p.smem) != cudaSuccess ||
+          per_sm < 1)
+        per_sm = 1;
+      const int64_t rpb = cfg.warp ? kWarpRowsPerBlock : 1;
+      const int64_t groups = (a.rows + rpb - 1) / rpb;
+      const int64_t cap = int64_t(num_sms()) * per_sm;
+      p.grid = groups < cap ? groups : cap;
+      p.partial_rows = p.grid;
+      return true;
+    });
   });
 }
 
 cudaError_t bwd_launch_v2(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
   return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
     using T = decltype(t);
-    using TW = decltype(tw);
-    return launch_bwd_main<T, TW>(v2_kernel<T, TW>(p), a, p, stream);
+    return with_v2_kernel<T, decltype(tw)>(p, [&](auto kernel) {
+      using KW = typename BwdKernelTW<decltype(kernel)>::type;
+      return launch_bwd_main<T, KW>(kernel, a, p, stream, a.wdt == kc::DType::F32);
+    });
   });
 }
 

@@ -69,7 +69,7 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       const int64_t c = (int64_t(it) * tpr + t) * VEC;
       if (c < D) {
         float wv[VEC], pw[VEC], pb[VEC];
-        load_param_any<T, VEC>(w, w_f32, c, wv);
+        load_param_any<T, VEC>(w, w_f32, c, 1.f, wv);
         bwd_pass1_wv<T, VEC>(*reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c),
                              *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), wv, mu, rs, sums, pw, pb);
 #pragma unroll
@@ -86,7 +86,7 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
         if (c < D) {
           float wv[VEC];
-          load_param_any<T, VEC>(w, w_f32, c, wv);
+          load_param_any<T, VEC>(w, w_f32, c, 1.f, wv);
           bwd_pass2_wv<T, VEC>(*reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c),
                                *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), wv, c, mu, rs, sums[0] * inv_d,
                                sums[1] * inv_d, dx + row * D);

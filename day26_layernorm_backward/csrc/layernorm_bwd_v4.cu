@@ -5,7 +5,8 @@
 // team) goes to the finalize. 16-bit rows of 512 to 1023 columns in 16-byte
 // vectors also prefetch the next row into registers (the plan's rule,
 // bwd_plan_v4; the only prefetching instantiations compiled). Rows that need
-// more than 512 threads of 4 vectors run version 2.
+// more than 512 threads of 4 vectors, and 16-bit rows in 16-byte vectors over
+// 8192 columns (kV4MaxCols16), run version 2.
 #include "layernorm_bwd_common.cuh"
 
 #include "kc/check.cuh"
@@ -112,6 +113,15 @@ using V4Kernel = void (*)(const T*, const T*, const float*, const float*, const 
 template <typename T, int VEC, int ITERS>
 constexpr bool kV4PrefetchCompiled = sizeof(T) == 2 && VEC == kc::max_vec_elems<T>() && ITERS <= 2;
 
+// 16-bit rows in 16-byte vectors: at most 8192 columns (2 vectors a thread at 512
+// threads), so no kernel with 4 vectors of 8 a thread is compiled. Version 0's
+// plan never gives version 4 a 16-bit row over 4096 columns; version 4 forced
+// runs longer ones on version 2, which measured faster there (bench, H200
+// 2026-11-25, 4096x16384 bf16: version 2 163.9 us, version 4 221.3).
+constexpr int64_t kV4MaxCols16 = 8192;
+template <typename T, int VEC, int ITERS>
+constexpr bool kV4Compiled = !(sizeof(T) == 2 && VEC == kc::max_vec_elems<T>() && ITERS == 4);
+
 template <typename T>
 V4Kernel<T> v4_kernel(const LnBwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
@@ -121,10 +131,14 @@ V4Kernel<T> v4_kernel(const LnBwdPlan& p) {
                                                       : V4Kernel<T>(nullptr);
     return with_iters<4>(p.iters, V4Kernel<T>(nullptr), [&](auto it) {
       constexpr int I = decltype(it)::value;
-      if constexpr (kV4PrefetchCompiled<T, V, I>) {
-        if (p.prefetch) return V4Kernel<T>(ln_bwd_v4<T, V, I, kP, true>);
+      if constexpr (!kV4Compiled<T, V, I>) {
+        return V4Kernel<T>(nullptr);
+      } else {
+        if constexpr (kV4PrefetchCompiled<T, V, I>) {
+          if (p.prefetch) return V4Kernel<T>(ln_bwd_v4<T, V, I, kP, true>);
+        }
+        return p.prefetch ? V4Kernel<T>(nullptr) : V4Kernel<T>(ln_bwd_v4<T, V, I, kP, false>);
       }
-      return p.prefetch ? V4Kernel<T>(nullptr) : V4Kernel<T>(ln_bwd_v4<T, V, I, kP, false>);
     });
   });
 }
@@ -135,11 +149,13 @@ V4Kernel<T> v4_kernel(const LnBwdPlan& p) {
 // vectors (H200, probe run 68: 4096x768 bf16 15.2 against 16.2 us, 16384x768
 // 31.6 against 37.4, 65536x512 62.3 against 69.4); not for fp32 (1024-4096
 // columns: 60% slower) nor at 256 columns (no gain). Slots per block and the
-// grid: v4_plan (occupancy).
+// grid: v4_plan (occupancy). 16-bit rows in 16-byte vectors over kV4MaxCols16
+// columns: false (version 2 runs them).
 bool bwd_plan_v4(const LnBackwardArgs& a, LnBwdPlan& p) {
   const V4Config cfg = v4_config(a.cols, p.vec);
   if (!cfg.ok) return false;
   const size_t elem = elem_size(a.dt);
+  if (elem == 2 && p.vec == int(16 / elem) && a.cols > kV4MaxCols16) return false;
   p.iters = cfg.iters;
   p.tpr = cfg.tpr;
   p.prefetch = elem == 2 && p.vec == int(16 / elem) && a.cols >= 512 && a.cols < 1024;

@@ -376,8 +376,9 @@ constexpr int kRingMaxStages = 6;
 // columns (H200, README: splitting 8192 into 2 x 4096 measured slower, 16384
 // into 4 no faster than into 2), in clusters of at most kRingMaxCluster; only
 // sizes whose share is a whole number of 16-byte vectors.
-// Knob kKnobCluster = 1, 2 or 4 overrides (1: no split; set, it splits 16-bit
-// forward rows too), for shares over kClusterMinShare columns only
+// Knob kKnobCluster = 1, 2 or 4 overrides (1: no split, which in the backward's
+// ring holds rows of at most kRingCtaCols; set, it splits 16-bit forward rows
+// too), for shares over kClusterMinShare columns only
 // (layernorm_knobs.h: smaller shares have no kernel, and the glue refuses them).
 constexpr int kRingMaxCluster = 4;
 constexpr int64_t kRingCtaCols = 8192;
@@ -505,6 +506,33 @@ __device__ __forceinline__ void load_param(const TW* p, int64_t c, float fill, f
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out[j] = fill;
+  }
+}
+
+// VEC parameters (weight or bias) at column c as fp32 (`fill` where p is null),
+// their dtype a run-time flag: fp32 when w_f32 (always for T = float), else T.
+// One uniform branch per vector, in kernels that only a forced version or a
+// knob reaches (never version 0's plan), where one instantiation then serves both
+// weight dtypes (TW = void below). A kernel on the plan's path that reads its
+// weights with every row keeps their dtype a template argument (a branch there
+// cost the forward 9% on an H100: docs/log.md, 2026-11-25).
+template <typename T, int VEC>
+__device__ __forceinline__ void load_param_any(const void* p, bool w_f32, int64_t c, float fill,
+                                               float (&out)[VEC]) {
+  if (std::is_same<T, float>::value || w_f32) {
+    load_param<float, VEC>(static_cast<const float*>(p), c, fill, out);
+  } else {
+    load_param<T, VEC>(static_cast<const T*>(p), c, fill, out);
+  }
+}
+
+// load_param for a weight dtype TW, load_param_any (the flag w_f32) for TW = void.
+template <typename T, typename TW, int VEC>
+__device__ __forceinline__ void load_param_w(const TW* p, bool w_f32, int64_t c, float fill, float (&out)[VEC]) {
+  if constexpr (std::is_void<TW>::value) {
+    load_param_any<T, VEC>(p, w_f32, c, fill, out);
+  } else {
+    load_param<TW, VEC>(p, c, fill, out);
   }
 }
 

@@ -42,6 +42,28 @@ template <typename TW>
 __device__ __forceinline__ float load_w(const TW* p, int64_t c) { return p ? kc::to_float(p[c]) : 1.f; }
 template <typename TW>
 __device__ __forceinline__ float load_b(const TW* p, int64_t c) { return p ? kc::to_float(p[c]) : 0.f; }
+// One weight or bias (`fill` where p is null); TW = void: its dtype fp32 when
+// w_f32, else T (as load_param_any).
+template <typename T, typename TW>
+__device__ __forceinline__ float load_param1(const TW* p, bool w_f32, int64_t c, float fill) {
+  if constexpr (std::is_void<TW>::value) {
+    if (!p) return fill;
+    return w_f32 ? static_cast<const float*>(p)[c] : kc::to_float(static_cast<const T*>(p)[c]);
+  } else {
+    return p ? kc::to_float(p[c]) : fill;
+  }
+}
+
+// The kernels that only a forced version or a knob reaches, never version 0's
+// plan (fwd_plan below), take their weights' dtype at run time (TW = void, the
+// flag w_f32, load_param_any: one instantiation for both weight dtypes): 16-bit
+// input's version 2 kernels (but the block-row one without 16-byte vectors: the
+// plan's fallback for such rows over 2048 columns, which version 4 cannot hold),
+// its version 3 kernels and its cluster-split version 4 kernels (16-bit rows are
+// split only with knob cluster set, or version 6). Every other kernel, and every
+// fp32 one, has the weight dtype TW as a template argument (w_f32 unused).
+template <typename T, typename TW, bool kGeneric>
+using FwdTW = typename std::conditional<kGeneric && sizeof(T) == 2, void, TW>::type;
 
 // v1. Assumes blockDim.x = 256 (any multiple of 32 works), grid = rows (<= 2^31-1
 // blocks; the launcher loops over chunks of rows otherwise).
@@ -110,7 +132,7 @@ struct NoExchange {};
 
 template <typename T, typename TW, int VEC, int ITERS, typename Reduce, typename Exchange = NoExchange>
 __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __restrict__ w,
-                                            const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
+                                            const TW* __restrict__ b, bool w_f32, T* __restrict__ yr, float* mean_out,
                                             float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d,
                                             float dn, float eps, int t, Reduce&& reduce, Exchange&& ex = {}) {
   constexpr bool kSplit = !std::is_same<std::decay_t<Exchange>, NoExchange>::value;
@@ -146,8 +168,8 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
     if (rc.has(it)) {
       const int c = rc.col(it);
       float wv[VEC], bv[VEC], out[VEC];
-      load_param<TW, VEC>(w, c, 1.f, wv);
-      load_param<TW, VEC>(b, c, 0.f, bv);
+      load_param_w<T, TW, VEC>(w, w_f32, c, 1.f, wv);
+      load_param_w<T, TW, VEC>(b, w_f32, c, 0.f, bv);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if constexpr (kSplit)
@@ -168,12 +190,12 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
 
 template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
 __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
-                                        const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
+                                        const TW* __restrict__ b, bool w_f32, T* __restrict__ yr, float* mean_out,
                                         float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d, float dn, float eps,
                                         int t, Reduce&& reduce) {
   float v[ITERS][VEC];
   row_to_float(cur, v, rc);
-  fwd_row_f32(v, w, b, yr, mean_out, rstd_out, rc, inv_d, dn, eps, t, reduce);
+  fwd_row_f32(v, w, b, w_f32, yr, mean_out, rstd_out, rc, inv_d, dn, eps, t, reduce);
 }
 
 // fwd_row's math for one row without the row in registers (v2 without 16-byte
@@ -182,7 +204,8 @@ __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const
 // reads from L1 or L2).
 template <typename T, typename TW, typename Reduce>
 __device__ __forceinline__ void fwd_row_scalar(const T* __restrict__ xr, const TW* __restrict__ w,
-                                               const TW* __restrict__ b, T* __restrict__ yr, float* mean_out,
+                                               const TW* __restrict__ b, bool w_f32, T* __restrict__ yr,
+                                               float* mean_out,
                                                float* rstd_out, int64_t D, int tpr, int t, float inv_d, float eps,
                                                Reduce&& reduce) {
   float s = 0.f;
@@ -195,7 +218,8 @@ __device__ __forceinline__ void fwd_row_scalar(const T* __restrict__ xr, const T
   }
   const float rstd = rsqrtf(reduce(q) * inv_d + eps);
   for (int64_t c = t; c < D; c += tpr)
-    yr[c] = kc::from_float<T>((kc::to_float(xr[c]) - mean) * rstd * load_w(w, c) + load_b(b, c));
+    yr[c] = kc::from_float<T>((kc::to_float(xr[c]) - mean) * rstd * load_param1<T>(w, w_f32, c, 1.f) +
+                              load_param1<T>(b, w_f32, c, 0.f));
   if (t == 0) {
     *mean_out = mean;
     *rstd_out = rstd;
@@ -213,7 +237,7 @@ template <typename T, typename TW, int VEC, int ITERS, bool kWarp>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-          int64_t rows, int64_t D, float eps) {
+          int64_t rows, int64_t D, float eps, bool w_f32) {
   static_assert(ITERS > 0 || VEC == 1, "ITERS = 0: the scalar loop");
   __shared__ float red[32];
   const int tpr = kWarp ? 32 : blockDim.x;
@@ -230,11 +254,12 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   // the block path keeps the whole block together (its reductions sync).
   for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
     if constexpr (ITERS == 0) {
-      fwd_row_scalar(x + row * D, w, b, y + row * D, mean_out + row, rstd_out + row, D, tpr, t, inv_d, eps, reduce);
+      fwd_row_scalar(x + row * D, w, b, w_f32, y + row * D, mean_out + row, rstd_out + row, D, tpr, t, inv_d, eps,
+                     reduce);
     } else {
       RowRegs<T, VEC, ITERS> cur;
       load_row(cur, x + row * D, rc);
-      fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t, reduce);
+      fwd_row(cur, w, b, w_f32, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t, reduce);
     }
   }
 }
@@ -245,7 +270,7 @@ template <typename T, typename TW, int ITERS>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-          int64_t rows, int64_t D, float eps, int stages) {
+          int64_t rows, int64_t D, float eps, int stages, bool w_f32) {
   constexpr int VEC = kc::max_vec_elems<T>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sx = reinterpret_cast<T*>(smem_raw);  // [stages][D]
@@ -274,7 +299,7 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 #pragma unroll
     for (int it = 0; it < ITERS; ++it)
       if (rc.has(it)) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + stage * D + rc.col(it));
-    fwd_row(cur, w, b, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t,
+    fwd_row(cur, w, b, w_f32, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t,
             [&](float v) { return kc::block_reduce_sum(v, red); });
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
@@ -308,7 +333,7 @@ template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-          int64_t rows, int64_t D, int64_t Dc, float eps, int tpr) {
+          int64_t rows, int64_t D, int64_t Dc, float eps, int tpr, bool w_f32) {
   constexpr bool kPrefetch = sizeof(T) == 2 || kCluster;
   __shared__ float red[kV4MaxSlots][2 * 32];
   __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX][kRingMaxCluster];
@@ -323,8 +348,14 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     const int64_t col0 = int64_t(crank) * Dc;
     x += col0;
     y += col0;
-    if (w) w += col0;
-    if (b) b += col0;
+    if constexpr (std::is_void<TW>::value) {  // the weights' dtype a run-time value: fp32 or T
+      const int64_t off = col0 * (w_f32 ? int64_t(sizeof(float)) : int64_t(sizeof(T)));
+      if (w) w = static_cast<const char*>(w) + off;
+      if (b) b = static_cast<const char*>(b) + off;
+    } else {
+      if (w) w += col0;
+      if (b) b += col0;
+    }
   }
   const int64_t stride = groups * slots;
   int64_t row = group * slots + slot;
@@ -368,9 +399,9 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   }
   auto one_row = [&](float (&v)[ITERS][VEC], int64_t r) {
     if constexpr (kCluster)
-      fwd_row_f32(v, w, b, y + r * D, mean_out + r, rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce, ex);
+      fwd_row_f32(v, w, b, w_f32, y + r * D, mean_out + r, rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce, ex);
     else
-      fwd_row_f32(v, w, b, y + r * D, mean_out + r, rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce);
+      fwd_row_f32(v, w, b, w_f32, y + r * D, mean_out + r, rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce);
   };
   if constexpr (kPrefetch) {
     // The next row is converted to fp32 at the end of the current one, before
@@ -422,34 +453,38 @@ struct FwdPlan {
 };
 
 template <typename T, typename TW>
-using FwdV4Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, int64_t, float, int);
+using FwdV4Kernel =
+    void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, int64_t, float, int, bool);
 
-// The v4 instantiation of a plan (nullptr: none compiled). kL2pf only where a
-// thread holds 4 full vectors and prefetches the next row (kPrefetch: 16-bit or
-// split rows). Split rows (kCluster) only at the ITERS of shares over
-// kClusterMinShare columns (kClusterIters: the plan's own splits), and at 4
-// vectors a thread only with the L2 prefetch (on wherever a cluster can run: sm_90);
-// the knobs that would reach others are refused (layernorm_knobs.h).
-template <typename T, typename TW>
-FwdV4Kernel<T, TW> fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf) {
+// f(kernel): the v4 instantiation of a plan (nullptr: none compiled), its weight
+// type FwdTW's (void for 16-bit split rows). kL2pf only where a thread holds 4
+// full vectors and prefetches the next row (kPrefetch: 16-bit or split rows).
+// Split rows (kCluster) only at the ITERS of shares over kClusterMinShare columns
+// (kClusterIters: the plan's own splits), and at 4 vectors a thread only with the
+// L2 prefetch (on wherever a cluster can run: sm_90); the knobs that would reach
+// others are refused (layernorm_knobs.h).
+template <typename T, typename TW, typename F>
+auto with_fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf, F&& f) {
   constexpr int V = kc::max_vec_elems<T>();
   if (vec != V)  // without 16-byte vectors: the one scalar instantiation (v4_config), not split
-    return iters == kV4ScalarIters && !cluster ? FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, 1, kV4ScalarIters, false, false>)
-                                               : FwdV4Kernel<T, TW>(nullptr);
-  return with_iters<4>(iters, FwdV4Kernel<T, TW>(nullptr), [&](auto it) {
-    constexpr int I = decltype(it)::value;
-    return KC_BOOL_SWITCH(cluster, kCl, [&] {
+    return f(iters == kV4ScalarIters && !cluster ? FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, 1, kV4ScalarIters, false, false>)
+                                                 : FwdV4Kernel<T, TW>(nullptr));
+  return KC_BOOL_SWITCH(cluster, kCl, [&] {
+    using KW = FwdTW<T, TW, kCl>;
+    using K = FwdV4Kernel<T, KW>;
+    return f(with_iters<4>(iters, K(nullptr), [&](auto it) {
+      constexpr int I = decltype(it)::value;
       constexpr bool kL2able = I == 4 && (sizeof(T) == 2 || kCl);
       if constexpr (kCl && !kClusterIters<T, I>) {
-        return FwdV4Kernel<T, TW>(nullptr);
+        return K(nullptr);
       } else if constexpr (kCl && kL2able) {
-        return l2pf ? FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, true>) : FwdV4Kernel<T, TW>(nullptr);
+        return l2pf ? K(ln_fwd_v4<T, KW, V, I, kCl, true>) : K(nullptr);
       } else {
         if constexpr (kL2able)
-          if (l2pf) return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, true>);
-        return FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, V, I, kCl, false>);
+          if (l2pf) return K(ln_fwd_v4<T, KW, V, I, kCl, true>);
+        return K(ln_fwd_v4<T, KW, V, I, kCl, false>);
       }
-    });
+    }));
   });
 }
 
@@ -501,15 +536,16 @@ bool fwd_plan_family(const LnForwardArgs& a, int f, const LnDevice& dev, FwdPlan
       p.c4 = v4_config(a.cols / p.cluster, p.vec);
       if (!p.c4.ok) return false;
       p.l2pf = dev.sm90() && v4_l2_prefetch() && vec_ok && p.c4.iters == 4 && (split || sizeof(T) == 2);
-      const auto kernel = fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf);
-      if (!kernel) return false;
-      p.p4 = v4_plan(kernel, p.c4.tpr, kV4SmallThreads, a.rows, 0, 0);
-      if (split) {
-        const int64_t groups = cluster_groups(kernel, p.p4, p.cluster, a.rows);
-        if (groups <= 0) return false;
-        p.p4.grid = groups * p.cluster;
-      }
-      return true;
+      return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, [&](auto kernel) {
+        if (!kernel) return false;
+        p.p4 = v4_plan(kernel, p.c4.tpr, kV4SmallThreads, a.rows, 0, 0);
+        if (split) {
+          const int64_t groups = cluster_groups(kernel, p.p4, p.cluster, a.rows);
+          if (groups <= 0) return false;
+          p.p4.grid = groups * p.cluster;
+        }
+        return true;
+      });
     }
   }
   return false;  // 5: no forward ring (layernorm_versions.h)
@@ -541,22 +577,35 @@ FwdPlan fwd_plan(const LnForwardArgs& a, int version, const LnDevice& dev) {
 
 // ---------------------------------------------------------------- launching
 template <typename T, typename TW>
-using FwdV2Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, float);
+using FwdV2Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, float, bool);
 template <typename T, typename TW>
-using FwdV3Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, float, int);
+using FwdV3Kernel = void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, float, int, bool);
 
-// 16-byte vectors: ITERS from the plan (warp rows: at most kMaxEptWarp elements
-// a thread, block rows kMaxEpt: v2_config's limits); else the scalar loop
-// (ITERS = 0), whatever the plan's iters.
-template <typename T, typename TW>
-FwdV2Kernel<T, TW> fwd_v2_kernel(const FwdPlan& p) {
+// The weight type (TW or void: FwdTW) of a forward kernel pointer K.
+template <typename K>
+struct FwdKernelTW;
+template <typename T, typename TW, typename... Rest>
+struct FwdKernelTW<void (*)(const T*, const TW*, const TW*, Rest...)> {
+  using type = TW;
+};
+
+// f(kernel): version 2's instantiation of plan p, its weight type FwdTW's. 16-byte
+// vectors: ITERS from the plan (warp rows: at most kMaxEptWarp elements a thread,
+// block rows kMaxEpt: v2_config's limits); else the scalar loop (ITERS = 0),
+// whatever the plan's iters.
+template <typename T, typename TW, typename F>
+auto with_fwd_v2_kernel(const FwdPlan& p, F&& f) {
   constexpr int V = kc::max_vec_elems<T>();
   return KC_BOOL_SWITCH(p.c2.warp, kWarp, [&] {
-    if (p.vec != V) return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, 1, 0, kWarp>);
+    if (p.vec != V) {
+      using KW = FwdTW<T, TW, kWarp>;  // the block rows': the plan's fallback
+      return f(FwdV2Kernel<T, KW>(ln_fwd_v2<T, KW, 1, 0, kWarp>));
+    }
+    using KW = FwdTW<T, TW, true>;
     constexpr int kMax = (kWarp ? kMaxEptWarp : kMaxEpt) / V;
-    return with_iters<kMax>(p.c2.iters, FwdV2Kernel<T, TW>(nullptr), [&](auto it) {
-      return FwdV2Kernel<T, TW>(ln_fwd_v2<T, TW, V, decltype(it)::value, kWarp>);
-    });
+    return f(with_iters<kMax>(p.c2.iters, FwdV2Kernel<T, KW>(nullptr), [&](auto it) {
+      return FwdV2Kernel<T, KW>(ln_fwd_v2<T, KW, V, decltype(it)::value, kWarp>);
+    }));
   });
 }
 
@@ -564,25 +613,27 @@ template <typename T, typename TW>
 cudaError_t fwd_launch(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t stream) {
   constexpr int V = kc::max_vec_elems<T>();
   const T* x = static_cast<const T*>(a.x);
-  const TW* w = static_cast<const TW*>(a.weight);
-  const TW* b = static_cast<const TW*>(a.bias);
   T* y = static_cast<T*>(a.y);
+  const bool w_f32 = a.wdt == kc::DType::F32;  // read by the kernels with TW = void only
   switch (p.family) {
-    case kRegisters: {
-      const auto kernel = fwd_v2_kernel<T, TW>(p);
-      if (!kernel) return cudaErrorInvalidConfiguration;
-      int per_sm = 0;
-      KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.c2.threads, 0));
-      const int64_t rows_per_block = p.c2.warp ? p.c2.threads / 32 : 1;
-      const int64_t needed = (a.rows + rows_per_block - 1) / rows_per_block;
-      const int64_t cap = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1) * 4;  // up to 4 waves
-      kernel<<<unsigned(needed < cap ? needed : cap), p.c2.threads, 0, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows,
-                                                                                 a.cols, a.eps);
-      return cudaGetLastError();
-    }
+    case kRegisters:
+      return with_fwd_v2_kernel<T, TW>(p, [&](auto kernel) {
+        using KW = typename FwdKernelTW<decltype(kernel)>::type;
+        if (!kernel) return cudaErrorInvalidConfiguration;
+        int per_sm = 0;
+        KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.c2.threads, 0));
+        const int64_t rows_per_block = p.c2.warp ? p.c2.threads / 32 : 1;
+        const int64_t needed = (a.rows + rows_per_block - 1) / rows_per_block;
+        const int64_t cap = int64_t(num_sms()) * (per_sm > 0 ? per_sm : 1) * 4;  // up to 4 waves
+        kernel<<<unsigned(needed < cap ? needed : cap), p.c2.threads, 0, stream>>>(
+            x, static_cast<const KW*>(a.weight), static_cast<const KW*>(a.bias), y, a.mean, a.rstd, a.rows, a.cols,
+            a.eps, w_f32);
+        return cudaGetLastError();
+      });
     case kCpAsync: {
-      const auto kernel = with_iters<kMaxEpt / V>(p.c2.iters, FwdV3Kernel<T, TW>(nullptr), [&](auto it) {
-        return FwdV3Kernel<T, TW>(ln_fwd_v3<T, TW, decltype(it)::value>);
+      using KW = FwdTW<T, TW, true>;
+      const auto kernel = with_iters<kMaxEpt / V>(p.c2.iters, FwdV3Kernel<T, KW>(nullptr), [&](auto it) {
+        return FwdV3Kernel<T, KW>(ln_fwd_v3<T, KW, decltype(it)::value>);
       });
       if (!kernel) return cudaErrorInvalidConfiguration;
       const size_t smem = size_t(p.stages) * size_t(a.cols) * sizeof(T);
@@ -590,26 +641,33 @@ cudaError_t fwd_launch(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t st
       int per_sm = 0;
       KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.c2.threads, smem));
       const int64_t grid = persistent_grid(a.rows, per_sm);
-      kernel<<<unsigned(grid), p.c2.threads, smem, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.eps,
-                                                             p.stages);
+      kernel<<<unsigned(grid), p.c2.threads, smem, stream>>>(x, static_cast<const KW*>(a.weight),
+                                                             static_cast<const KW*>(a.bias), y, a.mean, a.rstd,
+                                                             a.rows, a.cols, a.eps, p.stages, w_f32);
       return cudaGetLastError();
     }
     case kRowSlots:
     case kClusterSplit: {
       const bool split = p.family == kClusterSplit;
-      const auto kernel = fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf);
-      if (!kernel) return cudaErrorInvalidConfiguration;
-      if (p.p4.grid <= 0) return cudaSuccess;
-      if (split)
-        return kc::launch_cluster(kernel, dim3(unsigned(p.p4.grid)), dim3(unsigned(p.p4.threads)), 0, stream,
-                                  unsigned(p.cluster), x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols / p.cluster,
-                                  a.eps, p.c4.tpr);
-      kernel<<<unsigned(p.p4.grid), p.p4.threads, 0, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols,
-                                                               a.eps, p.c4.tpr);
-      KC_CUDA_LAUNCH_TRY();
-      return cudaSuccess;
+      return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, [&](auto kernel) {
+        using KW = typename FwdKernelTW<decltype(kernel)>::type;
+        if (!kernel) return cudaErrorInvalidConfiguration;
+        if (p.p4.grid <= 0) return cudaSuccess;
+        const KW* w = static_cast<const KW*>(a.weight);
+        const KW* b = static_cast<const KW*>(a.bias);
+        if (split)
+          return kc::launch_cluster(kernel, dim3(unsigned(p.p4.grid)), dim3(unsigned(p.p4.threads)), 0, stream,
+                                    unsigned(p.cluster), x, w, b, y, a.mean, a.rstd, a.rows, a.cols,
+                                    a.cols / p.cluster, a.eps, p.c4.tpr, w_f32);
+        kernel<<<unsigned(p.p4.grid), p.p4.threads, 0, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols,
+                                                                 a.eps, p.c4.tpr, w_f32);
+        KC_CUDA_LAUNCH_TRY();
+        return cudaSuccess;
+      });
     }
   }
+  const TW* w = static_cast<const TW*>(a.weight);
+  const TW* b = static_cast<const TW*>(a.bias);
   // 1: one block per row, in chunks that fit a grid
   for (int64_t r0 = 0; r0 < a.rows; r0 += 0x7fffffff) {
     const int64_t n = a.rows - r0 < 0x7fffffff ? a.rows - r0 : 0x7fffffff;
