@@ -395,8 +395,8 @@ def test_fp32_weights_with_low_precision_input(device, dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("wdtype", ["same", torch.float32])
-@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype,wdtype", [(d, "same") for d in testing.FLOAT_DTYPES]
+                         + [(d, torch.float32) for d in testing.FLOAT_DTYPES if d != torch.float32])
 def test_cuda_weight_dtype_and_dx_only(dtype, wdtype):
     """Kernels that take the weight dtype, or whether to keep the column sums, at run time
     (version 4's backward, the ring at up to 16 columns a thread, version 3, version 2's
@@ -405,8 +405,6 @@ def test_cuda_weight_dtype_and_dx_only(dtype, wdtype):
     at 256-2048 columns): both weight dtypes against the reference, and dx alone equal to
     the whole backward's up to a few roundings. Aligned and offset (no 16-byte vectors)
     inputs."""
-    if dtype == torch.float32 and wdtype != "same":
-        pytest.skip("fp32 inputs take fp32 weights")
     for cols in [256, 512, 768, 2048, 4096]:
         for offset in (False, True):
             for v in (2, 3, 4, 5, 6):
