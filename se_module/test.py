@@ -655,14 +655,14 @@ def test_cuda_cluster_v5(layout, shape):
 
 
 # v6 (se_cluster.cu's mlp_cluster_kernel: the MLP of a tile of 1, 2, 4 or 8 samples in one
-# cluster of K = min(16, ceil(C / 64)) CTAs, each a share of ceil(C / K) channels; sm_90).
-# Shapes: 33 samples (tiles of 1 or 2: a last tile of one sample), 200 samples (tiles of 4
-# or 8, a partial last tile), C = 40 (one CTA a cluster), C = 1152 (16, non-portable) and
-# C = 1000 (15 CTAs, the last share shorter), S = 300 (past a block's threads in the
-# products over S), H * W = 1, and (2, 64, 96, 96): the reduction split into many pieces,
-# summed by the kernel.
-MLP_CLUSTER = [(33, 240, 5, 5, 10), (200, 1152, 2, 2, 48), (9, 40, 3, 3, 300), (130, 1000, 1, 1, 20),
-               (2, 64, 96, 96, 16), (17, 672, 7, 7, 28)]
+# cluster of K = min(16, ceil(C / 64)) CTAs, each a share of a multiple of 8 channels; sm_90;
+# where 2 S C >= 19200 and S * share * tile <= 16384). Shapes (all taken by the plan): 33
+# samples at C = 240 (4 CTAs), 203 samples (a partial last tile), C = 40 (one CTA a cluster)
+# with S = 300 (past a block's threads in the products over S), C = 1000 (16 CTAs,
+# non-portable, the last share shorter) at H * W = 1, (17, 160, 48, 48): the reduction split
+# into pieces, summed by the kernel, and an EfficientNet-B0 stage at 17 samples.
+MLP_CLUSTER = [(33, 240, 5, 5, 40), (203, 1152, 2, 2, 16), (18, 40, 3, 3, 300), (130, 1000, 1, 1, 20),
+               (17, 160, 48, 48, 64), (17, 672, 7, 7, 28)]
 
 
 @requires_cuda

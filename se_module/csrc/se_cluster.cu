@@ -523,6 +523,17 @@ int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t
 constexpr int kMlpMaxCluster = 16;
 constexpr int64_t kMlpShare = 64;  // channels a CTA the plan aims at (K = C / 64, at most 16)
 constexpr int kMlpMaxTile = 8;     // samples a cluster
+// Where v6's MLP runs (else version 4's): H100, 2026-11-25, bench.py --only effnet, v6 against
+// v4 (GPU time) at every EfficientNet-B0/B4 SE row. Faster (1.03-1.14x) where the weights are
+// large enough for version 4's MLP to cost several launches or one slow block a sample
+// (2 S C >= 19200) and each CTA's products are short (S * cmax * T <= 16384 multiply-adds
+// a CTA: (32, 1632, 12, 12) 14144, (128, 672, 7, 7) 7168);
+// slower past that ((128, 1152, 7, 7), 27648: 0.80-0.89x; (32, 2688, 12, 12), 150528:
+// 0.86-0.95x), where a CTA's 8 warps run its share of the products one after another, and
+// below it, where a cluster's barriers and peer loads cost more than version 3's one block
+// a sample ((128, 240, 14, 14): 0.84-0.89x; batch 1 at C <= 192: 0.56-0.84x).
+constexpr int64_t kMlpMinWeights = 19200;
+constexpr int64_t kMlpMaxWork = 16384;
 
 struct MlpClusterArgs {
   MlpIo io;
@@ -576,6 +587,15 @@ __device__ __forceinline__ void stage_rows(const TW* src, int src_ld, int rows, 
                        [&](int64_t v, kc::Vec<TW, VEC> x) {
                          const int e = int(v) * VEC;
                          int r = int(div_len.div(uint32_t(e))), c = e - r * len;
+                         float* at = dst + r * ld + c;
+                         if (c + VEC <= len && kc::is_aligned(at, 16)) {  // one row: 16-byte stores
+#pragma unroll
+                           for (int k = 0; k < VEC; k += 4)
+                             *reinterpret_cast<float4*>(at + k) =
+                                 make_float4(kc::to_float(x.v[k]), kc::to_float(x.v[k + 1]),
+                                             kc::to_float(x.v[k + 2]), kc::to_float(x.v[k + 3]));
+                           return;
+                         }
 #pragma unroll
                          for (int k = 0; k < VEC; ++k) {
                            dst[r * ld + c] = kc::to_float(x.v[k]);
@@ -870,7 +890,7 @@ bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool ba
 
 
 bool mlp_cluster_plan(const Dims& d, int64_t S, bool backward, const LaunchOpts& o, MlpClusterPlan* plan) {
-  if (!o.mlp_cluster || d.n < 1 || d.c < 1 || S < 1) return false;
+  if (!o.mlp_cluster || d.n < 1 || d.c < 1 || S < 1 || 2 * S * d.c < kMlpMinWeights) return false;
   MlpClusterPlan p{};
   if (d.c > (int64_t(1) << 24) || S > 4096) return false;  // 32-bit shared-memory indices
   const int64_t k0 = std::min<int64_t>(kMlpMaxCluster, ceil_div(d.c, kMlpShare));
@@ -885,6 +905,7 @@ bool mlp_cluster_plan(const Dims& d, int64_t S, bool backward, const LaunchOpts&
     if (ceil_div(d.n, p.tile) <= fit || p.tile == kMlpMaxTile) break;
   }
   if (ceil_div(d.n, p.tile) > 65535) return false;
+  if (S * p.cmax * p.tile > kMlpMaxWork) return false;
   *plan = p;
   return true;
 }
