@@ -483,7 +483,7 @@ def test_bad_inputs_raise_and_process_stays_usable(device):
         (lambda: T.se_block(x, w1, b1, w2, b2, 7, 3), "activation must be 0"),
         (lambda: T.se_block(x, w1, b1, w2, b2, 1, 3, 2), "scale_activation must be 0"),
         (lambda: T.se_block_backward(g, x, w1, b1, w2, b2, 1, 3, -1), "scale_activation must be 0"),
-        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3, 4, 5 or 6"),
+        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3, 4 or 5"),
         (lambda: T.se_block(x[:, :, :0], w1, b1, w2, b2, 1, 3), "at least 1"),
         (lambda: T.se_block_backward(g[:1], x, w1, b1, w2, b2, 1, 3), "grad must have x's shape"),
         (lambda: T.global_avg_pool(x, 3), "version must be 1"),
@@ -543,7 +543,7 @@ def test_cuda_versions_agree_bitwise(version, layout):
 
 
 @requires_cuda
-@pytest.mark.parametrize("version", [1, 3, 4, 5, 6])
+@pytest.mark.parametrize("version", [1, 3, 4, 5])
 @pytest.mark.parametrize("wdtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(3, 40, 9, 9, 10), (5, 600, 3, 3, 60), (6, 1152, 7, 7, 48)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -602,15 +602,15 @@ def test_cuda_spread_mlp(layout, shape):
 @pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
 def test_cuda_pairs_versions(layout, pair):
     """Each (activation, gate) pair through every kernel version: v1-v3 (and v4 below
-    the spread threshold) bitwise equal, v4's spread MLP and v5's and v6's cluster kernels
-    (their own summation orders) close, all close to float64."""
+    the spread threshold) bitwise equal, v4's spread MLP and v5's cluster kernels (their own
+    summation order) close, all close to float64."""
     act, gate = pair
     run = lambda v: (lambda *t: ops.se_block(*t, activation=act, version=v, scale_activation=gate))  # noqa: E731
     for shape, spread in [((3, 96, 20, 20, 24), False), ((5, 600, 3, 3, 60), True)]:
         x, w, g = make(*shape, device="cuda", layout=layout)
         ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
         base = grads_of(run(1), [x, *w], g)
-        for version in (1, 2, 3, 4, 5, 6):
+        for version in (1, 2, 3, 4, 5):
             ours = grads_of(run(version), [x, *w], g)
             for a, b, r, name in zip(ours, base, ref, NAMES):
                 if version < 4 or (version == 4 and not spread):
@@ -652,54 +652,6 @@ def test_cuda_cluster_v5(layout, shape):
     theirs = torch_lowp_grads(xb, wb, gb, act, gate)
     for o, r, t, name in zip(ours, ref, theirs, NAMES):
         testing.assert_lowp_close(o, r, t, name=f"{name} bf16 v5")
-
-
-# v6 (se_cluster.cu's mlp_cluster_kernel: the MLP of a tile of 1, 2, 4 or 8 samples in one
-# cluster of K = min(16, ceil(C / 64)) CTAs, each a share of a multiple of 8 channels; sm_90;
-# where 2 S C >= 19200 and S * share * tile <= 16384). Shapes (all taken by the plan): 33
-# samples at C = 240 (4 CTAs), 203 samples (a partial last tile), C = 40 (one CTA a cluster)
-# with S = 300 (past a block's threads in the products over S), C = 1000 (16 CTAs,
-# non-portable, the last share shorter) at H * W = 1, (17, 160, 48, 48): the reduction split
-# into pieces, summed by the kernel, and an EfficientNet-B0 stage at 17 samples.
-MLP_CLUSTER = [(33, 240, 5, 5, 40), (203, 1152, 2, 2, 16), (18, 40, 3, 3, 300), (130, 1000, 1, 1, 20),
-               (17, 160, 48, 48, 64), (17, 672, 7, 7, 28)]
-
-
-@requires_cuda
-@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] < 9, reason="v6 needs sm_90 (clusters)")
-@pytest.mark.parametrize("layout", ["nchw", "cl"])
-@pytest.mark.parametrize("shape", MLP_CLUSTER, ids=lambda s: "x".join(map(str, s)))
-def test_cuda_mlp_cluster_v6(layout, shape):
-    """v6 against float64 (fp32; bf16 within 2x PyTorch's own bf16 error, with bf16 and with
-    fp32 parameters), bitwise against itself, and against v4 (another summation order) to
-    rounding. Where v5's whole-sample clusters decline (over 16 samples), the launches are
-    the reduction, the cluster MLP and the elementwise pass, both ways."""
-    act = "hardswish" if shape[0] % 2 else "silu"
-    gate = "hardsigmoid" if shape[1] % 3 else "sigmoid"
-    run = lambda v: (lambda *t: ops.se_block(*t, activation=act, version=v, scale_activation=gate))  # noqa: E731
-    x, w, g = make(*shape, device="cuda", layout=layout)
-    ours = grads_of(run(6), [x, *w], g)
-    again = grads_of(run(6), [x, *w], g)
-    v4 = grads_of(run(4), [x, *w], g)
-    ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
-    for a, b, c, r, name in zip(ours, again, v4, ref, NAMES):
-        assert torch.equal(a, b), f"{name} not deterministic"
-        close(a, r, 2e-5, f"{name} v6")
-        close(a, c.double(), 2e-5, f"{name} v6 vs v4")
-    for wdtype in (torch.bfloat16, torch.float32):
-        xb, wb, gb = make(*shape, device="cuda", dtype=torch.bfloat16, wdtype=wdtype, layout=layout)
-        ours = grads_of(run(6), [xb, *wb], gb)
-        ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (xb, *wb)], gb.double())
-        theirs = torch_lowp_grads(xb, [t.to(torch.bfloat16) for t in wb], gb, act, gate)
-        for o, r, t, name in zip(ours, ref, theirs, NAMES):
-            testing.assert_lowp_close(o, r, t.to(o.dtype), name=f"{name} bf16 v6 ({wdtype} parameters)")
-    if shape[0] > 16 and not SAN:
-        xr = x.detach().requires_grad_()
-        mine = lambda names: [n for n in names if "se::" in n]  # noqa: E731
-        fwd = mine(cuda_kernel_names(lambda: ops.se_block(xr, *w, version=6)))
-        assert len(fwd) == 3 and "mlp_cluster_kernel" in fwd[1], fwd
-        bwd = mine(cuda_kernel_names(lambda: T.se_block_backward(g, x, *w, 1, 6)))
-        assert len(bwd) == 3 and "mlp_cluster_kernel" in bwd[1], bwd
 
 
 def cuda_kernel_names(fn):

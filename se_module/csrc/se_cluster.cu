@@ -269,17 +269,9 @@ __device__ __forceinline__ void write_share(T* dst, const T* src_s, int64_t n, i
   }
 }
 
-// [p, p + bytes) asked into L2 by the copy engine, rounded out to 16 bytes (the copy's
-// unit), which stays inside the 16-byte chunks, so the pages, its bytes are in: a hint
-// that nothing waits for.
-__device__ __forceinline__ void prefetch_range(const void* p, int64_t bytes) {
-  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes) + 15) & ~uintptr_t(15);
-  kc::bulk_prefetch_l2(reinterpret_cast<const void*>(b), unsigned(e - b));
-}
-
 // The sum over the cluster's K CTAs of the float at `local`'s place in each one's shared
-// memory, in rank order; all K loads issued before the first add.
+// memory, in rank order; all K loads issued before the first add (a loop over the peers
+// that added each load as it came waited on every one in turn).
 __device__ __forceinline__ float sum_peers(const float* local, unsigned K) {
   float v[kMaxCluster];
 #pragma unroll
@@ -292,12 +284,20 @@ __device__ __forceinline__ float sum_peers(const float* local, unsigned K) {
 }
 
 // The share's weights, w1[:, c0 : c0 + cc] (S rows of cc) and w2[c0 : c0 + cc, :] (cc * S
-// contiguous), on their way to L2, so the products' first loads hit L2 rather than DRAM.
+// contiguous), asked into L2 by the copy engine: a hint that nothing waits for, so the
+// products' first loads hit L2 rather than DRAM. Each range is rounded out to 16 bytes
+// (the copy's unit), which stays inside the 16-byte chunks, so the pages, its bytes are in.
 template <typename TW>
-__device__ __forceinline__ void prefetch_weights(const TW* w1, const TW* w2, int64_t C, int64_t S, int64_t c0,
-                                                 int64_t cc) {
-  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) prefetch_range(w1 + j * C + c0, cc * int64_t(sizeof(TW)));
-  if (threadIdx.x == blockDim.x - 1) prefetch_range(w2 + c0 * S, cc * S * int64_t(sizeof(TW)));
+__device__ __forceinline__ void prefetch_weights(const ClusterArgs& a, int64_t c0, int64_t cc) {
+  auto range = [](const TW* p, int64_t elems) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(p + elems) + 15) & ~uintptr_t(15);
+    kc::bulk_prefetch_l2(reinterpret_cast<const void*>(b), unsigned(e - b));
+  };
+  const TW* w1 = static_cast<const TW*>(a.w1);
+  const TW* w2 = static_cast<const TW*>(a.w2);
+  for (int64_t j = threadIdx.x; j < a.s; j += blockDim.x) range(w1 + j * a.c + c0, cc);
+  if (threadIdx.x == blockDim.x - 1) range(w2 + c0 * a.s, cc * a.s);
 }
 
 // The rank's share: channels [c0, c0 + cc).
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) se_cluster_kernel(Clust
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   // 0. the share's weights (w1[:, share], w2[share, :]) on their way to L2 while x is staged
-  prefetch_weights(static_cast<const TW*>(a.w1), static_cast<const TW*>(a.w2), C, S, c0, cc);
+  prefetch_weights<TW>(a, c0, cc);
   // 1. the share (and g's)
   stage_slab<T, LAY>(static_cast<const T*>(a.x), xs, n, c0, cc, a, div_vc);
   if constexpr (kBwd) stage_slab<T, LAY>(static_cast<const T*>(a.g), gs, n, c0, cc, a, div_vc);
@@ -491,338 +491,6 @@ int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t
   });
 }
 
-
-// ------------------------------------------------------------------ v6: the MLP in one cluster launch
-// Version 4 runs the MLP between the reduction and the elementwise pass as 2 (forward)
-// or 4 (backward) product kernels (se_fused.cu), each a chain of dependent loads that
-// fills the GPU for a few microseconds: at (128, 1152, 7, 7) bf16 channels_last they
-// took 39 of the block's 93 us (H100, tools/timeline.py, 2026-11-25), more than either
-// pass over x. Here the whole MLP of a tile of T samples runs in one cluster of K CTAs,
-// one launch each way. CTA r owns the channels [r * cmax, r * cmax + cc) of every
-// sample of the tile and copies its share of the parameters (w1[:, share], w2[share, :],
-// b2[share], and b1) into shared memory, widening 16-bit ones, before it waits for the
-// reduction (PDL), so the products below read shared memory only:
-//   forward: 1. p = (1 / L) (sum of the reduction's splits) for its channels;
-//            2. fc1's partial over them: zp[t, j] = sum_{c in share} w1[j, c] p[t, c];
-//            3. cluster barrier; z1 = b1 + the K partials, read from the peers' shared
-//               memory in rank order (every CTA gets the same bits); a = act(z1);
-//            4. fc2 for its channels: s = gate(w2[c, :] . a + b2[c]) -> s [N, C].
-//   backward: the same with ds = sum_l g x staged beside p, then dz2 = gate'(z2) ds,
-//            fc2's transposed partial dap[t, j] = sum_{c in share} w2[c, j] dz2[t, c],
-//            a second barrier, dz1 = (sum of the dap partials) act'(z1), and
-//            coef = (w1[:, c] . dz1) / L for its channels; p, dz2 (its channels) and
-//            a, dz1 (rank 0) for the weight gradients, as version 4's kernels write them.
-// Each product is share_product's shape (kParts threads an output) with T accumulators;
-// the per-sample vectors are stored [index][T] (samples fastest), so a thread reads the T
-// values it multiplies with one weight as 16-byte vectors. Index math is 32-bit (shared
-// memory). Sums have fixed orders: deterministic, equal to version 4's results to rounding.
-// (A first version with [T][index] vectors, 64-bit indices, weights read from L2 where used
-// and one peer load at a time took 21 / 48 us forward / backward at (128, 1152, 7, 7) bf16
-// (H100, ncu), issue-bound at 4 warps a scheduler: the products cost more instructions
-// than FMAs, and 16 serial distributed-shared-memory loads per sum.)
-constexpr int kMlpMaxCluster = 16;
-constexpr int64_t kMlpShare = 64;  // channels a CTA the plan aims at (K = C / 64, at most 16)
-constexpr int kMlpMaxTile = 8;     // samples a cluster
-// Where v6's MLP runs (else version 4's): H100, 2026-11-25, bench.py --only effnet, v6 against
-// v4 (GPU time) at every EfficientNet-B0/B4 SE row. Faster (1.03-1.14x) where the weights are
-// large enough for version 4's MLP to cost several launches or one slow block a sample
-// (2 S C >= 19200) and each CTA's products are short (S * cmax * T <= 16384 multiply-adds
-// a CTA: (32, 1632, 12, 12) 14144, (128, 672, 7, 7) 7168);
-// slower past that ((128, 1152, 7, 7), 27648: 0.80-0.89x; (32, 2688, 12, 12), 150528:
-// 0.86-0.95x), where a CTA's 8 warps run its share of the products one after another, and
-// below it, where a cluster's barriers and peer loads cost more than version 3's one block
-// a sample ((128, 240, 14, 14): 0.84-0.89x; batch 1 at C <= 192: 0.56-0.84x).
-constexpr int64_t kMlpMinWeights = 19200;
-constexpr int64_t kMlpMaxWork = 16384;
-
-struct MlpClusterArgs {
-  MlpIo io;
-  const void *w1, *b1, *w2, *b2;  // the caller's parameters, in wdt
-  kc::DType wdt;
-  int64_t n, c;
-  int s;
-  int cmax;         // channels a CTA (the last one may have fewer): a multiple of 8
-  float inv_l;
-  Act act;
-  Gate gate;
-  dev::FastDiv div_splits;
-  dev::FastDiv div_s;
-};
-
-__host__ __device__ inline int pad4i(int n) { return (n + 3) & ~3; }
-// Row strides of the staged weights, the smallest >= the row with stride % 32 == 8: the
-// products' warps read 4 rows of 8 consecutive floats (distinct banks).
-__host__ __device__ inline int mlp_ld(int row) { return row + ((40 - row % 32) % 32); }
-
-// Offsets (floats) of the shared-memory pieces, the same on host and device.
-struct MlpSmem {
-  int w1, w2, b1, b2, vec, tot;
-};
-__host__ __device__ inline MlpSmem mlp_smem(int tile, int cmax, int s) {
-  MlpSmem m{};
-  m.w1 = 0;                             // [S][ld1]
-  m.w2 = m.w1 + s * mlp_ld(cmax);       // [cmax][ld2]
-  m.b1 = m.w2 + cmax * mlp_ld(s);       // [S]
-  m.b2 = m.b1 + pad4i(s);               // [cmax]
-  m.vec = m.b2 + pad4i(cmax);           // p, ds, sv, dz [cmax][T]; zp, dap, z1, av, dz1 [S][T]
-  m.tot = m.vec + 4 * cmax * tile + 5 * pad4i(s * tile);
-  return m;
-}
-
-// dst[r * ld + i] = src[r * src_ld + i] for r < rows, i < len, widened to fp32. 16-byte
-// loads where every vector lies in one source row run (contiguous rows, or rows of whole
-// vectors) and src is aligned, 4 in flight; the rest element by element.
-template <typename TW>
-__device__ __forceinline__ void stage_rows(const TW* src, int src_ld, int rows, int len, float* dst, int ld,
-                                           const dev::FastDiv& div_len) {
-  constexpr int VEC = kc::max_vec_elems<TW>();
-  const int total = rows * len;
-  const bool vec_ok = kc::is_aligned(src, 16) && (src_ld == len || (len % VEC == 0 && src_ld % VEC == 0));
-  const int nvec = vec_ok ? total / VEC : 0;
-  dev::batched_loop<4>(threadIdx.x, nvec, blockDim.x,
-                       [&](int64_t v) {
-                         const int e = int(v) * VEC, r = int(div_len.div(uint32_t(e)));
-                         return kc::load_vec<VEC>(src + r * src_ld + (e - r * len));
-                       },
-                       [&](int64_t v, kc::Vec<TW, VEC> x) {
-                         const int e = int(v) * VEC;
-                         int r = int(div_len.div(uint32_t(e))), c = e - r * len;
-                         float* at = dst + r * ld + c;
-                         if (c + VEC <= len && kc::is_aligned(at, 16)) {  // one row: 16-byte stores
-#pragma unroll
-                           for (int k = 0; k < VEC; k += 4)
-                             *reinterpret_cast<float4*>(at + k) =
-                                 make_float4(kc::to_float(x.v[k]), kc::to_float(x.v[k + 1]),
-                                             kc::to_float(x.v[k + 2]), kc::to_float(x.v[k + 3]));
-                           return;
-                         }
-#pragma unroll
-                         for (int k = 0; k < VEC; ++k) {
-                           dst[r * ld + c] = kc::to_float(x.v[k]);
-                           if (++c == len) c = 0, ++r;
-                         }
-                       });
-  for (int e = nvec * VEC + threadIdx.x; e < total; e += blockDim.x) {
-    const int r = int(div_len.div(uint32_t(e))), c = e - r * len;
-    dst[r * ld + c] = kc::to_float(src[r * src_ld + c]);
-  }
-}
-
-// T consecutive floats of shared memory (16-byte aligned for T >= 4, 8 for T = 2)
-template <int T>
-__device__ __forceinline__ void load_t(const float* p, float (&v)[T]) {
-  if constexpr (T % 4 == 0) {
-#pragma unroll
-    for (int k = 0; k < T; k += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(p + k);
-      v[k] = f.x, v[k + 1] = f.y, v[k + 2] = f.z, v[k + 3] = f.w;
-    }
-  } else if constexpr (T == 2) {
-    const float2 f = *reinterpret_cast<const float2*>(p);
-    v[0] = f.x, v[1] = f.y;
-  } else {
-    v[0] = p[0];
-  }
-}
-
-// out[j * T + t] = sum_{i < len} w(j, i) v[i * T + t] for j < outs and the T samples: kParts
-// threads an output (part q adds i = q, q + kParts, ...), then a shuffle sum in a fixed order.
-template <int T, typename W>
-__device__ __forceinline__ void tile_product(W w, const float* v, int len, int outs, float* out) {
-  const int q = threadIdx.x % kParts;
-  for (int j0 = 0; j0 < outs; j0 += blockDim.x / kParts) {
-    const int j = j0 + threadIdx.x / kParts;
-    float acc[T];
-#pragma unroll
-    for (int t = 0; t < T; ++t) acc[t] = 0.f;
-    if (j < outs) {
-#pragma unroll 2
-      for (int i = q; i < len; i += kParts) {
-        const float wv = w(j, i);
-        float x[T];
-        load_t<T>(v + i * T, x);
-#pragma unroll
-        for (int t = 0; t < T; ++t) acc[t] += wv * x[t];
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-#pragma unroll
-      for (int off = kParts / 2; off > 0; off /= 2) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
-    }
-    if (q == 0 && j < outs) {
-#pragma unroll
-      for (int t = 0; t < T; ++t) out[j * T + t] = acc[t];
-    }
-  }
-}
-
-template <int T, bool kBwd>
-__global__ void __launch_bounds__(kThreads) mlp_cluster_kernel(MlpClusterArgs a) {
-  extern __shared__ float4 sm4[];
-  float* smem = reinterpret_cast<float*>(sm4);
-  const MlpIo& io = a.io;
-  const int64_t C = a.c;
-  const int S = a.s, cmax = a.cmax;
-  const MlpSmem m = mlp_smem(T, cmax, S);
-  const int ld1 = mlp_ld(cmax), ld2 = mlp_ld(S);
-  float* w1s = smem + m.w1;  // w1s[j * ld1 + cl] = w1[j, c0 + cl]
-  float* w2s = smem + m.w2;  // w2s[cl * ld2 + j] = w2[c0 + cl, j]
-  float* b1s = smem + m.b1;
-  float* b2s = smem + m.b2;
-  float* p = smem + m.vec;  // [cmax][T] each
-  float* ds = p + cmax * T;
-  float* sv = ds + cmax * T;  // fc2's products, then (backward) coef's
-  float* dz = sv + cmax * T;  // dz2
-  float* zp = dz + cmax * T;  // [S][T] each
-  const int ps = pad4i(S * T);
-  float* dap = zp + ps;
-  float* z1 = dap + ps;
-  float* av = z1 + ps;
-  float* dz1 = av + ps;
-  const unsigned rank = kc::cluster_rank(), K = kc::cluster_size_x();
-  const int64_t c0 = int64_t(rank) * cmax;
-  const int cc = int(min(int64_t(cmax), C - c0));
-  const int64_t n0 = int64_t(blockIdx.y) * T;
-  const int nt = int(min(int64_t(T), a.n - n0));
-  const int tid = threadIdx.x, nthr = blockDim.x;
-
-  // 0. the share of the parameters: the caller's, which no earlier kernel writes, so
-  // this overlaps the reduction's tail
-  const dev::FastDiv div_cc{uint32_t(cc)};
-  KC_DTYPE_SWITCH(a.wdt, TW, [&] {
-    const TW* w1 = static_cast<const TW*>(a.w1);
-    const TW* w2 = static_cast<const TW*>(a.w2);
-    stage_rows(w1 + c0, int(C), S, cc, w1s, ld1, div_cc);
-    stage_rows(w2 + c0 * S, S, cc, S, w2s, ld2, a.div_s);
-    for (int j = tid; j < S; j += nthr) b1s[j] = kc::to_float(static_cast<const TW*>(a.b1)[j]);
-    for (int cl = tid; cl < cc; cl += nthr) b2s[cl] = kc::to_float(static_cast<const TW*>(a.b2)[c0 + cl]);
-  });
-  dev::grid_dependency_wait();
-  dev::launch_dependents();
-
-  // 1. p (and ds) of the tile's samples for the share: item e = (t, cl), cl fastest (the
-  // loads coalesce), each the sum of the splits in order; a thread's (item, split) pairs
-  // run split-fastest, 16 loads in flight.
-  const int splits = int(a.div_splits.d);
-  const int items = T * cc;
-  const int own = tid < items ? (items - 1 - tid) / nthr + 1 : 0;
-  float2 acc = make_float2(0.f, 0.f);
-  dev::batched_loop<16>(
-      0, int64_t(own) * splits, 1,
-      [&](int64_t f) {
-        const int k = int(a.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
-        const int e = tid + k * nthr, t = int(div_cc.div(uint32_t(e))), cl = e - t * cc;
-        float2 v = make_float2(0.f, 0.f);
-        if (t < nt) {
-          const int64_t at = ((n0 + t) * splits + sp) * C + c0 + cl;
-          v.x = io.part_x[at];
-          if constexpr (kBwd) v.y = io.part_gx[at];
-        }
-        return v;
-      },
-      [&](int64_t f, float2 v) {
-        const int k = int(a.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
-        acc.x = sp > 0 ? acc.x + v.x : v.x;
-        acc.y = sp > 0 ? acc.y + v.y : v.y;
-        if (sp == splits - 1) {
-          const int e = tid + k * nthr, t = int(div_cc.div(uint32_t(e))), cl = e - t * cc;
-          const float pv = acc.x * a.inv_l;
-          p[cl * T + t] = pv;
-          if constexpr (kBwd) {
-            ds[cl * T + t] = acc.y;
-            if (t < nt) io.p_out[(n0 + t) * C + c0 + cl] = pv;
-          }
-        }
-      });
-  __syncthreads();
-
-  // 2. fc1's partial over the share; 3. the cluster's partials in rank order, z1, a
-  tile_product<T>([&](int j, int cl) { return w1s[j * ld1 + cl]; }, p, cc, S, zp);
-  kc::cluster_sync();
-  for (int e = tid; e < S * T; e += nthr) {  // e = j * T + t
-    const int j = e / T, t = e - j * T;
-    const float z = sum_peers(zp + e, K) + b1s[j];
-    z1[e] = z;
-    av[e] = dev::act_rt(a.act, z);
-    if (kBwd && rank == 0 && t < nt) io.a_out[(n0 + t) * S + j] = av[e];
-  }
-  if constexpr (!kBwd) kc::cluster_arrive();  // done reading the peers' zp (waited for before exit)
-  __syncthreads();
-
-  // 4. fc2 for the share, the gate (and its derivative against ds); items (t, cl), cl fastest
-  tile_product<T>([&](int cl, int j) { return w2s[cl * ld2 + j]; }, av, S, cc, sv);
-  __syncthreads();
-  for (int e = tid; e < T * cc; e += nthr) {
-    const int t = int(div_cc.div(uint32_t(e))), cl = e - t * cc, k = cl * T + t;
-    const float z2 = sv[k] + b2s[cl];
-    const float s = dev::gate_f(a.gate, z2);
-    if (t < nt) io.s_out[(n0 + t) * C + c0 + cl] = s;
-    if constexpr (kBwd) {
-      const float d = dev::gate_bwd(a.gate, z2, s, ds[k]);
-      dz[k] = d;
-      if (t < nt) io.dz2_out[(n0 + t) * C + c0 + cl] = d;
-    }
-  }
-  if constexpr (!kBwd) {
-    kc::cluster_wait();  // no CTA leaves while a peer may still read its zp
-    return;
-  }
-  __syncthreads();
-
-  // 5. fc2's transposed partial; 6. the partials in rank order, dz1
-  tile_product<T>([&](int j, int cl) { return w2s[cl * ld2 + j]; }, dz, cc, S, dap);
-  kc::cluster_sync();  // the dap partials are visible, and every peer has read zp
-  for (int e = tid; e < S * T; e += nthr) {
-    const int j = e / T, t = e - j * T;
-    const float g1 = sum_peers(dap + e, K) * dev::act_grad_rt(a.act, z1[e]);
-    dz1[e] = g1;
-    if (rank == 0 && t < nt) io.dz1_out[(n0 + t) * S + j] = g1;
-  }
-  kc::cluster_arrive();  // done reading the peers' dap
-  __syncthreads();
-
-  // 7. coef = (w1^T dz1) / L for the share
-  tile_product<T>([&](int cl, int j) { return w1s[j * ld1 + cl]; }, dz1, S, cc, sv);
-  __syncthreads();
-  for (int e = tid; e < T * cc; e += nthr) {
-    const int t = int(div_cc.div(uint32_t(e))), cl = e - t * cc;
-    if (t < nt) io.coef_out[(n0 + t) * C + c0 + cl] = sv[cl * T + t] * a.inv_l;
-  }
-  kc::cluster_wait();
-}
-
-template <int T, bool kBwd>
-cudaError_t set_mlp_attributes(int k, size_t smem) {
-  const void* fn = reinterpret_cast<const void*>(mlp_cluster_kernel<T, kBwd>);
-  if (k > 8) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  return cudaSuccess;
-}
-
-// f(std::integral_constant<int, T>{}) for the plan's tile T (1, 2, 4 or 8 samples)
-template <typename F>
-auto with_tile(int tile, F f) {
-  switch (tile) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    default: return f(std::integral_constant<int, 8>{});
-  }
-}
-
-// clusters of k CTAs of the tile's kernel, smem bytes each, that fit on the device at once
-int mlp_capacity(int tile, bool backward, int k, size_t smem) {
-  return with_tile(tile, [&](auto t) {
-    constexpr int T = decltype(t)::value;
-    if (backward)
-      return kc::max_active_clusters_cached(mlp_cluster_kernel<T, true>, kThreads, smem, unsigned(k),
-                                            [&] { return set_mlp_attributes<T, true>(k, smem); });
-    return kc::max_active_clusters_cached(mlp_cluster_kernel<T, false>, kThreads, smem, unsigned(k),
-                                          [&] { return set_mlp_attributes<T, false>(k, smem); });
-  });
-}
-
 }  // namespace
 
 bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
@@ -886,56 +554,6 @@ bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool ba
     return true;
   }
   return false;
-}
-
-
-bool mlp_cluster_plan(const Dims& d, int64_t S, bool backward, const LaunchOpts& o, MlpClusterPlan* plan) {
-  if (!o.mlp_cluster || d.n < 1 || d.c < 1 || S < 1 || 2 * S * d.c < kMlpMinWeights) return false;
-  MlpClusterPlan p{};
-  if (d.c > (int64_t(1) << 24) || S > 4096) return false;  // 32-bit shared-memory indices
-  const int64_t k0 = std::min<int64_t>(kMlpMaxCluster, ceil_div(d.c, kMlpShare));
-  p.cmax = int(ceil_div(ceil_div(d.c, k0), 8) * 8);  // shares start at 16-byte boundaries of 16-bit rows
-  p.k = int(ceil_div(d.c, p.cmax));  // every CTA has channels
-  // the fewest samples a cluster with every cluster resident at once (else 8 and more waves)
-  for (p.tile = 1;; p.tile *= 2) {
-    p.smem = size_t(mlp_smem(p.tile, p.cmax, int(S)).tot) * sizeof(float);
-    if (p.smem > size_t(o.max_smem)) return false;
-    const int fit = mlp_capacity(p.tile, backward, p.k, p.smem);
-    if (fit < 1) return false;
-    if (ceil_div(d.n, p.tile) <= fit || p.tile == kMlpMaxTile) break;
-  }
-  if (ceil_div(d.n, p.tile) > 65535) return false;
-  if (S * p.cmax * p.tile > kMlpMaxWork) return false;
-  *plan = p;
-  return true;
-}
-
-cudaError_t mlp_cluster(bool backward, const MlpIo& io, const SeParams& w, const Dims& d, int64_t S, Act act,
-                        Gate gate, const MlpClusterPlan& p, bool pdl, cudaStream_t stream) {
-  MlpClusterArgs a{};
-  a.io = io;
-  a.w1 = w.w1, a.b1 = w.b1, a.w2 = w.w2, a.b2 = w.b2;
-  a.wdt = w.dt;
-  a.n = d.n, a.c = d.c, a.s = int(S);
-  a.cmax = p.cmax;
-  a.inv_l = 1.f / float(d.l);
-  a.act = act;
-  a.gate = gate;
-  a.div_splits = dev::FastDiv(uint32_t(io.splits));
-  a.div_s = dev::FastDiv(uint32_t(S));
-  const dim3 grid(unsigned(p.k), unsigned(ceil_div(d.n, p.tile)));
-  return with_tile(p.tile, [&](auto tile) -> cudaError_t {
-    constexpr int T = decltype(tile)::value;
-    auto go = [&](auto kernel) {
-      return kc::launch_cluster_pdl(kernel, grid, dim3(kThreads), p.smem, stream, unsigned(p.k), pdl, a);
-    };
-    if (backward) {
-      KC_CUDA_TRY((set_mlp_attributes<T, true>(p.k, p.smem)));
-      return go(mlp_cluster_kernel<T, true>);
-    }
-    KC_CUDA_TRY((set_mlp_attributes<T, false>(p.k, p.smem)));
-    return go(mlp_cluster_kernel<T, false>);
-  });
 }
 
 cudaError_t cluster_forward(const void* x, kc::DType dt, const Dims& d, int64_t S, Act act, Gate gate,

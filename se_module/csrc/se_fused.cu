@@ -613,24 +613,12 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
                        void* out, float* ws, LaunchOpts o, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
-  MlpClusterPlan mp;
-  const bool mlp_in_cluster = mlp_cluster_plan(d, S, /*backward=*/false, o, &mp);
-  dev::ParamCast cast{};  // v6's MLP reads the parameters as they are: nothing to widen
-  Fp32Params f{};
-  if (!mlp_in_cluster) f = fp32_params(w, d, S, /*transposed=*/false, ws, &cast);
+  dev::ParamCast cast;
+  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/false, ws, &cast);
   float* part = ws;
   float* s = ws + d.n * p.splits * d.c;
   KC_CUDA_TRY(
       (dev::launch_reduce<true, false, false>(x, nullptr, nullptr, nullptr, dt, d, p, part, nullptr, stream, &cast)));
-  if (mlp_in_cluster) {
-    MlpIo io;
-    io.part_x = part;
-    io.splits = p.splits;
-    io.s_out = s;
-    KC_CUDA_TRY(mlp_cluster(false, io, w, d, S, act, gate, mp, o.pdl, stream));
-    return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
-                                          nullptr, stream);
-  }
   if (spread_mlp(d, S, o)) {
     float* a = s + d.n * d.c;
     GemvArgs f1 = gemv_args(d, part, f.w1, f.b1, d.c, S, a);  // a = act(w1 p + b1)
@@ -657,11 +645,8 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
                         cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;  // the glue zero-fills the weight gradients
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
-  MlpClusterPlan mp;
-  const bool mlp_in_cluster = mlp_cluster_plan(d, S, /*backward=*/true, o, &mp);
-  dev::ParamCast cast{};
-  Fp32Params f{};
-  if (!mlp_in_cluster) f = fp32_params(w, d, S, /*transposed=*/spread_mlp(d, S, o), ws, &cast);
+  dev::ParamCast cast;
+  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/spread_mlp(d, S, o), ws, &cast);
   const int64_t np = d.n * p.splits * d.c, nc = d.n * d.c;
   float* part_x = ws;
   float* part_gx = part_x + np;
@@ -675,19 +660,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   // one pass over (x, grad): sum x and sum grad * x per (n, c)
   KC_CUDA_TRY(
       (dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream, &cast)));
-  if (mlp_in_cluster) {
-    MlpIo io;
-    io.part_x = part_x;
-    io.part_gx = part_gx;
-    io.splits = p.splits;
-    io.s_out = s;
-    io.coef_out = coef;
-    io.p_out = pool;
-    io.dz2_out = dz2;
-    io.a_out = a;
-    io.dz1_out = dz1;
-    KC_CUDA_TRY(mlp_cluster(true, io, w, d, S, act, gate, mp, o.pdl, stream));
-  } else if (spread_mlp(d, S, o)) {
+  if (spread_mlp(d, S, o)) {
     GemvArgs f1 = gemv_args(d, part_x, f.w1, f.b1, d.c, S, a);  // p, z1, a
     f1.splits = p.splits;
     f1.div_splits = dev::FastDiv(uint32_t(p.splits));

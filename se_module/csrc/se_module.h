@@ -50,7 +50,6 @@ struct LaunchOpts {
   int max_smem;    // bytes of shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin)
   bool spread;     // v4+: the MLP spread over (sample tile, output chunk) blocks where the weights are large
   bool cluster;    // v5 (sm_90+): a sample per thread-block cluster, where its share fits shared memory
-  bool mlp_cluster;  // v6 (sm_90+): elsewhere, the MLP between the two passes in one cluster launch
 };
 LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem);
 
@@ -130,33 +129,6 @@ int64_t cluster_backward_workspace(const Dims& d, int64_t S);  // floats
 cudaError_t cluster_backward(const void* grad, const void* x, kc::DType dt, const Dims& d, int64_t S, Act act,
                              Gate gate, const SeParams& w, void* dx, const SeParamGrads& dw, float* ws,
                              const ClusterPlan& p, cudaStream_t stream);
-
-// ---------------------------------------------------------------- v6 (se_cluster.cu)
-// Where v5 declines, versions 1-4's passes run, and v6 runs the MLP between them
-// (version 4's 2 forward / 4 backward product launches) as one launch of clusters of
-// k CTAs, a tile of samples a cluster, each CTA a share of the channels.
-// mlp_cluster_plan says whether it runs (o.mlp_cluster, the shared memory, the cluster
-// occupancy) and how; se_forward / se_backward ask it.
-struct MlpClusterPlan {
-  int k = 1;        // CTAs a cluster
-  int tile = 1;     // samples a cluster (1, 2, 4 or 8)
-  int cmax = 0;     // channels a CTA
-  size_t smem = 0;  // dynamic shared memory a CTA, bytes
-};
-bool mlp_cluster_plan(const Dims& d, int64_t S, bool backward, const LaunchOpts& o, MlpClusterPlan* plan);
-// The MLP's inputs and outputs, all fp32 (the parameters come as SeParams, in their own
-// dtype): the reduction's partials [N, splits, C] (sum x; backward also sum g x), and the
-// per-sample vectors the elementwise pass and the weight gradients read (s, coef = dp / L,
-// p, dz2 [N, C]; a, dz1 [N, S]).
-struct MlpIo {
-  const float* part_x = nullptr;
-  const float* part_gx = nullptr;
-  int splits = 1;
-  float* s_out = nullptr;
-  float *coef_out = nullptr, *p_out = nullptr, *dz2_out = nullptr, *a_out = nullptr, *dz1_out = nullptr;
-};
-cudaError_t mlp_cluster(bool backward, const MlpIo& io, const SeParams& w, const Dims& d, int64_t S, Act act,
-                        Gate gate, const MlpClusterPlan& p, bool pdl, cudaStream_t stream);
 
 // Dynamic shared memory the fused MLP kernels need (bytes), and the most any
 // block may have on the current device; the glue rejects shapes above it.

@@ -74,7 +74,6 @@ LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem) {
   o.pdl = version >= 3 && cc_major >= 9;
   o.spread = version >= 4;
   o.cluster = version >= 5 && cc_major >= 9;
-  o.mlp_cluster = version >= 6 && cc_major >= 9;
   return o;
 }
 

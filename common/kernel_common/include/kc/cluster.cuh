@@ -37,9 +37,6 @@
 //   launch_cluster(kernel, grid, block, smem, stream, cluster_x, args...)
 //                             cudaLaunchKernelEx with a (cluster_x, 1, 1) cluster;
 //                             grid.x must be a multiple of cluster_x
-//   launch_cluster_pdl(kernel, grid, block, smem, stream, cluster_x, pdl, args...)
-//                             the same, plus programmatic dependent launch
-//                             (kc/launch.cuh) when pdl is true
 //   max_active_clusters(kernel, block, smem, cluster_x)
 //                             how many such clusters fit on the device at once
 //                             (0 when none or on error; the error is cleared)
@@ -164,22 +161,14 @@ __device__ __forceinline__ void st_async_cluster(unsigned addr, float a, float b
 }
 
 template <typename... KArgs, typename... Args>
-cudaError_t launch_cluster_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                               unsigned cluster_x, bool pdl, Args&&... args) {
-  cudaLaunchAttribute attr[2];
+cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                           unsigned cluster_x, Args&&... args) {
+  cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = cluster_x;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  return launch_ex(kernel, grid, block, smem, stream, attr, pdl ? 2 : 1, std::forward<Args>(args)...);
-}
-
-template <typename... KArgs, typename... Args>
-cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                           unsigned cluster_x, Args&&... args) {
-  return launch_cluster_pdl(kernel, grid, block, smem, stream, cluster_x, false, std::forward<Args>(args)...);
+  return launch_ex(kernel, grid, block, smem, stream, attr, 1, std::forward<Args>(args)...);
 }
 
 template <typename... KArgs>
