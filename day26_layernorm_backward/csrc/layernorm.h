@@ -67,7 +67,6 @@ struct LnBwdPlan {
   bool prefetch = false;     // 4: the next row prefetched into registers
   int stages = 0;            // 3, 5, 6: rows in flight per block (per row slot for 5, 6)
   int cluster = 1;           // 6: CTAs per row
-  int ring_rows = 1;         // 5, 6: rows per ring stage (one reduction, one exchange for all of them)
   int slots = 1;             // 4, 5, 6: row slots per block
   int threads = 0;           // block size
   int64_t grid = 0;          // blocks launched (0: no main kernel)

@@ -60,7 +60,7 @@ namespace {
 // 512-thread blocks per SM (unbounded, ptxas gave some of them ~100 once pass 2
 // got shorter); the others are unbounded (a minimum of 0 blocks leaves it
 // unspecified; even an explicit 1 changes ptxas's allocation: probe run 52).
-template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster, int kRows>
+template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster>
 __global__ void __launch_bounds__(kV4SmallThreads, kPartials ? 0 : 2)
 ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
             const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
@@ -69,12 +69,11 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   constexpr bool kWReg = kRingWReg<T, ITERS>;  // the weights in registers too
   static_assert(kWReg == std::is_void<TW>::value, "TW = void exactly where the weights sit in registers");
   extern __shared__ __align__(128) unsigned char ring_smem[];
-  __shared__ float red[kV4MaxSlots][2 * 32 * 2 * kRows];
+  __shared__ float red[kV4MaxSlots][2 * 32 * 2];
   __shared__ uint64_t full[kV4MaxSlots][kRingMaxStages];  // per slot and stage: the row has landed
   // kCluster: per slot, kX rotating buffers of every rank's row sums, and their mbarriers
-  using Pairs = ClusterPairsN<2 * kRows>;  // kRows exchange rounds a stage, buffers for two stages
-  __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][Pairs::kX][kRingMaxCluster];
-  __shared__ uint64_t xbar[kCluster ? kV4MaxSlots : 1][Pairs::kX];
+  __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX][kRingMaxCluster];
+  __shared__ uint64_t xbar[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX];
   kc::launch_dependents();  // the finalize kernel (PDL) may be scheduled; it waits for our completion
   const int slots = blockDim.x / tpr;
   const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
@@ -85,8 +84,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   const int64_t groups = kCluster ? int64_t(kc::cluster_count()) : int64_t(gridDim.x);
   const int64_t col0 = int64_t(crank) * Dc;  // this CTA's columns: [col0, col0 + Dc)
   const int64_t span = int64_t(tpr) * ITERS * VEC;
-  const int64_t sspan = 2 * kRows * span;  // a stage: x of its kRows rows, then their dy
-  T* const ring = reinterpret_cast<T*>(ring_smem) + int64_t(slot) * stages * sspan;
+  T* const ring = reinterpret_cast<T*>(ring_smem) + int64_t(slot) * stages * 2 * span;
   uint64_t* const bars = full[slot];
   const unsigned row_bytes = unsigned(Dc * int64_t(sizeof(T)));
   x += col0;
@@ -107,13 +105,13 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
       load_param<TW, VEC>(w, col0 + c, 1.f, wv);
     }
   };
-  auto stage_x = [&](int s, int k) -> const T* { return ring + int64_t(s) * sspan + int64_t(k) * span; };
+  auto stage_x = [&](int s) -> const T* { return ring + int64_t(s) * 2 * span; };
   const RowCols<VEC, ITERS> rc(Dc, tpr, t);  // this thread's vectors (columns < Dc: a mask, int offsets)
   // pass 1 of the row in stage s: this thread's share of the row sums of g = dy * w
   // and g * xhat; dy * xhat and dy added to its column sums
-  auto pass1 = [&](int s, int k, float mu, float rs, float (&sums)[2]) {
-    const T* sx = stage_x(s, k);
-    const T* sd = sx + kRows * span;
+  auto pass1 = [&](int s, float mu, float rs, float (&sums)[2]) {
+    const T* sx = stage_x(s);
+    const T* sd = sx + span;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int c = rc.col(it);
@@ -129,10 +127,10 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     }
   };
   // pass 2: dx of row r (in stage s) from the whole row's sums, the row read again from the ring
-  auto pass2 = [&](int s, int k, int64_t r, float mu, float rs, const float (&sums)[2]) {
+  auto pass2 = [&](int s, int64_t r, float mu, float rs, const float (&sums)[2]) {
     if (!dx) return;
-    const T* sx = stage_x(s, k);
-    const T* sd = sx + kRows * span;
+    const T* sx = stage_x(s);
+    const T* sd = sx + span;
     const DxRow dr(mu, rs, sums, inv_d);
     T* dxr = dx + r * D + col0;
 #pragma unroll
@@ -152,7 +150,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   // share added in rank order, then the buffer is re-armed for its next round (row
   // j + 2): no peer can deliver that before every thread of this slot is past this
   // wait (comment above the kernel)
-  const Pairs ex{&xsum[kCluster ? slot : 0][0][0], &xbar[kCluster ? slot : 0][0], csize, crank};
+  const ClusterPairs ex{&xsum[kCluster ? slot : 0][0][0], &xbar[kCluster ? slot : 0][0], csize, crank};
   auto receive = [&](int64_t j, float (&sums)[2]) {
     const float2* p = ex.wait(j);
     float s0 = 0.f, s1 = 0.f;
@@ -161,20 +159,13 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     ex.rearm(j, t);
   };
 
-  // a slot walks groups of kRows consecutive rows: one wait, one reduction (and
-  // one exchange) per group; a group past the last row is short (its missing
-  // rows are neither loaded nor stored, their sums zero)
-  const int64_t stride = groups * slots * kRows;
-  int64_t row = (group * slots + slot) * kRows;
-  auto count = [&](int64_t r) { return rows - r < kRows ? int(rows - r) : kRows; };
-  auto issue = [&](int64_t r, int s) {  // thread 0 of the slot: rows r.. of x and dy -> stage s
-    T* sx = ring + int64_t(s) * sspan;
-    const int n = count(r);
-    kc::mbar_arrive_expect_tx(&bars[s], 2 * unsigned(n) * row_bytes);
-    for (int k = 0; k < n; ++k) {
-      kc::bulk_copy_g2s(sx + k * span, x + (r + k) * D, row_bytes, &bars[s]);
-      kc::bulk_copy_g2s(sx + (kRows + k) * span, dy + (r + k) * D, row_bytes, &bars[s]);
-    }
+  const int64_t stride = groups * slots;
+  int64_t row = group * slots + slot;
+  auto issue = [&](int64_t r, int s) {  // thread 0 of the slot: row r of x and dy -> stage s
+    T* sx = ring + int64_t(s) * 2 * span;
+    kc::mbar_arrive_expect_tx(&bars[s], 2 * row_bytes);
+    kc::bulk_copy_g2s(sx, x + r * D, row_bytes, &bars[s]);
+    kc::bulk_copy_g2s(sx + span, dy + r * D, row_bytes, &bars[s]);
   };
   if (t == 0) {
     for (int s = 0; s < stages; ++s) kc::mbar_init(&bars[s], 1);
@@ -190,51 +181,30 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   if (t == 0)
     for (int s = 0; s < stages; ++s)
       if (row + s * stride < rows) issue(row + s * stride, s);
-  float mu_next[kRows], rs_next[kRows];  // the statistics of the next group, loaded a group ahead
-  auto load_stats = [&](int64_t r) {
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      mu_next[k] = r + k < rows ? mean[r + k] : 0.f;
-      rs_next[k] = r + k < rows ? rstd[r + k] : 0.f;
-    }
-  };
-  if (row < rows) load_stats(row);
+  float mu_next = 0.f, rs_next = 0.f;  // the statistics of the next row, loaded a row ahead
+  if (row < rows) mu_next = mean[row], rs_next = rstd[row];
 
   int stage = 0, parity = 0;
   unsigned phase = 0;  // parity of the ring's current round (every stage completes once per round)
   for (int64_t i = 0; row < rows; row += stride, ++i) {
-    float mu[kRows], rs[kRows];
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) mu[k] = mu_next[k], rs[k] = rs_next[k];
-    if (row + stride < rows) load_stats(row + stride);
-    const int n = count(row);
-    kc::mbar_wait(&bars[stage], phase);  // these rows have landed
-    float sums[kRows][2];
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      sums[k][0] = sums[k][1] = 0.f;
-      if (k < n) pass1(stage, k, mu[k], rs[k], sums[k]);
-    }
-    slot_reduce_sum<2 * kRows>(reinterpret_cast<float (&)[2 * kRows]>(sums), red[slot], parity, 1 + slot, nw, wis,
-                               lane);
-    // Every thread of the slot is past pass 2 of the previous group (the barrier
+    const float mu = mu_next, rs = rs_next;
+    if (row + stride < rows) mu_next = mean[row + stride], rs_next = rstd[row + stride];
+    kc::mbar_wait(&bars[stage], phase);  // this row has landed
+    float sums[2] = {0.f, 0.f};
+    pass1(stage, mu, rs, sums);
+    slot_reduce_sum<2>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
+    // Every thread of the slot is past pass 2 of the previous row (the barrier
     // above; a one-warp slot: the shuffles, and this __syncwarp): refill its
-    // stage (and, kCluster, the previous group's exchange buffers may be reused).
+    // stage (and, kCluster, the previous row's exchange buffer may be reused).
     if (nw == 1) __syncwarp();
-    if constexpr (kCluster)
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) ex.send(i * kRows + k, t, sums[k][0], sums[k][1]);
+    if constexpr (kCluster) ex.send(i, t, sums[0], sums[1]);
     if (t == 0 && i > 0) {
       const int prev = stage == 0 ? stages - 1 : stage - 1;
       const int64_t r = row + int64_t(stages - 1) * stride;
       if (r < rows) issue(r, prev);
     }
-    if constexpr (kCluster)
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) receive(i * kRows + k, sums[k]);
-#pragma unroll
-    for (int k = 0; k < kRows; ++k)
-      if (k < n) pass2(stage, k, row + k, mu[k], rs[k], sums[k]);
+    if constexpr (kCluster) receive(i, sums);
+    pass2(stage, row, mu, rs, sums);
     if (++stage == stages) stage = 0, phase ^= 1u;
   }
   // every row issued was waited for above: no copy is in flight into the buffer below
@@ -276,14 +246,7 @@ auto with_ring_kernel(const LnBackwardArgs& a, const LnBwdPlan& p, F&& f) {
             constexpr int I = decltype(it)::value;
             constexpr bool kCompiled = kRingWReg<T, I> == std::is_void<typename TW::type>::value &&
                                        (kCl ? kClusterIters<T, I> : kRingWReg<T, I>);
-            // EXPERIMENT: two rows a stage for the 16-bit kernels with sums, 2 vectors a thread
-            constexpr bool kTwo = kCompiled && sizeof(T) == 2 && kP && I == 2 && kRingWReg<T, I>;
-            if constexpr (kTwo) {
-              if (p.ring_rows == 2) return K(ln_bwd_ring<T, typename TW::type, I, kP, kCl, 2>);
-            }
-            if constexpr (kCompiled) {
-              if (p.ring_rows == 1) return K(ln_bwd_ring<T, typename TW::type, I, kP, kCl, 1>);
-            }
+            if constexpr (kCompiled) return K(ln_bwd_ring<T, typename TW::type, I, kP, kCl>);
             return K(nullptr);
           });
         };
@@ -331,10 +294,9 @@ bool bwd_plan_ring(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.tpr = cfg.tpr;
   const int knob = ln_knob(kKnobRingStages);
   p.stages = knob >= 2 && knob <= kRingMaxStages ? knob : kRingStages;
-  p.ring_rows = ln_knob(kKnobRingRows) == 2 ? 2 : 1;  // EXPERIMENT
   return with_ring_kernel(a, p, [&](auto kernel) {
     if (!kernel) return false;
-    const size_t row_bytes = 2 * size_t(p.tpr) * p.iters * V * elem * p.ring_rows;  // x and dy (a stage)
+    const size_t row_bytes = 2 * size_t(p.tpr) * p.iters * V * elem;  // x and dy
     const V4Plan vp = v4_plan(kernel, p.tpr, kV4SmallThreads, a.rows, size_t(p.stages) * row_bytes, 0);
     if (!vp.fits) return false;
     const int64_t groups = p.cluster > 1 ? cluster_groups(kernel, vp, p.cluster, a.rows) : vp.grid;

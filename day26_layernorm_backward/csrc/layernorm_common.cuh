@@ -418,9 +418,8 @@ inline int ring_cluster(int64_t D, int vec) {
 // row j's pairs (both kernels send after the slot's barrier of row j + 1).
 // Device code, sm_90+; buf: [kX][kRingMaxCluster] float2, bar: [kX] uint64_t,
 // both in this CTA's shared memory.
-template <int kX_>
-struct ClusterPairsN {
-  static constexpr int kX = kX_;
+struct ClusterPairs {
+  static constexpr int kX = 2;
   float2* buf;
   uint64_t* bar;
   unsigned csize, crank;
@@ -450,7 +449,6 @@ struct ClusterPairsN {
     if (t == 0) kc::mbar_arrive_expect_tx(&bar[int(j % kX)], bytes());
   }
 };
-using ClusterPairs = ClusterPairsN<2>;
 
 // Clusters of `csize` blocks of plan p's shape for a persistent grid: as many as
 // run at once (the occupancy API; cached), but no more than have rows to do

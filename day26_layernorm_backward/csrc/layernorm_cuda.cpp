@@ -147,7 +147,7 @@ std::vector<std::pair<std::string, int64_t>> backward_plan_query(
           {"partials", p.partials},   {"vec", p.vec},
           {"iters", p.iters},         {"tpr", p.tpr},
           {"warp", p.warp},           {"prefetch", p.prefetch},
-          {"stages", p.stages},       {"cluster", p.cluster}, {"ring_rows", p.ring_rows},
+          {"stages", p.stages},       {"cluster", p.cluster},
           {"slots", p.slots},         {"threads", p.threads},
           {"grid", p.grid},           {"smem", int64_t(p.smem)},
           {"partial_rows", p.partial_rows}, {"workspace_floats", p.workspace_floats},
