@@ -292,14 +292,6 @@ bool bwd_plan_ring(const LnBackwardArgs& a, LnBwdPlan& p) {
   if (!cfg.ok) return false;
   p.iters = cfg.iters;
   p.tpr = cfg.tpr;
-  if (const int kt = ln_knob(kKnobRingTpr); kt > 0) {  // EXPERIMENT: threads per row
-    const int64_t nv = a.cols / p.cluster / V;
-    if (kt % 32 != 0 || nv % kt != 0) return false;
-    const int64_t it = nv / kt;
-    if (it != 1 && it != 2 && it != 4) return false;
-    p.iters = int(it);
-    p.tpr = kt;
-  }
   const int knob = ln_knob(kKnobRingStages);
   p.stages = knob >= 2 && knob <= kRingMaxStages ? knob : kRingStages;
   return with_ring_kernel(a, p, [&](auto kernel) {

@@ -19,7 +19,6 @@ enum LnKnob : int {
   kKnobGrid,             // 4, 5, 6: at most this many blocks in the persistent grids (> 0)
   kKnobRingStages,       // 5, 6 backward: ring stages (2..6; the plan's: 3)
   kKnobCluster,          // 6: CTAs per row (1, 2 or 4, shares over 4096 columns; set, the forward splits 16-bit rows too)
-  kKnobRingTpr,          // 5, 6 backward: threads per row of a slot (a multiple of 32 that splits the share into 1, 2 or 4 vectors a thread; EXPERIMENT)
   kNumKnobs
 };
 int* ln_knobs();  // kNumKnobs ints, defined in binding.cpp
@@ -36,7 +35,7 @@ inline int ln_knob(LnKnob k) { return ln_knobs()[k]; }
 constexpr int64_t kClusterMinShare = 4096;
 inline bool ln_cluster_knob_refused(int64_t cols) {
   const int c = ln_knob(kKnobCluster);
-  return (c == 2 || c == 4) && cols / c < kClusterMinShare;  // EXPERIMENT: share 4096 allowed
+  return (c == 2 || c == 4) && cols / c <= kClusterMinShare;
 }
 inline bool ln_l2_prefetch_knob_refused(int64_t cols, bool fp32) {
   const int c = ln_knob(kKnobCluster);
