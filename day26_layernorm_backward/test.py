@@ -229,9 +229,14 @@ def test_cuda_ring_cluster(cluster, knob):
     row over 4096 columns (fp32: 4 vectors a thread; 16-bit: 2, and 4 over 8192), every
     dtype, fp32 or same-dtype weights, whole and dx-only; with the grid capped at 8
     blocks so every slot walks many rows (both exchange buffers reused many times), and
-    bitwise reproducible."""
+    bitwise reproducible. Then row counts under the clusters' count: clusters with no
+    row, or one."""
     knob.set("cluster", cluster)
     knob.set("grid", "8")
+    if cluster == "2":
+        for rows in (1, 3, 5):
+            x, w, b, dy = make(rows, 8320, torch.bfloat16, "cuda")
+            run_and_check(x, w, b, dy, (8320,), version=6)
     for cols in (CLUSTER_COLS_SANITIZE if SANITIZE else CLUSTER_COLS)[cluster]:
         for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
             for wdtype in (("same",) if SANITIZE else ("same", torch.float32)):
@@ -497,8 +502,21 @@ def test_eps(device):
 
 
 # -------------------------------------------------------- determinism, large
+@requires_cuda
+@pytest.mark.parametrize("rows,cols", [(3000, 2048), (2000, 4100), (700, 16384), (300, 65536)])
+def test_cuda_finalize_shapes(rows, cols):
+    """The wide finalize (rows over 1024 columns) over many partial rows (a persistent
+    grid of one or more blocks per SM), at row lengths that are and are not multiples
+    of 4, 128 or the SM count's columns: dweight and dbias against the float64
+    reference, under version 0 and version 2 (another grid)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, b, dy = make(rows, cols, dtype, "cuda")
+        for v in (0, 2):
+            run_and_check(x, w, b, dy, (cols,), version=v)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("cols", [768, 4096, 8191])
+@pytest.mark.parametrize("cols", [768, 4096, 8191, 16384])
 def test_deterministic(device, cols):
     x, w, b, dy = make(3000 if device == "cuda" and not SANITIZE else 64, cols, torch.bfloat16, device,
                        wdtype=torch.float32)

@@ -105,23 +105,28 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
       load_param<TW, VEC>(w, col0 + c, 1.f, wv);
     }
   };
-  auto stage_x = [&](int s) -> const T* { return ring + int64_t(s) * 2 * span; };
   const RowCols<VEC, ITERS> rc(Dc, tpr, t);  // this thread's vectors (columns < Dc: a mask, int offsets)
+  // The ring read by 32-bit shared-memory addresses: this thread's first vector
+  // of x in stage 0, dy span elements after it, stage s at s * stage_bytes.
+  const unsigned my_x = kc::smem_u32(ring) + unsigned(rc.first) * unsigned(sizeof(T));
+  const unsigned stage_bytes = unsigned(2 * span) * unsigned(sizeof(T));
+  const unsigned dy_bytes = unsigned(span) * unsigned(sizeof(T));
+  const unsigned step_bytes = unsigned(rc.step) * unsigned(sizeof(T));
+  auto row_vecs = [&](int s, int it, kc::Vec<T, VEC>& xv, kc::Vec<T, VEC>& dv) {
+    const unsigned a = my_x + unsigned(s) * stage_bytes + unsigned(it) * step_bytes;
+    xv = kc::load_shared_vec<T, VEC>(a);
+    dv = kc::load_shared_vec<T, VEC>(a + dy_bytes);
+  };
   // pass 1 of the row in stage s: this thread's share of the row sums of g = dy * w
   // and g * xhat; dy * xhat and dy added to its column sums
   auto pass1 = [&](int s, float mu, float rs, float (&sums)[2]) {
-    const T* sx = stage_x(s);
-    const T* sd = sx + span;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int c = rc.col(it);
       if (rc.has(it)) {
-        // one 16-byte load each into registers (handing the helper a reference into
-        // shared memory let the compiler read 16-bit elements one by one: run 25)
-        const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
-        const kc::Vec<T, VEC> dv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c);
+        kc::Vec<T, VEC> xv, dv;
+        row_vecs(s, it, xv, dv);
         float wv[VEC];
-        weights(it, c, wv);
+        weights(it, rc.col(it), wv);
         bwd_vec_pass1<T, VEC, kPartials>(xv, dv, wv, mu, rs, sums, accw[it], accb[it]);
       }
     }
@@ -129,19 +134,16 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   // pass 2: dx of row r (in stage s) from the whole row's sums, the row read again from the ring
   auto pass2 = [&](int s, int64_t r, float mu, float rs, const float (&sums)[2]) {
     if (!dx) return;
-    const T* sx = stage_x(s);
-    const T* sd = sx + span;
     const DxRow dr(mu, rs, sums, inv_d);
     T* dxr = dx + r * D + col0;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int c = rc.col(it);
       if (rc.has(it)) {
-        const kc::Vec<T, VEC> xv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c);
-        const kc::Vec<T, VEC> dv = *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c);
+        kc::Vec<T, VEC> xv, dv;
+        row_vecs(s, it, xv, dv);
         float wv[VEC];
-        weights(it, c, wv);
-        bwd_vec_dx<T, VEC>(xv, dv, wv, dr, dxr + c);
+        weights(it, rc.col(it), wv);
+        bwd_vec_dx<T, VEC>(xv, dv, wv, dr, dxr + rc.col(it));
       }
     }
   };
@@ -182,17 +184,19 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     for (int s = 0; s < stages; ++s)
       if (row + s * stride < rows) issue(row + s * stride, s);
   float mu_next = 0.f, rs_next = 0.f;  // the statistics of the next row, loaded a row ahead
-  if (row < rows) mu_next = mean[row], rs_next = rstd[row];
+  const float* mean_p = mean + row;
+  const float* rstd_p = rstd + row;
+  if (row < rows) mu_next = *mean_p, rs_next = *rstd_p;
 
   int stage = 0, parity = 0;
   unsigned phase = 0;  // parity of the ring's current round (every stage completes once per round)
   for (int64_t i = 0; row < rows; row += stride, ++i) {
     const float mu = mu_next, rs = rs_next;
-    if (row + stride < rows) mu_next = mean[row + stride], rs_next = rstd[row + stride];
+    if (row + stride < rows) mean_p += stride, rstd_p += stride, mu_next = *mean_p, rs_next = *rstd_p;
     kc::mbar_wait(&bars[stage], phase);  // this row has landed
     float sums[2] = {0.f, 0.f};
     pass1(stage, mu, rs, sums);
-    slot_reduce_sum<2>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
+    slot_reduce_sum<2, true>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
     // Every thread of the slot is past pass 2 of the previous row (the barrier
     // above; a one-warp slot: the shuffles, and this __syncwarp): refill its
     // stage (and, kCluster, the previous row's exchange buffer may be reused).

@@ -474,8 +474,15 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
 // index wis, lane). All of the slot's threads get the sums. red: this slot's
 // 2 * 32 * N floats, used by parity (flipped here): one barrier per call, since
 // a slot cannot reach call i + 2 before all of it has passed call i + 1's
-// barrier, i.e. finished reading call i's half.
-template <int N>
+// barrier, i.e. finished reading call i's half. After the barrier every warp
+// adds the nw warp totals itself (no second barrier): lane w loads warp w's and a
+// butterfly adds them. kFew (the ring backward): slots of 2-4 warps read the
+// totals directly instead (each thread all of them, broadcast loads, added in
+// warp order: no shuffles; the 2-warp slots of 1024-column 16-bit rows paid a
+// 5-level butterfly for 2 values). (The same branch in the forward's kernels
+// made its 16-bit rows of 8192-16384 columns 1-3% slower on an H200, where
+// every slot has 8-16 warps: docs/log.md, 2026-11-26.)
+template <int N, bool kFew = false>
 __device__ __forceinline__ void slot_reduce_sum(float (&v)[N], float* red, int& parity, int barrier_id, int nw,
                                                 int wis, int lane) {
 #pragma unroll
@@ -486,9 +493,18 @@ __device__ __forceinline__ void slot_reduce_sum(float (&v)[N], float* red, int& 
 #pragma unroll
     for (int k = 0; k < N; ++k) r[wis * N + k] = v[k];
   named_barrier(barrier_id, nw * 32);
-  // every warp adds the nw warp totals itself (lane i holds warp i's): no second barrier
+  if (kFew && nw <= 4) {
 #pragma unroll
-  for (int k = 0; k < N; ++k) v[k] = kc::warp_reduce_sum(lane < nw ? r[lane * N + k] : 0.f);
+    for (int k = 0; k < N; ++k) v[k] = r[k];
+#pragma unroll
+    for (int w = 1; w < 4; ++w)
+      if (w < nw)
+#pragma unroll
+        for (int k = 0; k < N; ++k) v[k] += r[w * N + k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = kc::warp_reduce_sum(lane < nw ? r[lane * N + k] : 0.f);
+  }
   parity ^= 1;
 }
 

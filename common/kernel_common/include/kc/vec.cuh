@@ -56,6 +56,25 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
+// A 16-byte vector from shared memory at a 32-bit shared-window address
+// (kc::smem_u32 of a __shared__ pointer, plus an offset; 16-byte aligned). A
+// kernel that keeps its shared-memory offsets as 32-bit integers (a ring of
+// stages walked by index) then pays one add per access, where a generic pointer
+// into shared memory is converted back to a shared address at each use.
+// Volatile, with a memory clobber: never moved above the mbarrier wait or the
+// barrier that guards the bytes, nor below a later reuse of the buffer.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_shared_vec(unsigned addr) {
+  static_assert(sizeof(Vec<T, N>) == 16, "16-byte vectors only");
+  uint32_t u0, u1, u2, u3;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(u0), "=r"(u1), "=r"(u2), "=r"(u3) : "r"(addr)
+               : "memory");
+  const uint32_t u[4] = {u0, u1, u2, u3};
+  Vec<T, N> v;
+  memcpy(&v, u, sizeof(v));
+  return v;
+}
+
 // A whole vector to fp32 and back, two 16-bit elements per 32-bit word:
 // bf16 -> fp32 is a shift (low half) or a mask (high half) of the word, one
 // instruction per element, where converting element by element first unpacks
