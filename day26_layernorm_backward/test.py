@@ -515,67 +515,6 @@ def test_cuda_finalize_shapes(rows, cols):
             run_and_check(x, w, b, dy, (cols,), version=v)
 
 
-@requires_cuda
-@pytest.mark.parametrize("dtype,wdtype", [(torch.bfloat16, "same"), (torch.bfloat16, torch.float32),
-                                          (torch.float32, "same")])
-@pytest.mark.parametrize("rows,cols", [(3000, 768), (2000, 1024), (777, 4096), (700, 16384), (50, 24576)])
-def test_cuda_fused_finalize(rows, cols, dtype, wdtype, knob):
-    """Versions 5 and 6 sum their partial rows inside the main kernel (plan finalize 3:
-    a cooperative launch, a grid-wide barrier, then finalize_chunks): dweight and dbias
-    against the float64 reference, also with dbias not asked for; bitwise the same as
-    the same sums in a kernel of their own (knob fused_finalize = 2: what runs where the
-    driver refuses the cooperative launch); and right with versions 2-4's finalize
-    kernels instead (knob 0)."""
-    from day26_layernorm import ops
-
-    ran = 0
-    for v in (5, 6):
-        x, w, b, dy = make(rows, cols, dtype, "cuda", wdtype=wdtype)
-        y, mean, rstd = layer_norm_forward(x, cols, w, b)
-        p = ops.backward_plan(dy, x, cols, mean, rstd, w, (True, True, True), v)
-        if p["family"] not in (5, 6):
-            continue  # that version cannot run the shape (its fallback is tested elsewhere)
-        ran += 1
-        assert p["finalize"] == 3 and p["fin_cols"] >= 8, p
-        run_and_check(x, w, b, dy, (cols,), version=v)
-        run_and_check(x, w, None, dy, (cols,), version=v)
-        fused = layer_norm_backward(dy, x, cols, mean, rstd, w, version=v)
-        with ops.knobs(fused_finalize=2):
-            alone = layer_norm_backward(dy, x, cols, mean, rstd, w, version=v)
-        for a, c in zip(fused, alone):
-            assert torch.equal(a, c), "the stand-alone finalize_chunks kernel differs from the fused step"
-        with ops.knobs(fused_finalize=0):
-            assert ops.backward_plan(dy, x, cols, mean, rstd, w, (True, True, True), v)["finalize"] in (1, 2)
-            run_and_check(x, w, b, dy, (cols,), version=v)
-    assert ran > 0, "no ring plan for this shape"
-
-
-@requires_cuda
-def test_cuda_backward_in_a_cuda_graph():
-    """The backward captured in a CUDA graph (the ring's fused finalize is a cooperative
-    launch; the other finalize kernels use PDL) and replayed twice: bitwise the eager result."""
-    for rows, cols, dtype in [(4096, 1024, torch.bfloat16), (300, 16384, torch.bfloat16), (1000, 768, torch.float32),
-                              (500, 2048, torch.float32)]:
-        x, w, b, dy = make(rows, cols, dtype, "cuda")
-        _, mean, rstd = layer_norm_forward(x, cols, w, b)
-        eager = layer_norm_backward(dy, x, cols, mean, rstd, w)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            layer_norm_backward(dy, x, cols, mean, rstd, w)  # warm-up outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = layer_norm_backward(dy, x, cols, mean, rstd, w)
-        for _ in range(2):
-            for t in out:
-                t.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            for a, c in zip(eager, out):
-                assert torch.equal(a, c), f"{rows}x{cols} {dtype}: graph replay differs from eager"
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cols", [768, 4096, 8191, 16384])
 def test_deterministic(device, cols):
@@ -815,9 +754,7 @@ def test_cuda_plan_auto_table(dtype, cols):
     assert p["family"] == want, p
     assert p["cluster"] == (2 if want == 6 else 1)
     assert p["workspace_floats"] == p["partial_rows"] * 2 * cols
-    # the ring (5, 6) sums its partial rows inside its own kernel; 2-4 launch a finalize kernel
-    assert p["finalize"] == (3 if want in (5, 6) else 1 if cols <= 1024 else 2)
-    assert (p["fin_cols"] > 0) == (p["finalize"] == 3)
+    assert p["finalize"] == (1 if cols <= 1024 else 2)
     q = _plan(64, cols, dtype, mask=(True, False, False))
     assert q["family"] == want and q["workspace_floats"] == 0 and q["finalize"] == 0
 

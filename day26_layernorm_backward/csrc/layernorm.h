@@ -73,9 +73,7 @@ struct LnBwdPlan {
   size_t smem = 0;           // dynamic shared memory per block, bytes
   int64_t partial_rows = 0;  // rows of [2][cols] fp32 partials (blocks, or clusters for 6)
   int64_t workspace_floats = 0;
-  int finalize = 0;          // 0: none (no partials, or 1's column kernel), 1: narrow, 2: wide,
-                             // 3: inside the main kernel (5, 6: cooperative launch; finalize_chunks)
-  int fin_cols = 0;          // 3: the columns a block sums at once (fin_chunk_cols)
+  int finalize = 0;          // 0: none (no partials, or 1's column kernel), 1: narrow, 2: wide
 };
 
 // Number of multiprocessors and compute capability of the current device

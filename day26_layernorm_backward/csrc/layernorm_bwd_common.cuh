@@ -12,7 +12,6 @@
 // the same GPU give bitwise the same dweight/dbias.
 #pragma once
 
-#include <algorithm>
 #include <type_traits>
 
 #include "layernorm.h"
@@ -36,15 +35,11 @@ cudaError_t bwd_launch_v1(const LnBackwardArgs& a, cudaStream_t stream);
 cudaError_t bwd_launch_v2(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
 cudaError_t bwd_launch_v3(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
 cudaError_t bwd_launch_v4(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
-// ring: *fused = whether the finalize ran inside the main kernel (p.finalize == 3)
-cudaError_t bwd_launch_ring(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream, bool* fused);
+cudaError_t bwd_launch_ring(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
 // the finalize: p.partial_rows partial rows -> dweight, dbias (PDL on sm_90+)
 cudaError_t bwd_launch_finalize(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
 // finalize kernel for rows of at most kFinNarrowMaxD columns (else the wide one)
 constexpr int kFinNarrowMaxD = 1024;
-// The ring's finalize done inside its main kernel (p.finalize == 3, below): the
-// columns a block sums at once (finalize_chunks), for that grid and block.
-int fin_chunk_cols(int64_t D, int64_t G, int threads, int64_t blocks);
 
 // f(T{}, TW{}) for the input dtype T and the weight dtype TW (T or float).
 template <typename F>
@@ -237,80 +232,6 @@ __device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], f
     }
   }
   if (slot == 0) store_partial_row<VEC, ITERS>(out, accw, accb, D, ld, tpr, t);
-}
-
-// The finalize as the last step of a persistent kernel (the ring, p.finalize == 3,
-// after a grid-wide barrier), or as a kernel of its own of the same block size
-// (where the cooperative launch that the barrier needs is refused): every block
-// of the grid sums partial rows ([G][2][D] fp32) for chunks of C columns in turn
-// (C = fin_chunk_cols: a power of two from 8 to 256 that divides blockDim.x).
-// Thread t adds column t % C of rows s, s + S, s + 2S, ... (slice s = t / C of
-// S = blockDim.x / C), kFinChunkRows rows loaded before any is added (a missing
-// row is read at the slice's last row and added as 0); the slices' sums are added
-// by a shuffle tree inside each warp (C < 32: the 32 / C lanes of a column), then
-// in warp (C < 32) or slice order from shared memory by one thread per output.
-// The order depends on G, D, C and blockDim.x only, so the fused step and its
-// stand-alone kernel give bitwise the same dweight/dbias. The partials are read
-// through L2 (ld.global.cg): other SMs wrote them in this same kernel. red:
-// 2 * blockDim.x floats of shared memory. Outputs (either may be null) in fp32
-// when out_f32, else in T.
-constexpr int kFinChunkRows = 16;
-template <typename T>
-__device__ __forceinline__ void finalize_chunks(const float* partial, int64_t G, int64_t D, int C, void* dw,
-                                                void* db, bool out_f32, float* red) {
-  const int tid = threadIdx.x, nt = blockDim.x;
-  const int cx = tid & (C - 1), s = tid / C, S = nt / C;
-  const int lane = tid & 31, warp = tid >> 5;
-  const bool narrow = C < 32;
-  const int P = narrow ? nt >> 5 : S;  // partial sums per column left after the shuffles
-  const int pi = narrow ? warp : s;
-  const int64_t step = int64_t(S) * 2 * D;  // from a slice's row to its next
-  for (int64_t chunk = blockIdx.x; chunk * C < D; chunk += gridDim.x) {
-    const int64_t c = chunk * C + cx;
-    float aw = 0.f, ab = 0.f;
-    if (c < D) {
-      const float* p = partial + int64_t(s) * 2 * D + c;
-      for (int64_t g = s; g < G; g += kFinChunkRows * S, p += kFinChunkRows * step) {
-        const int left = int(std::min<int64_t>((G - g + S - 1) / S, kFinChunkRows));
-        float vw[kFinChunkRows], vb[kFinChunkRows];
-        const float* q = p;
-#pragma unroll
-        for (int k = 0; k < kFinChunkRows; ++k) {
-          vw[k] = __ldcg(q);
-          vb[k] = __ldcg(q + D);
-          if (k + 1 < left) q += step;
-        }
-#pragma unroll
-        for (int k = 0; k < kFinChunkRows; ++k) aw += k < left ? vw[k] : 0.f, ab += k < left ? vb[k] : 0.f;
-      }
-    }
-    if (narrow)
-      for (int off = C; off < 32; off <<= 1) {
-        aw += __shfl_xor_sync(0xffffffffu, aw, off);
-        ab += __shfl_xor_sync(0xffffffffu, ab, off);
-      }
-    if (!narrow || lane < C) {
-      red[(2 * pi) * C + cx] = aw;
-      red[(2 * pi + 1) * C + cx] = ab;
-    }
-    __syncthreads();
-    for (int q = tid; q < 2 * C; q += nt) {
-      const int k = q / C, cc = q & (C - 1);  // k 0: dweight, 1: dbias
-      float t = 0.f;
-#pragma unroll 4
-      for (int i = 0; i < P; ++i) t += red[(2 * i + k) * C + cc];
-      const int64_t col = chunk * C + cc;
-      void* out = k == 0 ? dw : db;
-      if (out && col < D) {
-        if (out_f32) {
-          static_cast<float*>(out)[col] = t;
-        } else {
-          static_cast<T*>(out)[col] = kc::from_float<T>(t);
-        }
-      }
-    }
-    __syncthreads();  // red is reused by the next chunk
-  }
 }
 
 // 4, 5, 6:

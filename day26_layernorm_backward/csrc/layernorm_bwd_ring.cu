@@ -64,8 +64,7 @@ template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster>
 __global__ void __launch_bounds__(kV4SmallThreads, kPartials ? 0 : 2)
 ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
             const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
-            float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages, bool w_f32,
-            void* dw, void* db, int fin_cols) {
+            float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages, bool w_f32) {
   constexpr int VEC = kc::max_vec_elems<T>();
   constexpr bool kWReg = kRingWReg<T, ITERS>;  // the weights in registers too
   static_assert(kWReg == std::is_void<TW>::value, "TW = void exactly where the weights sit in registers");
@@ -213,20 +212,15 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     if (++stage == stages) stage = 0, phase ^= 1u;
   }
   // every row issued was waited for above: no copy is in flight into the buffer below
-  if constexpr (kPartials) {
+  if constexpr (kPartials)
     slots_store_partial<VEC, ITERS>(accw, accb, reinterpret_cast<float*>(ring_smem),
                                     partial + group * 2 * D + col0, Dc, D, slots, slot, tpr, t);
-    if (fin_cols > 0) {  // the finalize fused (cooperative launch): every partial row written, then summed
-      kc::grid_sync();
-      finalize_chunks<T>(partial, groups, D, fin_cols, dw, db, w_f32, reinterpret_cast<float*>(ring_smem));
-    }
-  }
   if constexpr (kCluster) kc::cluster_sync();  // no CTA leaves while a peer may still access its shared memory
 }
 
 template <typename T, typename TW>
 using RingKernel = void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t,
-                            int64_t, int, int, bool, void*, void*, int);
+                            int64_t, int, int, bool);
 
 // Version 5 (no split) holds rows of at most kRingCtaCols columns, as a CTA of
 // version 6 does: v4_config gives them at most 16 elements a thread, so every
@@ -269,38 +263,16 @@ auto with_ring_kernel(const LnBackwardArgs& a, const LnBwdPlan& p, F&& f) {
 }
 
 // Launches plan p's kernel: a plain grid (version 5) or clusters of p.cluster CTAs.
-// p.finalize == 3: a cooperative launch, the finalize inside the kernel (*fused
-// set); if the driver refuses that launch (the grid not resident at once, e.g.
-// under MPS limits), the kernel without it, and ln_backward then launches the
-// same finalize as a kernel of its own (bitwise the same sums: finalize_chunks).
 template <typename T, typename TW>
-cudaError_t launch_ring(RingKernel<T, TW> kernel, const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream,
-                        bool* fused) {
+cudaError_t launch_ring(RingKernel<T, TW> kernel, const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
   const int64_t Dc = a.cols / p.cluster;
   const bool w_f32 = a.wdt == kc::DType::F32;
-  if (!kernel) return cudaErrorInvalidConfiguration;
-  if (p.grid <= 0) return cudaSuccess;
+  if (p.cluster == 1 || !kernel || p.grid <= 0)
+    return launch_bwd_main<T, TW>(kernel, a, p, stream, Dc, p.tpr, p.stages, w_f32);
   const BwdPtrs<T, TW> q(a);
-  const dim3 grid(unsigned(p.grid)), block(unsigned(p.threads));
-  if (p.finalize == 3 && ln_knob(kKnobFusedFinalize) != 2) {
-    const cudaError_t e =
-        kc::launch_cooperative(kernel, grid, block, p.smem, stream, unsigned(p.cluster), q.dy, q.x, a.mean, a.rstd,
-                               q.w, q.dx, a.workspace, a.rows, a.cols, Dc, p.tpr, p.stages, w_f32, a.dweight, a.dbias,
-                               p.fin_cols);
-    if (e == cudaSuccess) {
-      *fused = true;
-      return e;
-    }
-    cudaGetLastError();  // refused: the same kernel without the finalize, below
-  }
-  void* const none = nullptr;
-  if (p.cluster == 1) {
-    kernel<<<grid, block, p.smem, stream>>>(q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows, a.cols, Dc,
-                                            p.tpr, p.stages, w_f32, none, none, 0);
-    return cudaGetLastError();
-  }
-  return kc::launch_cluster(kernel, grid, block, p.smem, stream, unsigned(p.cluster), q.dy, q.x, a.mean, a.rstd, q.w,
-                            q.dx, a.workspace, a.rows, a.cols, Dc, p.tpr, p.stages, w_f32, none, none, 0);
+  return kc::launch_cluster(kernel, dim3(unsigned(p.grid)), dim3(unsigned(p.threads)), p.smem, stream,
+                            unsigned(p.cluster), q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows, a.cols, Dc,
+                            p.tpr, p.stages, w_f32);
 }
 
 // Stages of the ring: 3 (H200, runs 18-20: 4 within 1%, 6 (the most that fit)
@@ -342,9 +314,8 @@ bool bwd_plan_ring(const LnBackwardArgs& a, LnBwdPlan& p) {
   });
 }
 
-cudaError_t bwd_launch_ring(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream, bool* fused) {
-  *fused = false;
-  return with_ring_kernel(a, p, [&](auto kernel) { return launch_ring(kernel, a, p, stream, fused); });
+cudaError_t bwd_launch_ring(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
+  return with_ring_kernel(a, p, [&](auto kernel) { return launch_ring(kernel, a, p, stream); });
 }
 
 }  // namespace day26

@@ -151,8 +151,7 @@ std::vector<std::pair<std::string, int64_t>> backward_plan_query(
           {"slots", p.slots},         {"threads", p.threads},
           {"grid", p.grid},           {"smem", int64_t(p.smem)},
           {"partial_rows", p.partial_rows}, {"workspace_floats", p.workspace_floats},
-          {"finalize", p.finalize},   {"fin_cols", p.fin_cols},
-          {"sms", d.sms},
+          {"finalize", p.finalize},   {"sms", d.sms},
           {"cc", d.cc}};
 }
 

@@ -71,7 +71,7 @@ def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=
 def knobs(**values: int):
     """Private, for tests and tools/: override the CUDA plans' own choices inside
     the block (names in csrc/layernorm_knobs.h's LnKnob: target_iters,
-    l2_prefetch, grid, ring_stages, cluster, fused_finalize; ints, bools as 0/1), restored to the
+    l2_prefetch, grid, ring_stages, cluster; ints, bools as 0/1), restored to the
     plans' choices after. The kernel family is the `version`, not a knob.
     Not thread-safe, not for models."""
     names = list(_C._knob_names())

@@ -23,23 +23,12 @@
 //   launch_ex(kernel, grid, block, smem, stream, attrs, nattrs, args...)
 //                           cudaLaunchKernelEx with the given launch attributes
 //                           (used by launch and by kc/cluster.cuh's launch_cluster)
-//   launch_cooperative(kernel, grid, block, smem, stream, cluster_x, args...)
-//                           cudaLaunchKernelEx as a cooperative launch (every block
-//                           of the grid resident at once, or the launch fails:
-//                           cudaErrorCooperativeLaunchTooLarge), in clusters of
-//                           cluster_x CTAs when cluster_x > 1; such a kernel may
-//                           call grid_sync().
-//   grid_sync()             in a cooperatively launched kernel: a barrier of the
-//                           whole grid; every block's writes before it are
-//                           visible to every block after it (cooperative groups'
-//                           grid sync: its barrier word is the driver's, per launch).
 //   sm90_or_newer()         host: whether the current device has compute
 //                           capability 9.0 or newer (cached per device).
 #pragma once
 
 #include <utility>
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 namespace kc {
@@ -81,21 +70,6 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   return launch_ex(kernel, grid, block, smem, stream, attr, 1, std::forward<Args>(args)...);
-}
-
-__device__ __forceinline__ void grid_sync() { cooperative_groups::this_grid().sync(); }
-
-template <typename... KArgs, typename... Args>
-cudaError_t launch_cooperative(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                               unsigned cluster_x, Args&&... args) {
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = cluster_x;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
-  return launch_ex(kernel, grid, block, smem, stream, attr, cluster_x > 1 ? 2u : 1u, std::forward<Args>(args)...);
 }
 
 inline bool sm90_or_newer() {
