@@ -20,7 +20,12 @@ SHAPES = [(4096, 768), (32768, 1024), (16384, 4096), (8192, 8192), (4096, 16384)
 
 
 def env_set(env):
-    """day26's private tuning knobs (ops.knobs) set inside the block, e.g. {"ring_stages": "4"}."""
+    """day26's private tuning knobs (ops.knobs) set inside the block, e.g. {"ring_stages": "4"};
+    None where the installed day26 lacks one of them (a base build in an A/B: that variant is skipped)."""
+    from day26_layernorm.ops import _C
+
+    if set(env) - set(_C._knob_names()):
+        return None
     return knobs(**{k: int(v) for k, v in env.items()})
 
 
@@ -65,7 +70,13 @@ def main():
                 lambda: torch.ops.aten.native_layer_norm_backward(dy, x, [d], mean, rstd, w, b, [True, True, True]))
             fr["torch"] = bench.time_us(lambda: torch.nn.functional.layer_norm(x, (d,), w, b))
             for name, v, env in variants:
-                with env_set(env):
+                ctx = env_set(env)
+                if ctx is None:
+                    for k in (name, name + "_dx", "pct_" + name, "xt_" + name):
+                        br[k] = float("nan")
+                    fr[name] = fr["pct_" + name] = float("nan")
+                    continue
+                with ctx:
                     br[name] = float("nan") if args.fwd_only else bench.time_us(
                         lambda: layer_norm_backward(dy, x, d, m1, r1, w, version=v))
                     if not args.no_dx and not args.fwd_only:
