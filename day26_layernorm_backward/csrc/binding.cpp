@@ -31,8 +31,8 @@ namespace day26 {
 // The tuning-knob table (layernorm.h): every entry -1 (the library's choices)
 // until a test or tool sets one through _set_knob.
 int* ln_knobs() {
-  static int table[kNumKnobs] = {-1, -1, -1, -1, -1, -1};
-  static_assert(kNumKnobs == 6, "one initialiser per knob");
+  static int table[kNumKnobs] = {-1, -1, -1, -1, -1};
+  static_assert(kNumKnobs == 5, "one initialiser per knob");
   return table;
 }
 LnBwdPlanQuery& ln_backward_plan_query() {
@@ -53,7 +53,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     day26::ln_knobs()[knob] = value;
   });
   m.def("_knob_names", [] {
-    return std::vector<std::string>{"target_iters", "l2_prefetch", "grid", "ring_stages", "cluster", "row_order"};
+    return std::vector<std::string>{"target_iters", "l2_prefetch", "grid", "ring_stages", "cluster"};
   });
   // Private (tests, tools/): day26_layernorm.ops.backward_plan() is the way to use it.
   m.def("_backward_plan", [](const at::Tensor& dy, const at::Tensor& x, std::vector<int64_t> nshape,

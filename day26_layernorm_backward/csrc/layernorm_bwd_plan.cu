@@ -140,62 +140,59 @@ cudaError_t ln_backward(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_
 // completion with kc::grid_dependency_wait()).
 namespace {
 
-// The finalize kernel for rows over kFinNarrowMaxD columns. A block owns chunks
-// of 32 * V columns (V = 1, 2 or 4: the launcher's widest loads that still give
-// every SM a block), lane l of every warp the V columns at l * V; the block's warps are slices of the
-// partial rows: warp s adds rows s, s + S, s + 2S, ... (S = blockDim.x / 32 slices,
-// chosen by the launcher so that each slice has about 4 rows, all of them loaded
-// before any is added); then 2 * 32 threads (a one-warp block: each lane twice)
-// add the S slices' sums of their V columns (dweight, dbias) in slice order. Same G, D and block size: the same
-// order, bitwise the same sums. H200 (2026-11-26): at 4096x16384 bf16 (66
-// partial rows) the earlier kernel (one column a thread, 32 slices of 1024-thread
-// blocks, 512 blocks in 4 waves) took 8.3 us under ncu.
-template <typename TW, int V>
-__global__ void __launch_bounds__(1024)
-ln_bwd_finalize(const float* __restrict__ partial, int64_t G, int64_t D, TW* __restrict__ dw, TW* __restrict__ db) {
-  using F = kc::Vec<float, V>;
-  __shared__ F red[32][2][32];  // [slice][dweight, dbias][lane]
-  kc::grid_dependency_wait();  // launched with PDL: the partials are complete and visible after this
-  const int lane = threadIdx.x & 31, s = threadIdx.x >> 5, S = blockDim.x >> 5;
-  auto add = [](F& a, const F& b) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) a.v[j] += b.v[j];
-  };
-  for (int64_t chunk = blockIdx.x; chunk * 32 * V < D; chunk += gridDim.x) {
-    const int64_t c = (chunk * 32 + lane) * V;  // V divides D: all V columns inside, or none
-    F aw = {}, ab = {};
+// Sum G partial rows per column in a fixed order (the finalize kernel's body):
+// chunks of 32 columns go to the blocks in turn; in a block, blockDim.x / 32 slices each add every
+// (blockDim.x / 32)-th partial row of its column (four loads in flight), then
+// slice 0 adds the slices' sums in slice order. red: 2 * blockDim.x floats of
+// shared memory. Same G, D and block size: the same order, bitwise the same sums.
+template <typename TW>
+__device__ __forceinline__ void finalize_columns(const float* __restrict__ partial, int64_t G, int64_t D,
+                                                 TW* __restrict__ dw, TW* __restrict__ db, float* red) {
+  const int nsl = blockDim.x >> 5;
+  const int cx = threadIdx.x & 31, sy = threadIdx.x >> 5;
+  for (int64_t chunk = blockIdx.x; chunk * 32 < D; chunk += gridDim.x) {
+    const int64_t c = chunk * 32 + cx;
+    float aw = 0.f, ab = 0.f;
     if (c < D) {
-      const float* p = partial + c;
-      int64_t g = s;
-      for (; g + 3 * S < G; g += 4 * S) {
-        F vw[4], vb[4];
+      int64_t g = sy;
+      for (; g + 3 * nsl < G; g += 4 * nsl) {
+        float vw[4], vb[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          vw[k] = kc::load_vec<V>(p + ((g + k * S) * 2) * D);
-          vb[k] = kc::load_vec<V>(p + ((g + k * S) * 2 + 1) * D);
+          vw[k] = partial[((g + k * nsl) * 2) * D + c];
+          vb[k] = partial[((g + k * nsl) * 2 + 1) * D + c];
         }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) add(aw, vw[k]), add(ab, vb[k]);
+        for (int k = 0; k < 4; ++k) aw += vw[k], ab += vb[k];
       }
-      for (; g < G; g += S) {
-        add(aw, kc::load_vec<V>(p + (g * 2) * D));
-        add(ab, kc::load_vec<V>(p + (g * 2 + 1) * D));
+      for (; g < G; g += nsl) {
+        aw += partial[(g * 2) * D + c];
+        ab += partial[(g * 2 + 1) * D + c];
       }
     }
-    red[s][0][lane] = aw;
-    red[s][1][lane] = ab;
+    red[sy * 32 + cx] = aw;
+    red[(nsl + sy) * 32 + cx] = ab;
     __syncthreads();
-    for (int q = threadIdx.x; q < 64; q += blockDim.x) {  // (a one-warp block: both halves)
-      const int k = q >> 5;  // 0: dweight, 1: dbias; lane q % 32 == lane
-      F t = red[0][k][lane];
-      for (int r = 1; r < S; ++r) add(t, red[r][k][lane]);
-      TW* out = k == 0 ? dw : db;
-      if (out && c < D)
-#pragma unroll
-        for (int j = 0; j < V; ++j) out[c + j] = kc::from_float<TW>(t.v[j]);
+    if (sy == 0 && c < D) {
+      float tw = 0.f, tb = 0.f;
+      for (int k = 0; k < nsl; ++k) {
+        tw += red[k * 32 + cx];
+        tb += red[(nsl + k) * 32 + cx];
+      }
+      if (dw) dw[c] = kc::from_float<TW>(tw);
+      if (db) db[c] = kc::from_float<TW>(tb);
     }
     __syncthreads();  // red is reused by the next chunk
   }
+}
+
+// The finalize kernel: blocks of 1024 threads (32 slices), one chunk each.
+template <typename TW>
+__global__ void ln_bwd_finalize(const float* __restrict__ partial, int64_t G, int64_t D, TW* __restrict__ dw,
+                                TW* __restrict__ db) {
+  __shared__ float red[2 * 1024];
+  kc::grid_dependency_wait();  // launched with PDL: the partials are complete and visible after this
+  finalize_columns<TW>(partial, G, D, dw, db, red);
 }
 
 // The finalize kernel for rows of up to kFinNarrowMaxD columns, where the wide
@@ -279,18 +276,8 @@ cudaError_t launch_finalize(const LnBackwardArgs& a, int64_t G, bool narrow, cud
   if (narrow)
     return kc::launch(ln_bwd_finalize_narrow<TW>, dim3(unsigned((a.cols + kFinCols - 1) / kFinCols)),
                       dim3(kFinThreads), 0, stream, kc::sm90_or_newer(), partial, G, a.cols, dw, db);
-  // about 4 partial rows a slice (one batch of loads), 1 to 32 slices (warps); the
-  // widest loads (V columns a lane) that still give every SM a block
-  const int slices = int(std::min<int64_t>(32, std::max<int64_t>(1, (G + 3) / 4)));
-  const int64_t sms = ln_device().sms;
-  int V = 1;
-  for (int v : {4, 2})
-    if (V == 1 && a.cols % v == 0 && kc::is_aligned(partial, 4 * v) && a.cols / (32 * v) >= sms) V = v;
-  const dim3 grid(unsigned(std::min<int64_t>((a.cols + 32 * V - 1) / (32 * V), 65535))), block(32 * slices);
-  auto go = [&](auto kernel) {
-    return kc::launch(kernel, grid, block, 0, stream, kc::sm90_or_newer(), partial, G, a.cols, dw, db);
-  };
-  return V == 4 ? go(ln_bwd_finalize<TW, 4>) : V == 2 ? go(ln_bwd_finalize<TW, 2>) : go(ln_bwd_finalize<TW, 1>);
+  return kc::launch(ln_bwd_finalize<TW>, dim3(unsigned((a.cols + 31) / 32)), dim3(1024), 0, stream,
+                    kc::sm90_or_newer(), partial, G, a.cols, dw, db);
 }
 
 }  // namespace

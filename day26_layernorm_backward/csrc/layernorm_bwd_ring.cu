@@ -64,8 +64,7 @@ template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster>
 __global__ void __launch_bounds__(kV4SmallThreads, kPartials ? 0 : 2)
 ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
             const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
-            float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages, bool w_f32,
-            bool interleave) {
+            float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages, bool w_f32) {
   constexpr int VEC = kc::max_vec_elems<T>();
   constexpr bool kWReg = kRingWReg<T, ITERS>;  // the weights in registers too
   static_assert(kWReg == std::is_void<TW>::value, "TW = void exactly where the weights sit in registers");
@@ -163,7 +162,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   };
 
   const int64_t stride = groups * slots;
-  int64_t row = interleave ? int64_t(slot) * groups + group : group * slots + slot;
+  int64_t row = group * slots + slot;
   auto issue = [&](int64_t r, int s) {  // thread 0 of the slot: row r of x and dy -> stage s
     T* sx = ring + int64_t(s) * 2 * span;
     kc::mbar_arrive_expect_tx(&bars[s], 2 * row_bytes);
@@ -221,7 +220,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
 
 template <typename T, typename TW>
 using RingKernel = void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t,
-                            int64_t, int, int, bool, bool);
+                            int64_t, int, int, bool);
 
 // Version 5 (no split) holds rows of at most kRingCtaCols columns, as a CTA of
 // version 6 does: v4_config gives them at most 16 elements a thread, so every
@@ -269,11 +268,11 @@ cudaError_t launch_ring(RingKernel<T, TW> kernel, const LnBackwardArgs& a, const
   const int64_t Dc = a.cols / p.cluster;
   const bool w_f32 = a.wdt == kc::DType::F32;
   if (p.cluster == 1 || !kernel || p.grid <= 0)
-    return launch_bwd_main<T, TW>(kernel, a, p, stream, Dc, p.tpr, p.stages, w_f32, ln_knob(kKnobRowOrder) == 1);
+    return launch_bwd_main<T, TW>(kernel, a, p, stream, Dc, p.tpr, p.stages, w_f32);
   const BwdPtrs<T, TW> q(a);
   return kc::launch_cluster(kernel, dim3(unsigned(p.grid)), dim3(unsigned(p.threads)), p.smem, stream,
                             unsigned(p.cluster), q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows, a.cols, Dc,
-                            p.tpr, p.stages, w_f32, ln_knob(kKnobRowOrder) == 1);
+                            p.tpr, p.stages, w_f32);
 }
 
 // Stages of the ring: 3 (H200, runs 18-20: 4 within 1%, 6 (the most that fit)

@@ -19,7 +19,6 @@ enum LnKnob : int {
   kKnobGrid,             // 4, 5, 6: at most this many blocks in the persistent grids (> 0)
   kKnobRingStages,       // 5, 6 backward: ring stages (2..6; the plan's: 3)
   kKnobCluster,          // 6: CTAs per row (1, 2 or 4, shares over 4096 columns; set, the forward splits 16-bit rows too)
-  kKnobRowOrder,         // EXPERIMENT 5, 6 backward: 1 = rows dealt to the groups first (slot * groups + group)
   kNumKnobs
 };
 int* ln_knobs();  // kNumKnobs ints, defined in binding.cpp
