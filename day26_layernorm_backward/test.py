@@ -516,23 +516,19 @@ def test_cuda_finalize_shapes(rows, cols):
 
 
 @requires_cuda
+@pytest.mark.skipif(SANITIZE, reason="KC_SANITIZE=1: sanitize.sh turns the caching allocator off, which graph capture needs")
 def test_cuda_backward_in_a_cuda_graph():
     """The backward captured in a CUDA graph (the finalize kernels are launched with PDL
     after the main kernel) and replayed twice: bitwise the eager result, for the ring (5),
     the cluster split (6) and row slots (4)."""
+    from kernel_common import bench
+
     for rows, cols, dtype in [(4096, 1024, torch.bfloat16), (300, 16384, torch.bfloat16), (1000, 768, torch.float32),
                               (500, 2048, torch.float32)]:
         x, w, b, dy = make(rows, cols, dtype, "cuda")
         _, mean, rstd = layer_norm_forward(x, cols, w, b)
         eager = layer_norm_backward(dy, x, cols, mean, rstd, w)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            layer_norm_backward(dy, x, cols, mean, rstd, w)  # warm-up outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = layer_norm_backward(dy, x, cols, mean, rstd, w)
+        graph, out = bench.capture_graph(lambda: layer_norm_backward(dy, x, cols, mean, rstd, w), warmup=1)
         for _ in range(2):
             for t in out:
                 t.fill_(float("nan"))

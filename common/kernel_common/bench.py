@@ -68,10 +68,10 @@ def time_us(fn: Callable[[], object], warmup: int = 5, rep: int = 30, flush_l2: 
     return 1e3 * statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
 
 
-def graph_us(fn: Callable[[], object], warmup: int = 2) -> float:
-    """GPU time alone: fn captured in a CUDA graph (after `warmup` calls on a side
-    stream), each repeat one replay, timed as time_us times (L2 flushed, median):
-    the host's launch work is gone from the measurement."""
+def capture_graph(fn: Callable[[], object], warmup: int = 2):
+    """fn captured in a CUDA graph, after `warmup` calls on a side stream (what capture
+    needs: lazy initialisation and allocator warm-up outside it). Returns (graph, what
+    fn returned during the capture: the tensors each replay rewrites)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -80,7 +80,15 @@ def graph_us(fn: Callable[[], object], warmup: int = 2) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        out = fn()
+    return graph, out
+
+
+def graph_us(fn: Callable[[], object], warmup: int = 2) -> float:
+    """GPU time alone: fn captured in a CUDA graph (capture_graph), each repeat one
+    replay, timed as time_us times (L2 flushed, median): the host's launch work is
+    gone from the measurement."""
+    graph, _ = capture_graph(fn, warmup)
     t = time_us(graph.replay)
     del graph
     return t
