@@ -543,7 +543,8 @@ enum class Ew : int { Scale = 0, Dx = 1, Bcast = 2 };
 // samples at a time in shared memory (so each A and B element is read once per
 // tile, not once per output). Used by v5's wgrad_tile_kernel and by the extra
 // blocks of v4's Dx pass. (H100, 2026-11-25: v4's earlier one-output-per-thread
-// dot over n, 8 loads in flight, added ~15 us to the Dx pass at (128, 1152, 7, 7).)
+// dot over n, 8 loads in flight, added ~15 us to the Dx pass at (128, 1152, 7, 7);
+// this tiled product's own load order, below, still cost 7.5 us there until 2026-11-26.)
 constexpr int kWgTile = 32;
 struct WgradProduct {
   const float *a, *b;
@@ -575,29 +576,47 @@ inline WgradTileArgs wgrad_args(const float* dz1, const float* p, const float* d
 }
 inline int64_t wgrad_blocks(const WgradTileArgs& w) { return w.prod[0].blocks + w.prod[1].blocks; }
 
-// One tile (block < wgrad_blocks(w)); the caller has waited for dz1 .. a to be written.
+// One tile (block < wgrad_blocks(w)); the caller has waited for dz1 .. a to be written
+// (by an earlier kernel: they are read through the read-only path).
+// Each chunk of kWgTile samples is fetched into registers, all 8 loads of a thread
+// in flight at once, while the previous chunk's products run; then stored to shared
+// memory. (Loading straight into shared memory serialised the 8 loads: the compiler
+// kept each global load before the next shared store, 32 L2 round trips a tile at
+// N = 128; H100 2026-11-26, the Dx pass at (128, 240, 14, 14) bf16 channels_last
+// added 15.6 us to a graph replay with these blocks, 8.1 without them, 9.3 as below.)
 __device__ __forceinline__ void wgrad_tile_block(const WgradTileArgs& w, int64_t block) {
   __shared__ float as[kWgTile][kWgTile];
   __shared__ float bs[kWgTile][kWgTile];
   static_assert(kThreads == 8 * kWgTile, "a thread per (row group, column) of the tile");
   const bool second = block >= w.prod[0].blocks;
-  const WgradProduct& P = second ? w.prod[1] : w.prod[0];
+  const WgradProduct P = second ? w.prod[1] : w.prod[0];
   const int64_t tile = second ? block - w.prod[0].blocks : block;
   const int64_t t1 = tile / P.tiles2, t2 = tile - t1 * P.tiles2;
   const int64_t o1b = t1 * kWgTile, o2b = t2 * kWgTile;
   const int col = threadIdx.x & 31, row = threadIdx.x >> 5;  // row 0..7
+  const bool in1 = o1b + col < P.m1, in2 = o2b + col < P.m2;
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, bacc[4] = {0.f, 0.f, 0.f, 0.f};
   const bool bias = P.bias != nullptr && t2 == 0 && col == 0;
-  for (int64_t n0 = 0; n0 < w.n; n0 += kWgTile) {
+  float ra[4], rb[4];  // this thread's elements of the next chunk: A[n0 + row + 8 k, o1b + col], B likewise
+  auto fetch = [&](int64_t n0) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int64_t nn = n0 + row + 8 * k;
-      const int64_t o1 = o1b + col, o2 = o2b + col;
-      as[row + 8 * k][col] = (nn < w.n && o1 < P.m1) ? P.a[nn * P.m1 + o1] : 0.f;
-      bs[row + 8 * k][col] = (nn < w.n && o2 < P.m2) ? P.b[nn * P.m2 + o2] : 0.f;
+      ra[k] = (nn < w.n && in1) ? __ldg(P.a + nn * P.m1 + o1b + col) : 0.f;
+      rb[k] = (nn < w.n && in2) ? __ldg(P.b + nn * P.m2 + o2b + col) : 0.f;
+    }
+  };
+  fetch(0);
+  for (int64_t n0 = 0; n0 < w.n; n0 += kWgTile) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      as[row + 8 * k][col] = ra[k];
+      bs[row + 8 * k][col] = rb[k];
     }
     __syncthreads();
+    if (n0 + kWgTile < w.n) fetch(n0 + kWgTile);
     const int cnt = int(w.n - n0 < kWgTile ? w.n - n0 : kWgTile);
+#pragma unroll 8
     for (int q = 0; q < cnt; ++q) {
       const float bv = bs[q][col];
 #pragma unroll
