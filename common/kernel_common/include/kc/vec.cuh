@@ -48,6 +48,24 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
+// load_vec for data read once (ld.global.cs, "cache streaming": evict-first in L1
+// and L2 where the vector is 16 bytes), so that a stream this kernel will not read
+// again does not push out of the L2 the lines a later kernel reads.
+template <int N, typename T>
+__device__ __forceinline__ Vec<T, N> load_vec_stream(const T* p) {
+  if constexpr (sizeof(Vec<T, N>) == 16) {
+#ifdef KC_DEBUG
+    assert(is_aligned(p, 16));
+#endif
+    const int4 r = __ldcs(reinterpret_cast<const int4*>(p));
+    Vec<T, N> v;
+    memcpy(&v, &r, 16);
+    return v;
+  } else {
+    return load_vec<N>(p);
+  }
+}
+
 template <int N, typename T>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
 #ifdef KC_DEBUG
