@@ -101,23 +101,41 @@ struct MlpArgs {
   float* dz2_out;   // [N, C] (backward)
   float* a_out;     // [N, S] (backward)
   float* dz1_out;   // [N, S] (backward)
-  bool staged;      // copy w1, b1, w2, b2 to shared memory first (when they fit)
-  bool params_late; // w1..b2 are written by the preceding kernel (widened 16-bit parameters)
+  bool staged;      // copy the parameters to shared memory first (when they fit), from src
+  bool params_late; // unstaged: w1..b2 are written by the preceding kernel (widened 16-bit parameters)
+  SeParams src;     // the parameters in their own dtype (what the staging reads)
 };
 
 __host__ __device__ inline int64_t pad4(int64_t n) { return (n + 3) & ~int64_t(3); }
 // floats of shared memory the staged weights take (each piece padded to 16 bytes)
 __host__ __device__ inline int64_t staged_floats(int64_t c, int64_t s) { return 2 * pad4(s * c) + pad4(s) + pad4(c); }
 
-__device__ __forceinline__ void copy_to_smem(float* dst, const float* src, int64_t n) {
-  if (kc::is_aligned(src, 16) && n % 4 == 0) {  // dst is 16-byte aligned by construction
-    const float4* s4 = reinterpret_cast<const float4*>(src);
-    float4* d4 = reinterpret_cast<float4*>(dst);
-    dev::batched_loop<8>(threadIdx.x, n / 4, kThreads, [&](int64_t i) { return __ldg(s4 + i); },
-                         [&](int64_t i, float4 v) { d4[i] = v; });
+// n elements of src (dtype dt) widened to fp32 at dst (16-byte aligned); 16-byte
+// loads where src and n allow, 32 elements of a thread in flight.
+template <typename T>
+__device__ __forceinline__ void copy_to_smem(float* dst, const T* src, int64_t n) {
+  constexpr int V = 16 / sizeof(T);
+  if (kc::is_aligned(src, 16) && n % V == 0) {
+    dev::batched_loop<32 / V>(threadIdx.x, n / V, kThreads,
+                         [&](int64_t i) { return kc::load_vec<V>(src + i * V); },
+                         [&](int64_t i, const kc::Vec<T, V>& v) {
+                           float f[V];
+                           kc::vec_to_float(v, f);
+#pragma unroll
+                           for (int k = 0; k < V; k += 4) {
+                             reinterpret_cast<float4*>(dst + i * V)[k / 4] = make_float4(f[k], f[k + 1], f[k + 2], f[k + 3]);
+                           }
+                         });
   } else {
-    dev::batched_loop<8>(threadIdx.x, n, kThreads, [&](int64_t i) { return __ldg(src + i); },
+    dev::batched_loop<8>(threadIdx.x, n, kThreads, [&](int64_t i) { return kc::to_float(src[i]); },
                          [&](int64_t i, float v) { dst[i] = v; });
+  }
+}
+__device__ __forceinline__ void copy_to_smem(float* dst, const void* src, kc::DType dt, int64_t n) {
+  switch (dt) {
+    case kc::DType::F16: return copy_to_smem(dst, static_cast<const __half*>(src), n);
+    case kc::DType::BF16: return copy_to_smem(dst, static_cast<const __nv_bfloat16*>(src), n);
+    default: return copy_to_smem(dst, static_cast<const float*>(src), n);
   }
 }
 
@@ -127,21 +145,26 @@ struct Weights {
 };
 
 // The weights, copied to shared memory when m.staged (the copies are visible
-// after the caller's next __syncthreads), else m's global pointers. fp32
-// parameters are not written by the kernel this one depends on, so this runs
-// before grid_dependency_wait: under PDL it overlaps the reduction still
-// draining. Widened 16-bit ones are (m.params_late): then it waits first.
+// after the caller's next __syncthreads), else m's global pointers. The staging
+// reads the parameters themselves, in their own dtype, which no kernel of the
+// chain writes, so it runs before grid_dependency_wait: under PDL it overlaps the
+// reduction still draining. Unstaged 16-bit parameters are read as the fp32 copies
+// the reduction's extra blocks write (m.params_late): then it waits first.
+// (H100, 2026-11-26: staging the fp32 copies after the wait added ~5 us to each MLP
+// kernel at (32, 672, 24, 24) bf16, 150 KB a block.)
 __device__ __forceinline__ Weights stage_weights(const MlpArgs& m, float* sm) {
-  if (m.params_late) dev::grid_dependency_wait();
-  if (!m.staged) return Weights{m.w1, m.b1, m.w2, m.b2, sm};
+  if (!m.staged) {
+    if (m.params_late) dev::grid_dependency_wait();
+    return Weights{m.w1, m.b1, m.w2, m.b2, sm};
+  }
   float* w1 = sm;
   float* w2 = w1 + pad4(m.s * m.c);
   float* b1 = w2 + pad4(m.s * m.c);
   float* b2 = b1 + pad4(m.s);
-  copy_to_smem(w1, m.w1, m.s * m.c);
-  copy_to_smem(w2, m.w2, m.s * m.c);
-  copy_to_smem(b1, m.b1, m.s);
-  copy_to_smem(b2, m.b2, m.c);
+  copy_to_smem(w1, m.src.w1, m.src.dt, m.s * m.c);
+  copy_to_smem(w2, m.src.w2, m.src.dt, m.s * m.c);
+  copy_to_smem(b1, m.src.b1, m.src.dt, m.s);
+  copy_to_smem(b2, m.src.b2, m.src.dt, m.c);
   return Weights{w1, b1, w2, b2, b2 + pad4(m.c)};
 }
 
@@ -258,11 +281,18 @@ MlpArgs mlp_args(const float* part_x, int splits, const Dims& d, int64_t S, Gate
   return m;
 }
 
+// Shared memory of the one-block-per-sample MLP kernel, with the parameters staged
+// where they fit.
+size_t mlp_smem(const Dims& d, int64_t S, bool backward, const LaunchOpts& o, bool* staged) {
+  const size_t smem = fused_mlp_smem_bytes(d.c, S, backward);
+  const size_t with = smem + size_t(staged_floats(d.c, S)) * sizeof(float);
+  *staged = with <= size_t(o.max_smem);
+  return *staged ? with : smem;
+}
+
 template <typename K>
-cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, MlpArgs m, const LaunchOpts& o, cudaStream_t stream) {
-  const size_t staged = smem + size_t(staged_floats(m.c, m.s)) * sizeof(float);
-  m.staged = staged <= size_t(o.max_smem);
-  if (m.staged) smem = staged;
+cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, const MlpArgs& m, const LaunchOpts& o,
+                       cudaStream_t stream) {
   if (smem > 48 * 1024) {
     KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -567,22 +597,23 @@ int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, 
 }
 
 namespace {
-// The parameters as fp32 pointers: w's own, or (16-bit) their copies at the
-// start of ws, widened by the reduction kernel's extra blocks that *cast
+// The parameters as fp32 pointers: w's own, or (16-bit, `widen`) their copies at
+// the start of ws, written by the reduction kernel's extra blocks that *cast
 // describes; with `transposed`, also fp32 copies of w1^T [C, S] and w2^T [S, C]
 // written by those blocks. cast->blocks = 0 when there is nothing to copy.
-// Advances ws past the copies.
+// Advances ws past the copies. (widen = false where the only reader is the MLP
+// kernel staging the parameters from their own dtype: then the pointers are unused.)
 struct Fp32Params {
   const float *w1, *b1, *w2, *b2;
   const float *w1t, *w2t;  // with `transposed` only
 };
-Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transposed, float*& ws,
+Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transposed, bool need_fp32, float*& ws,
                        dev::ParamCast* cast) {
   *cast = dev::ParamCast{};
   const int64_t len[4] = {S * d.c, S, d.c * S, d.c};
   const int64_t cols[4] = {d.c, S, S, d.c};
   const void* src[4] = {w.w1, w.b1, w.w2, w.b2};
-  const bool widen = w.dt != kc::DType::F32;
+  const bool widen = need_fp32 && w.dt != kc::DType::F32;
   Fp32Params f{};
   const float** fp[4] = {&f.w1, &f.b1, &f.w2, &f.b2};
   for (int t = 0; t < 4; ++t) {
@@ -593,7 +624,7 @@ Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transpo
       cast->dst[t] = ws;
       ws += pad4(len[t]);
     }
-    *fp[t] = widen ? cast->dst[t] : static_cast<const float*>(src[t]);
+    *fp[t] = widen ? cast->dst[t] : w.dt == kc::DType::F32 ? static_cast<const float*>(src[t]) : nullptr;
   }
   if (transposed) {
     cast->dst_t[0] = ws;
@@ -613,13 +644,16 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
                        void* out, float* ws, LaunchOpts o, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
+  const bool spread = spread_mlp(d, S, o);
+  bool staged = false;
+  const size_t smem = mlp_smem(d, S, /*backward=*/false, o, &staged);
   dev::ParamCast cast;
-  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/false, ws, &cast);
+  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/false, /*need_fp32=*/spread || !staged, ws, &cast);
   float* part = ws;
   float* s = ws + d.n * p.splits * d.c;
   KC_CUDA_TRY(
       (dev::launch_reduce<true, false, false>(x, nullptr, nullptr, nullptr, dt, d, p, part, nullptr, stream, &cast)));
-  if (spread_mlp(d, S, o)) {
+  if (spread) {
     float* a = s + d.n * d.c;
     GemvArgs f1 = gemv_args(d, part, f.w1, f.b1, d.c, S, a);  // a = act(w1 p + b1)
     f1.splits = p.splits;
@@ -631,8 +665,9 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
                                           nullptr, stream);
   }
   MlpArgs m = mlp_args(part, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
+  m.staged = staged;
+  m.src = w;
   m.params_late = cast.blocks > 0;
-  const size_t smem = fused_mlp_smem_bytes(d.c, S, false);
   KC_CUDA_TRY(with_act(act, [&](auto tag) {
     return launch_mlp(mlp_forward_kernel<decltype(tag)::value>, d, smem, m, o, stream);
   }));
@@ -645,8 +680,11 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
                         cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;  // the glue zero-fills the weight gradients
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
+  const bool spread = spread_mlp(d, S, o);
+  bool staged = false;
+  const size_t smem = mlp_smem(d, S, /*backward=*/true, o, &staged);
   dev::ParamCast cast;
-  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/spread_mlp(d, S, o), ws, &cast);
+  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/spread, /*need_fp32=*/spread || !staged, ws, &cast);
   const int64_t np = d.n * p.splits * d.c, nc = d.n * d.c;
   float* part_x = ws;
   float* part_gx = part_x + np;
@@ -660,7 +698,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   // one pass over (x, grad): sum x and sum grad * x per (n, c)
   KC_CUDA_TRY(
       (dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream, &cast)));
-  if (spread_mlp(d, S, o)) {
+  if (spread) {
     GemvArgs f1 = gemv_args(d, part_x, f.w1, f.b1, d.c, S, a);  // p, z1, a
     f1.splits = p.splits;
     f1.div_splits = dev::FastDiv(uint32_t(p.splits));
@@ -681,6 +719,8 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     KC_CUDA_TRY((launch_gemv_act<Epi::Coef>(act, cf, o, stream)));
   } else {
   MlpArgs m = mlp_args(part_x, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
+  m.staged = staged;
+  m.src = w;
   m.params_late = cast.blocks > 0;
   m.part_gx = part_gx;
   m.coef_out = coef;
@@ -688,7 +728,6 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   m.dz2_out = dz2;
   m.a_out = a;
   m.dz1_out = dz1;
-  const size_t smem = fused_mlp_smem_bytes(d.c, S, true);
   KC_CUDA_TRY(with_act(act, [&](auto tag) {
     return launch_mlp(mlp_backward_kernel<decltype(tag)::value>, d, smem, m, o, stream);
   }));
