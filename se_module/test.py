@@ -548,8 +548,9 @@ def test_cuda_versions_agree_bitwise(version, layout):
 @pytest.mark.parametrize("shape", [(3, 40, 9, 9, 10), (5, 600, 3, 3, 60), (6, 1152, 7, 7, 48)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_cuda_lowp_params_are_widened_exactly(version, wdtype, shape):
-    """16-bit parameters go to the kernels as they are (widened to fp32 by the first
-    kernel's extra blocks, no cast launches): bitwise the results of the same values
+    """16-bit parameters go to the kernels as they are (widened to fp32 inside them: by the
+    first kernel's extra blocks, or by the one-block-per-sample MLP kernel as it stages
+    them in shared memory; no cast launches): bitwise the results of the same values
     given in fp32, with the weight gradients rounded once to the parameters' dtype.
     Shapes: one block per sample (v3 path, weights staged in shared memory or not)
     and the spread MLP (v4 at 2 S C >= 65536)."""
