@@ -116,16 +116,15 @@ template <typename T>
 __device__ __forceinline__ void copy_to_smem(float* dst, const T* src, int64_t n) {
   constexpr int V = 16 / sizeof(T);
   if (kc::is_aligned(src, 16) && n % V == 0) {
-    dev::batched_loop<32 / V>(threadIdx.x, n / V, kThreads,
-                         [&](int64_t i) { return kc::load_vec<V>(src + i * V); },
-                         [&](int64_t i, const kc::Vec<T, V>& v) {
-                           float f[V];
-                           kc::vec_to_float(v, f);
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    dev::batched_loop<32 / V>(
+        threadIdx.x, n / V, kThreads, [&](int64_t i) { return kc::load_vec<V>(src + i * V); },
+        [&](int64_t i, const kc::Vec<T, V>& v) {
+          float f[V];
+          kc::vec_to_float(v, f);
 #pragma unroll
-                           for (int k = 0; k < V; k += 4) {
-                             reinterpret_cast<float4*>(dst + i * V)[k / 4] = make_float4(f[k], f[k + 1], f[k + 2], f[k + 3]);
-                           }
-                         });
+          for (int k = 0; k < V; k += 4) d4[i * (V / 4) + k / 4] = make_float4(f[k], f[k + 1], f[k + 2], f[k + 3]);
+        });
   } else {
     dev::batched_loop<8>(threadIdx.x, n, kThreads, [&](int64_t i) { return kc::to_float(src[i]); },
                          [&](int64_t i, float v) { dst[i] = v; });

@@ -552,7 +552,7 @@ enum class Ew : int { Scale = 0, Dx = 1, Bcast = 2 };
 // tile, not once per output). Used by v5's wgrad_tile_kernel and by the extra
 // blocks of v4's Dx pass. (H100, 2026-11-25: v4's earlier one-output-per-thread
 // dot over n, 8 loads in flight, added ~15 us to the Dx pass at (128, 1152, 7, 7);
-// this tiled product's own load order, below, still cost 7.5 us there until 2026-11-26.)
+// this tiled product's own load order, below, still cost it about 8 us until 2026-11-26.)
 constexpr int kWgTile = 32;
 struct WgradProduct {
   const float *a, *b;
