@@ -131,11 +131,7 @@ __device__ __forceinline__ void copy_to_smem(float* dst, const T* src, int64_t n
   }
 }
 __device__ __forceinline__ void copy_to_smem(float* dst, const void* src, kc::DType dt, int64_t n) {
-  switch (dt) {
-    case kc::DType::F16: return copy_to_smem(dst, static_cast<const __half*>(src), n);
-    case kc::DType::BF16: return copy_to_smem(dst, static_cast<const __nv_bfloat16*>(src), n);
-    default: return copy_to_smem(dst, static_cast<const float*>(src), n);
-  }
+  KC_DTYPE_SWITCH(dt, T, [&] { copy_to_smem(dst, static_cast<const T*>(src), n); });
 }
 
 struct Weights {
