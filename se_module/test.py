@@ -433,7 +433,17 @@ def _opcheck_samples(device):
         (T.se_block_backward, (gc, xc, *wc, 0, 2)),
         (T.se_block, (rg(xc), *map(rg, wc), 2, 4, 1)),
         (T.se_block_backward, (g, x, *w, 2, 1, 1)),
-    ]
+        (T.se_block, (rg(x), *map(rg, w), 1, 6)),
+    ] + _opcheck_state_samples(device)
+
+
+def _opcheck_state_samples(device):
+    """se_block_train and se_block_backward with its state, at a shape where the CUDA forward
+    writes every value of the state (version 6's spread MLP, N over v5's 16 samples: the
+    state is unspecified where no kernel reads it, so opcheck's comparisons need this)."""
+    x, w, g = make(17, 600, 2, 2, 60, device=device, layout="cl", seed=2)
+    state = T.se_block_train(x, *w, 1, 6)[1]
+    return [(T.se_block_train, (x, *w, 1, 6)), (T.se_block_backward, (g, x, *w, 1, 6, 0, state))]
 
 
 @pytest.mark.skipif(SAN, reason="KC_SANITIZE=1: opcheck exercises tracing, not our kernels (they run in every other test)")
@@ -443,7 +453,7 @@ def test_opcheck(device):
     for op, args in _opcheck_samples(device):
         torch.library.opcheck(op, args)
         seen.add(op._name if hasattr(op, "_name") else str(op))
-    assert len(seen) == 10, seen  # every op of the library
+    assert len(seen) == 11, seen  # every op of the library
 
 
 def test_gradcheck_float64_cpu():
@@ -451,6 +461,8 @@ def test_gradcheck_float64_cpu():
     for act, gate in PAIRS:  # random z: away from the kinks, where every pair is smooth
         args = [t.detach().requires_grad_() for t in (x, *w)]
         assert torch.autograd.gradcheck(lambda *a: ops.se_block(*a, activation=act, scale_activation=gate), args)
+        assert torch.autograd.gradcheck(  # version 6's autograd: se_block_train, the state to the backward
+            lambda *a: ops.se_block(*a, activation=act, scale_activation=gate, version=6), args)
         assert torch.autograd.gradcheck(
             lambda *a: ops.se_block_staged(*a, activation=act, scale_activation=gate), args)
     xr = x.detach().requires_grad_()
@@ -483,7 +495,11 @@ def test_bad_inputs_raise_and_process_stays_usable(device):
         (lambda: T.se_block(x, w1, b1, w2, b2, 7, 3), "activation must be 0"),
         (lambda: T.se_block(x, w1, b1, w2, b2, 1, 3, 2), "scale_activation must be 0"),
         (lambda: T.se_block_backward(g, x, w1, b1, w2, b2, 1, 3, -1), "scale_activation must be 0"),
-        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3, 4 or 5"),
+        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3, 4, 5 or 6"),
+        (lambda: T.se_block_backward(g, x, w1, b1, w2, b2, 1, 6, 0, torch.zeros(2, 23, device=device)),
+         r"state must be se_block_train's contiguous float32 \[N, 3 C \+ 2 S\] = \[2, 24\]"),
+        (lambda: T.se_block_backward(g, x, w1, b1, w2, b2, 1, 6, 0, torch.zeros(2, 24, device=device).double()),
+         "state must be"),
         (lambda: T.se_block(x[:, :, :0], w1, b1, w2, b2, 1, 3), "at least 1"),
         (lambda: T.se_block_backward(g[:1], x, w1, b1, w2, b2, 1, 3), "grad must have x's shape"),
         (lambda: T.global_avg_pool(x, 3), "version must be 1"),
@@ -597,6 +613,51 @@ def test_cuda_spread_mlp(layout, shape):
         testing.assert_lowp_close(o, r, t, name=f"{name} bf16 v4")
 
 
+@requires_cuda
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("shape", SPREAD + [(16, 1152, 7, 7, 48), (20, 1632, 3, 5, 68)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_cuda_saved_state_v6(layout, shape):
+    """v6: a training forward keeps the spread MLP's values (se_block_train's state) and the
+    backward reads them instead of recomputing fc1 and fc2. Through autograd, against v5 and
+    float64: bitwise in channels_last (the forward's and the backward's reductions add x in
+    the same order there, so the kept values are the recomputed ones), close in NCHW (its
+    short-row reduction tiles differ between the two passes); bf16 as well. Where v5's cluster
+    kernel runs the forward (it keeps nothing) or the backward, the state must not be read."""
+    act = "relu" if shape[0] % 2 else "silu"
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, g = make(*shape, device="cuda", dtype=dtype, layout=layout)
+        v6 = grads_of(lambda *t: ops.se_block(*t, activation=act, version=6), [x, *w], g)
+        v5 = grads_of(lambda *t: ops.se_block(*t, activation=act, version=5), [x, *w], g)
+        ref = grads_of(lambda *a: se_ref(*a, act=act), [t.double() for t in (x, *w)], g.double())
+        for a, b, r, name in zip(v6, v5, ref, NAMES):
+            if layout == "cl":
+                assert torch.equal(a, b), f"{name} {dtype}: v6 differs from v5"
+            if dtype == torch.float32:
+                close(a, r, 2e-5, f"{name} v6")
+                close(a, b, 2e-5, f"{name} v6 vs v5")
+    # the backward reads the state where it is kept: a state from another x changes the result
+    x, w, g = make(*shape, device="cuda", layout=layout)
+    code = ops.activation_code(act)
+    out, state = T.se_block_train(x, *w, code, 6)
+    assert torch.equal(out, ops.se_block(x, *w, activation=act, version=6))
+    plain = T.se_block_backward(g, x, *w, code, 6)
+    same = T.se_block_backward(g, x, *w, code, 6, 0, state)
+    other_state = T.se_block_train(x * 2 + 1, *w, code, 6)[1]
+    other = T.se_block_backward(g, x, *w, code, 6, 0, other_state)
+    in_cluster = lambda fn: any("se_cluster_kernel" in n for n in cuda_kernel_names(fn))  # noqa: E731
+    read = not in_cluster(lambda: T.se_block_train(x, *w, code, 6)) and \
+        not in_cluster(lambda: T.se_block_backward(g, x, *w, code, 6, 0, state))
+    for a, b, c, name in zip(same, plain, other, NAMES[1:]):
+        close(a, b, 2e-5, f"{name} with the state")
+        if not read:
+            assert torch.equal(c, b), f"{name}: a state the forward did not write was read"
+    if read:
+        assert not torch.equal(other[0], plain[0]), "the state was not read"
+        gemv = lambda fn: sum("gemv" in n for n in cuda_kernel_names(fn))  # noqa: E731
+        assert gemv(lambda: T.se_block_backward(g, x, *w, code, 6, 0, state)) == 2, "fc1 and fc2 still run"
+        assert gemv(lambda: T.se_block_backward(g, x, *w, code, 6)) == 4
+
 
 @requires_cuda
 @pytest.mark.parametrize("layout", ["nchw", "cl"])
@@ -607,11 +668,12 @@ def test_cuda_pairs_versions(layout, pair):
     summation order) close, all close to float64."""
     act, gate = pair
     run = lambda v: (lambda *t: ops.se_block(*t, activation=act, version=v, scale_activation=gate))  # noqa: E731
-    for shape, spread in [((3, 96, 20, 20, 24), False), ((5, 600, 3, 3, 60), True)]:
+    # (17, 600, 3, 3): the spread MLP past v5's 16 samples, where v6's backward reads the saved state
+    for shape, spread in [((3, 96, 20, 20, 24), False), ((5, 600, 3, 3, 60), True), ((17, 600, 3, 3, 60), True)]:
         x, w, g = make(*shape, device="cuda", layout=layout)
         ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
         base = grads_of(run(1), [x, *w], g)
-        for version in (1, 2, 3, 4, 5):
+        for version in (1, 2, 3, 4, 5, 6):
             ours = grads_of(run(version), [x, *w], g)
             for a, b, r, name in zip(ours, base, ref, NAMES):
                 if version < 4 or (version == 4 and not spread):

@@ -18,11 +18,17 @@ TORCH_LIBRARY(se_module, m) {
   // the fused block; activation (after fc1): 0 = ReLU, 1 = SiLU, 2 = Hardswish;
   // scale_activation (the gate, after fc2): 0 = Sigmoid, 1 = Hardsigmoid.
   // The default version is written here once; ops.DEFAULT_VERSION reads it from the schema.
-#define SE_DEFAULT_VERSION "5"
+#define SE_DEFAULT_VERSION "6"
   m.def("se_block(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, "
         "int version=" SE_DEFAULT_VERSION ", int scale_activation=0) -> Tensor");
+  // se_block_train: the forward of a training step, which also returns the values that
+  // version 6's backward reads (state, fp32 [N, 3 C + 2 S]; se_module.h, "The saved
+  // state"); se_block_backward takes it back (the same x, weights and codes) or recomputes.
+  m.def("se_block_train(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, "
+        "int version=" SE_DEFAULT_VERSION ", int scale_activation=0) -> (Tensor, Tensor)");
   m.def("se_block_backward(Tensor grad, Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, "
-        "int version=" SE_DEFAULT_VERSION ", int scale_activation=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "int version=" SE_DEFAULT_VERSION ", int scale_activation=0, Tensor? state=None) -> "
+        "(Tensor, Tensor, Tensor, Tensor, Tensor)");
 #undef SE_DEFAULT_VERSION
 }
 

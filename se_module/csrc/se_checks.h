@@ -86,6 +86,20 @@ inline int64_t check_weights(const at::Tensor& x, const at::Tensor& w1, const at
   return S;
 }
 
+// Columns of se_block_train's saved state [N, 3 C + 2 S] (se_module.h, "The saved
+// state"; ops.py's fake has the same shape).
+inline int64_t state_cols(int64_t C, int64_t S) { return 3 * C + 2 * S; }
+
+// se_block_backward's optional state: se_block_train's second output for the same x.
+inline void check_state(const at::Tensor& st, const at::Tensor& x, int64_t S) {
+  const int64_t N = x.size(0), cols = state_cols(x.size(1), S);
+  TORCH_CHECK(st.dim() == 2 && st.size(0) == N && st.size(1) == cols && st.scalar_type() == at::kFloat &&
+                  st.is_contiguous(),
+              "state must be se_block_train's contiguous float32 [N, 3 C + 2 S] = [", fmt(N), ", ", fmt(cols),
+              "], got ", st.scalar_type(), " ", fmt(st.sizes()));
+  check_same_device(st, "state", x, "x");
+}
+
 // The codes of se_module.h's Act and Gate (ops.py's activation_code / scale_activation_code).
 inline void check_activation(int64_t act) {
   TORCH_CHECK(act >= 0 && act <= 2, "activation must be 0 (ReLU), 1 (SiLU) or 2 (Hardswish), got ", fmt(act));
@@ -96,7 +110,7 @@ inline void check_scale_activation(int64_t gate) {
 }
 
 inline void check_fused_version(int64_t v) {
-  TORCH_CHECK(v >= 1 && v <= 5, "version must be 1, 2, 3, 4 or 5 (see se_fused.cu, se_cluster.cu), got ", fmt(v));
+  TORCH_CHECK(v >= 1 && v <= 6, "version must be 1, 2, 3, 4, 5 or 6 (see se_fused.cu, se_cluster.cu), got ", fmt(v));
 }
 
 inline void check_pool_version(int64_t v) {

@@ -7,6 +7,7 @@
 // se_checks.h: channels_last inputs give channels_last outputs.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -273,10 +274,12 @@ at::Tensor se_block_cpu(const at::Tensor& x_, const at::Tensor& w1, const at::Te
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_backward_cpu(
     const at::Tensor& grad_, const at::Tensor& x_, const at::Tensor& w1_, const at::Tensor& b1_,
-    const at::Tensor& w2_, const at::Tensor& b2_, int64_t act, int64_t version, int64_t gate) {
+    const at::Tensor& w2_, const at::Tensor& b2_, int64_t act, int64_t version, int64_t gate,
+    const std::optional<at::Tensor>& state) {
   se_glue::check_x(x_);
   se_glue::check_like_x(grad_, "grad", x_);
   const int64_t S = se_glue::check_weights(x_, w1_, b1_, w2_, b2_);
+  if (state.has_value()) se_glue::check_state(*state, x_, S);  // checked, not read: this path recomputes
   se_glue::check_activation(act);
   se_glue::check_scale_activation(gate);
   se_glue::check_fused_version(version);
@@ -353,6 +356,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
           dw2.to(w2_.scalar_type()).view(w2_.sizes()), db2.to(b2_.scalar_type())};
 }
 
+// The CPU keeps no saved state (its backward recomputes the MLP): the state is zeros
+// of the shape the CUDA op returns.
+std::tuple<at::Tensor, at::Tensor> se_block_train_cpu(const at::Tensor& x, const at::Tensor& w1,
+                                                      const at::Tensor& b1, const at::Tensor& w2,
+                                                      const at::Tensor& b2, int64_t act, int64_t version,
+                                                      int64_t gate) {
+  at::Tensor out = se_block_cpu(x, w1, b1, w2, b2, act, version, gate);
+  at::Tensor state = at::zeros({x.size(0), se_glue::state_cols(x.size(1), w1.size(0))}, x.options().dtype(at::kFloat));
+  return {out, state};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(se_module, CPU, m) {
@@ -365,5 +379,6 @@ TORCH_LIBRARY_IMPL(se_module, CPU, m) {
   m.impl("excitation", &excitation_cpu);
   m.impl("excitation_backward", &excitation_backward_cpu);
   m.impl("se_block", &se_block_cpu);
+  m.impl("se_block_train", &se_block_train_cpu);
   m.impl("se_block_backward", &se_block_backward_cpu);
 }

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <array>
 #include <mutex>
+#include <optional>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -217,11 +218,26 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
   return f;
 }
 
-at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                         const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
+// Whether the forward of x runs v5's cluster kernel (which keeps no saved state). The
+// forward's output is a fresh allocation (aligned), so x's alignment decides with the
+// shape: the backward asks the same question with x in both places.
+bool forward_in_cluster(const Prepared& p, const FusedArgs& f, const void* out) {
+  se::ClusterPlan cp;
+  const void* ptrs[2] = {p.x.const_data_ptr(), out};
+  return se::cluster_plan(p.d, f.S, f.dt, f.wdt, /*backward=*/false, ptrs, 2, f.opts, &cp);
+}
+
+// The forward; with `state` (se_block_train) also the values that version 6's backward
+// reads (se_module.h, "The saved state"): allocated [N, 3 C + 2 S] always, written where
+// se::uses_saved_state() and the forward is not v5's cluster kernel.
+at::Tensor forward_impl(const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                        const at::Tensor& b2, int64_t act, int64_t version, int64_t gate, at::Tensor* state) {
   const c10::cuda::CUDAGuard guard(x_.device());
   const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, gate, false);  // checks x too
   const Prepared p = prepare(x_);
+  if (state != nullptr) {
+    *state = kc::new_output({p.d.n, se_glue::state_cols(p.d.c, f.S)}, x_.options().dtype(at::kFloat));
+  }
   if (p.d.n == 0) return new_like_x(p, x_);
   at::Tensor out = new_like_x(p, x_);
   se::ClusterPlan cp;
@@ -234,9 +250,24 @@ at::Tensor se_block_cuda(const at::Tensor& x_, const at::Tensor& w1, const at::T
   const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
   at::Tensor ws = workspace(se::fused_forward_workspace(p.d, f.S, plan, f.wdt), x_);
   KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), se::Gate(gate), f.params(),
-                                     out.mutable_data_ptr(), ws.mutable_data_ptr<float>(), f.opts,
+                                     out.mutable_data_ptr(), ws.mutable_data_ptr<float>(),
+                                     state != nullptr ? state->mutable_data_ptr<float>() : nullptr, f.opts,
                                      at::cuda::getCurrentCUDAStream()));
   return out;
+}
+
+at::Tensor se_block_cuda(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                         const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
+  return forward_impl(x, w1, b1, w2, b2, act, version, gate, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor> se_block_train_cuda(const at::Tensor& x, const at::Tensor& w1,
+                                                       const at::Tensor& b1, const at::Tensor& w2,
+                                                       const at::Tensor& b2, int64_t act, int64_t version,
+                                                       int64_t gate) {
+  at::Tensor state;
+  at::Tensor out = forward_impl(x, w1, b1, w2, b2, act, version, gate, &state);
+  return {out, state};
 }
 
 // A weight gradient as the kernels wrote it (in f.wdt), in the weight's dtype and shape.
@@ -246,9 +277,10 @@ at::Tensor as_weight(const at::Tensor& d, const at::Tensor& w) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_backward_cuda(
     const at::Tensor& grad_, const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-    const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
+    const at::Tensor& b2, int64_t act, int64_t version, int64_t gate, const std::optional<at::Tensor>& state) {
   const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, gate, true);  // checks x (before grad against it)
   se_glue::check_like_x(grad_, "grad", x_);
+  if (state.has_value()) se_glue::check_state(*state, x_, f.S);
   const c10::cuda::CUDAGuard guard(x_.device());
   const Prepared p = prepare(x_);
   const int64_t S = f.S;
@@ -276,8 +308,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
     }
     const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
     at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan, f.wdt), x_);
+    // the forward's saved values, where it kept them (not in v5's cluster kernel)
+    const bool use_state = state.has_value() && se::uses_saved_state(p.d, S, f.opts) &&
+                           !forward_in_cluster(p, f, p.x.const_data_ptr());
     KC_TORCH_CHECK_CUDA(se::se_backward(g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act),
-                                        se::Gate(gate), f.params(), dx.mutable_data_ptr(), dw, ws.mutable_data_ptr<float>(), f.opts,
+                                        se::Gate(gate), f.params(), dx.mutable_data_ptr(), dw,
+                                        ws.mutable_data_ptr<float>(),
+                                        use_state ? state->const_data_ptr<float>() : nullptr, f.opts,
                                         at::cuda::getCurrentCUDAStream()));
   }
   return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};
@@ -295,5 +332,6 @@ TORCH_LIBRARY_IMPL(se_module, CUDA, m) {
   m.impl("excitation", &excitation_cuda);
   m.impl("excitation_backward", &excitation_backward_cuda);
   m.impl("se_block", &se_block_cuda);
+  m.impl("se_block_train", &se_block_train_cuda);
   m.impl("se_block_backward", &se_block_backward_cuda);
 }

@@ -18,8 +18,9 @@
 // all of x) and write out once: 3 passes. The backward reads g and x (ds and,
 // recomputed in the same pass, p) and then reads g and writes dx: 4 passes. So
 // 7 passes for forward + backward, and the MLP in between is a few kFLOP per
-// sample. Pooling in the backward pass costs no bytes, so nothing but x and the
-// weights is saved for backward.
+// sample. Pooling in the backward pass costs no bytes, so up to v5 nothing but x
+// and the weights is saved for backward; v6 also keeps the MLP's per-sample values
+// (not bytes but launches: the spread MLP's fc1 and fc2 are two kernels of latency).
 //
 // Kernels (kThreads = 256 threads per block everywhere):
 //   forward:  1. reduce (se_kernels.cuh, sum x)             -> part  [N, splits, C]
@@ -54,6 +55,12 @@
 //   v5  (se_cluster.cu) one thread-block cluster per sample where its plan takes the
 //       shape (up to 16 samples, sm_90); elsewhere v5 is v4. The glue (se_cuda.cpp)
 //       asks cluster_plan first.
+//   v6  v5 + the backward reads the forward's MLP values where the MLP is spread: a
+//       training forward (se_block_train, from the autograd) keeps p, s, z2 [N, C] and
+//       z1, a [N, S] (the "saved state", a few KB), and the backward skips fc1 and fc2:
+//       reduction, DaState (dz2 formed in its staging from the partials of sum g x and
+//       the kept z2, s), Coef, Dx: 4 kernels instead of 6. Where v5's cluster kernel runs
+//       the forward or the backward, or the MLP is one block per sample, v6 is v5.
 //
 // v4's products, out[n, o] = epilogue(sum_i W(o, i) in[n, i]), W = w [O, I] row-major:
 //   rows of length C (fc1, and w2^T dz2): gemv_kernel. kThreads threads; grid (output
@@ -305,7 +312,7 @@ constexpr int kWarps = kThreads / 32;
 // (H100 probe, EfficientNet shapes: v3 ahead at 2SC = 19200 and 37632, v4 at 76800 and up).
 constexpr int64_t kSpreadMinWeights = 65536;
 
-enum class Epi : int { Fc1 = 0, Fc2Fwd = 1, Fc2Bwd = 2, Da = 3, Coef = 4 };
+enum class Epi : int { Fc1 = 0, Fc2Fwd = 1, Fc2Bwd = 2, Da = 3, Coef = 4, DaState = 5 };
 
 struct GemvArgs {
   const float* in;     // [N, I]; Fc1: the reduction's partials [N, splits, I], summed and scaled here
@@ -315,9 +322,13 @@ struct GemvArgs {
   const float* bias;   // [O] (Fc1, Fc2*)
   int64_t n, i_dim, o_dim;
   float* out;          // [N, O]: Fc1 a, Fc2* s, Da dz1, Coef dp / L
-  float* out2;         // Fc1: z1 [N, S] (may be null); Fc2Bwd: dz2 [N, C]
+  float* out2;         // Fc1: z1 [N, S], Fc2Fwd: z2 [N, C] (may be null); Fc2Bwd: dz2 [N, C]
   const float* aux;    // Fc2Bwd: partials of sum g x [N, splits, C]; Da: z1 [N, S]
-  float* pool_out;     // Fc1 (backward): p [N, C], written by the first output chunk's blocks
+  // DaState (v6: Da from the forward's saved values): in = the partials of sum g x
+  // [N, splits, C], and the staging forms dz2 = gate_bwd(z2, s, sum) with these two
+  const float *gate_z, *gate_s;  // [N, C]: z2 and s
+  float* stage_out;    // the staged input as finished (Fc1: p, DaState: dz2) [N, I], written by the
+                       // first output chunk's blocks (may be null)
   float out_scale;     // Coef: 1 / L
   Gate gate;           // Fc2*: the scale activation
   dev::FastDiv div_i;       // by I (gemv_narrow_kernel's staging)
@@ -332,7 +343,9 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int6
     g.out[k] = act_f<ACT>(z);
     if (g.out2 != nullptr) g.out2[k] = z;
   } else if constexpr (EPI == Epi::Fc2Fwd) {
-    g.out[k] = gate_f(g.gate, v + g.bias[o]);
+    const float z2 = v + g.bias[o];
+    g.out[k] = gate_f(g.gate, z2);
+    if (g.out2 != nullptr) g.out2[k] = z2;
   } else if constexpr (EPI == Epi::Fc2Bwd) {
     const float z2 = v + g.bias[o];
     const float s = gate_f(g.gate, z2);
@@ -340,7 +353,7 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int6
     for (int sp = 0; sp < g.splits; ++sp) gs += g.aux[(n * g.splits + sp) * g.o_dim + o];
     g.out[k] = s;
     g.out2[k] = gate_bwd(g.gate, z2, s, gs);
-  } else if constexpr (EPI == Epi::Da) {
+  } else if constexpr (EPI == Epi::Da || EPI == Epi::DaState) {
     g.out[k] = v * act_grad<ACT>(g.aux[k]);
   } else {
     g.out[k] = v * g.out_scale;
@@ -364,40 +377,69 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
   // C = 1152-2688; one pass per split still made 18 passes at N = 1, where the
   // reduction splits L 18 ways. Divisions by I or splits per element are avoided or
   // done by multiply-high: 64-bit ones cost more than the loads.)
+  // DaState (v6: Da from the forward's saved values) stages the partials of sum g x the
+  // same way, loads z2 and s of each element with its last split (8 pairs in flight then:
+  // three float4 each; loaded after the sum, they cost one L2 latency per element), and
+  // finishes each element as dz2 = gate_bwd(z2, s, sum).
+  // Index math in 32 bits from per-sample row pointers (H100, 2026-11-26, ncu: with 64-bit
+  // indices per (element, split, sample) this staging was ~1000 instructions a warp, with 8
+  // warps an SM to hide their latency, most of the kernel's 11-14 us).
   static_assert(kTileN == 4, "the staging moves 4 samples (a float4) per index");
-  const int splits = EPI == Epi::Fc1 ? g.splits : 1;
-  const int64_t own = threadIdx.x < I ? (I - 1 - threadIdx.x) / kThreads + 1 : 0;  // indices of this thread
+  constexpr bool kGate = EPI == Epi::DaState;
+  const int splits = EPI == Epi::Fc1 || kGate ? g.splits : 1;
+  const int I32 = int(I);  // splits * I < 2^31: I is at most a row of shared memory (gemv_smem)
+  const float* in_b[kTileN];  // the tile's rows; samples past N read sample n0's, and are zeroed
+  const float *z_b[kTileN], *s_b[kTileN];
+#pragma unroll
+  for (int b = 0; b < kTileN; ++b) {
+    const int64_t n = n0 + (b < nb ? b : 0);
+    in_b[b] = g.in + n * splits * I;
+    if constexpr (kGate) {
+      z_b[b] = g.gate_z + n * I;
+      s_b[b] = g.gate_s + n * I;
+    }
+  }
+  const int own = int(threadIdx.x) < I32 ? (I32 - 1 - int(threadIdx.x)) / kThreads + 1 : 0;  // indices of this thread
+  struct Loaded {
+    float4 v, z, s;  // z, s: DaState only
+  };
   float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-  dev::batched_loop<16>(
+  dev::batched_loop<kGate ? 8 : 16>(
       0, own * splits, 1,
       [&](int64_t f) {
         const int k = int(g.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
-        const int64_t i = threadIdx.x + int64_t(k) * kThreads;
-        float4 v;
-        float* vb = &v.x;
+        const int i = int(threadIdx.x) + k * kThreads, at = sp * I32 + i;
+        const bool last = sp == splits - 1;
+        Loaded l;
+        float *vb = &l.v.x, *zb = &l.z.x, *sb = &l.s.x;
 #pragma unroll
         for (int b = 0; b < kTileN; ++b) {
-          const int64_t at = EPI == Epi::Fc1 ? ((n0 + b) * splits + sp) * I + i : (n0 + b) * I + i;
-          vb[b] = b < nb ? g.in[at] : 0.f;
+          vb[b] = in_b[b][at];
+          if constexpr (kGate) {
+            zb[b] = last ? z_b[b][i] : 0.f;
+            sb[b] = last ? s_b[b][i] : 0.f;
+          }
         }
-        return v;
+        return l;
       },
-      [&](int64_t f, float4 v) {
+      [&](int64_t f, const Loaded& l) {
         const int k = int(g.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
-        const int64_t i = threadIdx.x + int64_t(k) * kThreads;
-        const float* vb = &v.x;
+        const int i = int(threadIdx.x) + k * kThreads;
+        const float *vb = &l.v.x, *zb = &l.z.x, *sb = &l.s.x;
         float* ab = &sum.x;
 #pragma unroll
         for (int b = 0; b < kTileN; ++b) ab[b] = sp > 0 ? ab[b] + vb[b] : vb[b];
         if (sp == splits - 1) {
 #pragma unroll
           for (int b = 0; b < kTileN; ++b) {
-            float t = ab[b];
-            if constexpr (EPI == Epi::Fc1) {
-              t *= g.in_scale;
-              if (b < nb && g.pool_out != nullptr && blockIdx.x == 0) g.pool_out[(n0 + b) * I + i] = t;
+            float t = 0.f;
+            if (b < nb) {
+              t = ab[b];
+              if constexpr (EPI == Epi::Fc1) t *= g.in_scale;
+              if constexpr (kGate) t = gate_bwd(g.gate, zb[b], sb[b], t);
+              if (g.stage_out != nullptr && blockIdx.x == 0) g.stage_out[(n0 + b) * I + i] = t;
             }
-            in_s[b * I + i] = t;
+            in_s[b * I32 + i] = t;
           }
         }
       });
@@ -517,7 +559,7 @@ bool spread_mlp(const Dims& d, int64_t S, const LaunchOpts& o) {
 
 template <Act ACT, Epi EPI>
 cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
-  if (EPI != Epi::Fc1 && EPI != Epi::Da && g.i_dim <= kNarrowMaxI) {  // rows of length S
+  if (EPI != Epi::Fc1 && EPI != Epi::Da && EPI != Epi::DaState && g.i_dim <= kNarrowMaxI) {  // rows of length S
     const size_t smem = gemv_narrow_smem(g.i_dim);
     auto kernel = gemv_narrow_kernel<ACT, EPI>;
     if (smem > 48 * 1024) {
@@ -546,7 +588,7 @@ cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t str
 // the others (Fc2Fwd, Fc2Bwd, Coef) once.
 template <Epi EPI>
 cudaError_t launch_gemv_act(Act act, const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
-  if constexpr (EPI == Epi::Fc1 || EPI == Epi::Da) {
+  if constexpr (EPI == Epi::Fc1 || EPI == Epi::Da || EPI == Epi::DaState) {
     return with_act(act, [&](auto tag) { return launch_gemv<decltype(tag)::value, EPI>(g, o, stream); });
   } else {
     return launch_gemv<Act::ReLU, EPI>(g, o, stream);
@@ -591,7 +633,20 @@ int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, 
   return param_floats(d, S, wdt) + 2 * d.n * p.splits * d.c + 4 * d.n * d.c + 3 * d.n * S + 2 * pad4(S * d.c);
 }
 
+// The forward's values that v6's backward reads instead of recomputing them (fp32):
+// p [N, C], s [N, C], z2 [N, C], z1 [N, S], a [N, S] (the glue allocates [N, 3 C + 2 S]).
+
+bool uses_saved_state(const Dims& d, int64_t S, const LaunchOpts& o) { return o.saved_state && spread_mlp(d, S, o); }
+
 namespace {
+struct SavedState {
+  float *p, *s, *z2, *z1, *a;
+};
+SavedState saved_state(float* st, const Dims& d, int64_t S) {
+  const int64_t nc = d.n * d.c, ns = d.n * S;
+  return SavedState{st, st + nc, st + 2 * nc, st + 3 * nc, st + 3 * nc + ns};
+}
+
 // The parameters as fp32 pointers: w's own, or (16-bit, `widen`) their copies at
 // the start of ws, written by the reduction kernel's extra blocks that *cast
 // describes; with `transposed`, also fp32 copies of w1^T [C, S] and w2^T [S, C]
@@ -636,10 +691,11 @@ Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transpo
 }  // namespace
 
 cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate, const SeParams& w,
-                       void* out, float* ws, LaunchOpts o, cudaStream_t stream) {
+                       void* out, float* ws, float* state, LaunchOpts o, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
   const bool spread = spread_mlp(d, S, o);
+  const bool keep = state != nullptr && uses_saved_state(d, S, o);
   bool staged = false;
   const size_t smem = mlp_smem(d, S, /*backward=*/false, o, &staged);
   dev::ParamCast cast;
@@ -654,8 +710,18 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
     f1.splits = p.splits;
     f1.div_splits = dev::FastDiv(uint32_t(p.splits));
     f1.in_scale = 1.f / float(d.l);
+    GemvArgs f2 = gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate);  // s = gate(w2 a + b2)
+    if (keep) {  // v6: p, z1, a, z2 and s kept for the backward
+      const SavedState st = saved_state(state, d, S);
+      f1.out = a = st.a;
+      f2.in = a;
+      f1.out2 = st.z1;
+      f1.stage_out = st.p;
+      f2.out = s = st.s;
+      f2.out2 = st.z2;
+    }
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc1>(act, f1, o, stream)));
-    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd>(act, gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate), o, stream)));
+    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd>(act, f2, o, stream)));
     return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
                                           nullptr, stream);
   }
@@ -671,15 +737,17 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
 }
 
 cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate,
-                        const SeParams& w, void* dx, const SeParamGrads& dw, float* ws, LaunchOpts o,
-                        cudaStream_t stream) {
+                        const SeParams& w, void* dx, const SeParamGrads& dw, float* ws, const float* state,
+                        LaunchOpts o, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;  // the glue zero-fills the weight gradients
   const ReducePlan p = plan_reduce(d, dt, o.num_sms);
   const bool spread = spread_mlp(d, S, o);
+  const bool use = state != nullptr && uses_saved_state(d, S, o);  // then spread too
   bool staged = false;
   const size_t smem = mlp_smem(d, S, /*backward=*/true, o, &staged);
   dev::ParamCast cast;
-  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/spread, /*need_fp32=*/spread || !staged, ws, &cast);
+  // with the saved values, the spread products read only the transposed copies
+  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/spread, /*need_fp32=*/spread ? !use : !staged, ws, &cast);
   const int64_t np = d.n * p.splits * d.c, nc = d.n * d.c;
   float* part_x = ws;
   float* part_gx = part_x + np;
@@ -694,21 +762,35 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   KC_CUDA_TRY(
       (dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream, &cast)));
   if (spread) {
-    GemvArgs f1 = gemv_args(d, part_x, f.w1, f.b1, d.c, S, a);  // p, z1, a
-    f1.splits = p.splits;
-    f1.div_splits = dev::FastDiv(uint32_t(p.splits));
-    f1.in_scale = 1.f / float(d.l);
-    f1.out2 = z1;
-    f1.pool_out = pool;
-    KC_CUDA_TRY((launch_gemv_act<Epi::Fc1>(act, f1, o, stream)));
-    GemvArgs f2 = gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate);  // s, dz2 = (sum g x) gate'(z2)
-    f2.out2 = dz2;
-    f2.aux = part_gx;
-    f2.splits = p.splits;
-    KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Bwd>(act, f2, o, stream)));
-    GemvArgs da = gemv_args(d, dz2, f.w2t, nullptr, d.c, S, dz1);  // dz1 = (w2^T dz2) act'(z1); w2^T is [S, C] = [O, I]
-    da.aux = z1;
-    KC_CUDA_TRY((launch_gemv_act<Epi::Da>(act, da, o, stream)));
+    GemvArgs da = gemv_args(d, dz2, f.w2t, nullptr, d.c, S, dz1, gate);  // dz1 = (w2^T dz2) act'(z1); w2^T is [S, C] = [O, I]
+    if (use) {  // v6: p, z1, a, z2, s from the forward; DaState's staging forms dz2 from the partials of sum g x
+      const SavedState st = saved_state(const_cast<float*>(state), d, S);
+      s = st.s;
+      pool = st.p;
+      a = st.a;
+      da.in = part_gx;
+      da.splits = p.splits;
+      da.div_splits = dev::FastDiv(uint32_t(p.splits));
+      da.gate_z = st.z2;
+      da.gate_s = st.s;
+      da.stage_out = dz2;
+      da.aux = st.z1;
+    } else {
+      GemvArgs f1 = gemv_args(d, part_x, f.w1, f.b1, d.c, S, a);  // p, z1, a
+      f1.splits = p.splits;
+      f1.div_splits = dev::FastDiv(uint32_t(p.splits));
+      f1.in_scale = 1.f / float(d.l);
+      f1.out2 = z1;
+      f1.stage_out = pool;
+      KC_CUDA_TRY((launch_gemv_act<Epi::Fc1>(act, f1, o, stream)));
+      GemvArgs f2 = gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate);  // s, dz2 = (sum g x) gate'(z2)
+      f2.out2 = dz2;
+      f2.aux = part_gx;
+      f2.splits = p.splits;
+      KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Bwd>(act, f2, o, stream)));
+      da.aux = z1;
+    }
+    KC_CUDA_TRY(use ? launch_gemv_act<Epi::DaState>(act, da, o, stream) : launch_gemv_act<Epi::Da>(act, da, o, stream));
     GemvArgs cf = gemv_args(d, dz1, f.w1t, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1^T is [C, S] = [O, I]
     cf.out_scale = 1.f / float(d.l);
     KC_CUDA_TRY((launch_gemv_act<Epi::Coef>(act, cf, o, stream)));

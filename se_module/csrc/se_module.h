@@ -50,6 +50,7 @@ struct LaunchOpts {
   int max_smem;    // bytes of shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin)
   bool spread;     // v4+: the MLP spread over (sample tile, output chunk) blocks where the weights are large
   bool cluster;    // v5 (sm_90+): a sample per thread-block cluster, where its share fits shared memory
+  bool saved_state;  // v6: a training forward keeps the spread MLP's values, which the backward reads
 };
 LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem);
 
@@ -94,9 +95,17 @@ struct SeParams {
 struct SeParamGrads {
   void *dw1, *db1, *dw2, *db2;
 };
+//
+// The saved state (v6): a training forward may keep the MLP's per-sample values
+// (p, s, z2 [N, C], z1, a [N, S], in that order: N * (3 C + 2 S) floats) for its
+// backward, which then reads them instead of recomputing fc1 and fc2 (two launches fewer). Written and
+// read only where uses_saved_state() (o.saved_state and the spread MLP); elsewhere
+// the forward leaves `state` untouched and the backward ignores it. A null state:
+// none kept / none given.
+bool uses_saved_state(const Dims& d, int64_t S, const LaunchOpts& o);
 int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt);  // floats
 cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate, const SeParams& w,
-                       void* out, float* ws, LaunchOpts o, cudaStream_t stream);
+                       void* out, float* ws, float* state, LaunchOpts o, cudaStream_t stream);
 // Gradients of the fused block. grad and x share x's layout and dtype; dx in
 // it too. Recomputes the pooled mean in the same pass that reduces grad * x, so
 // the backward moves 4 tensors' worth of bytes (read grad, x; read grad, write
@@ -104,7 +113,7 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
 int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt);  // floats
 cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act,
                         Gate gate, const SeParams& w, void* dx, const SeParamGrads& dw, float* ws,
-                        LaunchOpts o, cudaStream_t stream);
+                        const float* state, LaunchOpts o, cudaStream_t stream);
 
 // ---------------------------------------------------------------- v5 (se_cluster.cu)
 // The whole block of one sample in one thread-block cluster of k CTAs, each

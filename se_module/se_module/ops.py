@@ -194,8 +194,16 @@ def _se_block_fake(x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION, scale
     return _like_x(x)
 
 
+@torch.library.register_fake("se_module::se_block_train")
+def _se_block_train_fake(x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION, scale_activation=0):
+    _check4d(x)
+    # the saved state: fp32 [N, 3 C + 2 S] (csrc/se_checks.h's state_cols)
+    return _like_x(x), x.new_empty((x.shape[0], 3 * x.shape[1] + 2 * w1.shape[0]), dtype=torch.float32)
+
+
 @torch.library.register_fake("se_module::se_block_backward")
-def _se_block_bwd_fake(grad, x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION, scale_activation=0):
+def _se_block_bwd_fake(grad, x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION, scale_activation=0,
+                       state=None):
     _check4d(x)
     c = torch.contiguous_format
     return (_like_x(x), torch.empty_like(w1, memory_format=c), torch.empty_like(b1, memory_format=c),
