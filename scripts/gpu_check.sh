@@ -5,7 +5,7 @@
 #
 #   bash scripts/gpu_check.sh STEP [STEP...]
 #     se-test     se_module's test.py (4 xdist workers)
-#     se-effnet   se_module bench.py --only effnet (v5 default, v4 and eager side by side)
+#     se-effnet   se_module bench.py --only effnet (the default version, v4 and eager side by side)
 #     se-models   se_module bench.py --models --model-rounds 3 (EfficientNet-B0/B4 steps)
 #     se-probe5   se_module tools/probe_v5.py (v4 against v5 over batch sizes: the v5 plan's data)
 #     se-probe4   se_module tools/probe_v4.py (v3 / v4 / eager at every EfficientNet SE shape, kernels profiled)

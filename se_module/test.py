@@ -622,8 +622,10 @@ def test_cuda_saved_state_v6(layout, shape):
     backward reads them instead of recomputing fc1 and fc2. Through autograd, against v5 and
     float64: bitwise in channels_last (the forward's and the backward's reductions add x in
     the same order there, so the kept values are the recomputed ones), close in NCHW (its
-    short-row reduction tiles differ between the two passes); bf16 as well. Where v5's cluster
-    kernel runs the forward (it keeps nothing) or the backward, the state must not be read."""
+    short-row reduction tiles differ between the two passes); bf16 as well. Then the ops
+    directly: se_block_train's output, and the backward given its state against the backward
+    that recomputes. (Runs under compute-sanitizer; whether the state is read:
+    test_cuda_saved_state_is_read.)"""
     act = "relu" if shape[0] % 2 else "silu"
     for dtype in (torch.float32, torch.bfloat16):
         x, w, g = make(*shape, device="cuda", dtype=dtype, layout=layout)
@@ -636,20 +638,34 @@ def test_cuda_saved_state_v6(layout, shape):
             if dtype == torch.float32:
                 close(a, r, 2e-5, f"{name} v6")
                 close(a, b, 2e-5, f"{name} v6 vs v5")
-    # the backward reads the state where it is kept: a state from another x changes the result
+    # the ops themselves: the training forward's output, and the backward with its state
     x, w, g = make(*shape, device="cuda", layout=layout)
     code = ops.activation_code(act)
     out, state = T.se_block_train(x, *w, code, 6)
     assert torch.equal(out, ops.se_block(x, *w, activation=act, version=6))
     plain = T.se_block_backward(g, x, *w, code, 6)
     same = T.se_block_backward(g, x, *w, code, 6, 0, state)
-    other_state = T.se_block_train(x * 2 + 1, *w, code, 6)[1]
-    other = T.se_block_backward(g, x, *w, code, 6, 0, other_state)
+    for a, b, name in zip(same, plain, NAMES[1:]):
+        close(a, b, 2e-5, f"{name} with the state")
+
+
+@requires_cuda
+@no_sanitize
+@pytest.mark.parametrize("shape", SPREAD + [(16, 1152, 7, 7, 48), (20, 1632, 3, 5, 68)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_cuda_saved_state_is_read(shape):
+    """Where v6 keeps the state (no cluster kernel forward or backward; the kernels that ran
+    tell, torch.profiler), the backward reads it: a state from another x changes the
+    result, and the backward launches two products, not four; elsewhere it is not read."""
+    x, w, g = make(*shape, device="cuda", layout="cl")
+    code = ops.activation_code("silu")
+    state = T.se_block_train(x, *w, code, 6)[1]
+    plain = T.se_block_backward(g, x, *w, code, 6)
+    other = T.se_block_backward(g, x, *w, code, 6, 0, T.se_block_train(x * 2 + 1, *w, code, 6)[1])
     in_cluster = lambda fn: any("se_cluster_kernel" in n for n in cuda_kernel_names(fn))  # noqa: E731
     read = not in_cluster(lambda: T.se_block_train(x, *w, code, 6)) and \
         not in_cluster(lambda: T.se_block_backward(g, x, *w, code, 6, 0, state))
-    for a, b, c, name in zip(same, plain, other, NAMES[1:]):
-        close(a, b, 2e-5, f"{name} with the state")
+    for b, c, name in zip(plain, other, NAMES[1:]):
         if not read:
             assert torch.equal(c, b), f"{name}: a state the forward did not write was read"
     if read:
