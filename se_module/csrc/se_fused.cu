@@ -63,12 +63,13 @@
 //       the forward or the backward, or the MLP is one block per sample, v6 is v5.
 //
 // v4's products, out[n, o] = epilogue(sum_i W(o, i) in[n, i]), W = w [O, I] row-major:
-//   rows of length C (fc1, and w2^T dz2): gemv_kernel. kThreads threads; grid (output
-//     chunks of kWarps, sample tiles of kTileN); dynamic shared memory kTileN * I floats
-//     (the tile's inputs); outputs of samples past N are computed on zeros and not
-//     stored. One warp per output o, lanes over i of the row (coalesced; 16-byte loads
-//     where I % 4 == 0 and w is aligned), 16 loads per lane in flight, then a warp sum;
-//     lane b finishes sample b.
+//   rows of length C (fc1, and w2^T dz2): gemv_kernel. kGemvThreads = 2 kThreads threads;
+//     grid (output chunks of kWarps, sample tiles of kTileN); dynamic shared memory
+//     kTileN * I floats (the tile's inputs); outputs of samples past N are computed on
+//     zeros and not stored. Two warps per output o, each half of the row, lanes over i
+//     (coalesced; 16-byte loads where I % 4 == 0 and w is aligned), 8 loads per lane in
+//     flight, then a warp sum each; the first half's lane b adds the second's (shared
+//     memory) and finishes sample b.
 //   rows of length S <= kNarrowMaxI (fc2, and w1^T dz1): gemv_narrow_kernel. Grid
 //     (chunks of kNarrowO outputs, tiles of kNarrowN samples); both tiles staged in
 //     shared memory; lane = output, each warp kNarrowN / kWarps of the samples.
@@ -306,7 +307,16 @@ cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, const MlpArgs& m, c
 
 // ------------------------------------------------------------------ v4: the spread MLP
 constexpr int kTileN = 4;              // samples per gemv block: each weight read once per tile
-constexpr int kWarps = kThreads / 32;
+constexpr int kWarps = kThreads / 32;  // outputs per gemv_kernel block (and warps of the other kernels)
+// gemv_kernel's threads: two warps an output, each half of the row. (H100, 2026-11-26, ncu: with
+// a warp an output in 256 threads its blocks issued one instruction per ~5.8 cycles a warp, 8
+// warps an SM, 72 blocks at N = 32: issue-bound latency chains; twice the warps over the same work.)
+constexpr int kGemvThreads = 2 * kThreads;
+// ... in at most 96 registers a thread (48K of an SM's 64K), so that a block of the next kernel of
+// the chain (launched early under PDL) fits beside one of these: with 128 (the whole register file)
+// the next product's blocks waited for these to exit where both grids cover most SMs
+// ((32, 2688, 12, 12): fc2 7 us slower).
+constexpr int kGemvMaxRegs = 96;
 // Below this many weight floats (2 S C) one block per sample reads them fast enough,
 // and v3's single MLP launch is cheaper than v4's two (forward) or four (backward)
 // (H100 probe, EfficientNet shapes: v3 ahead at 2SC = 19200 and 37632, v4 at 76800 and up).
@@ -361,16 +371,17 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int6
 }
 
 template <Act ACT, Epi EPI, bool V4>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
+__global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThreads threads
   extern __shared__ float4 sm4[];
   float* in_s = reinterpret_cast<float*>(sm4);  // [kTileN, I]
+  __shared__ float half_sum[kWarps][kTileN];     // the second halves' sums
   const int64_t n0 = int64_t(blockIdx.y) * kTileN;
   const int nb = int(min(int64_t(kTileN), g.n - n0));
   const int64_t I = g.i_dim, O = g.o_dim;
   dev::grid_dependency_wait();
   dev::launch_dependents();
   // Fc1's input is the sum of the reduction's splits. The thread's loads run over
-  // (index k, split sp) pairs, sp fastest, 16 pairs in flight (each 4 loads: the
+  // (index k, split sp) pairs, sp fastest, 8 pairs in flight (each 4 loads: the
   // tile's samples), and each element is summed as x0 + x1 + x2 ... in order, in
   // registers, then scaled and stored. (A loop over the splits inside each load
   // waited on every load in turn: one L2 latency per (element, split), 20-30 us at
@@ -378,9 +389,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
   // reduction splits L 18 ways. Divisions by I or splits per element are avoided or
   // done by multiply-high: 64-bit ones cost more than the loads.)
   // DaState (v6: Da from the forward's saved values) stages the partials of sum g x the
-  // same way, loads z2 and s of each element with its last split (8 pairs in flight then:
-  // three float4 each; loaded after the sum, they cost one L2 latency per element), and
-  // finishes each element as dz2 = gate_bwd(z2, s, sum).
+  // same way, loads z2 and s of each element with its last split (4 pairs in flight then:
+  // three float4 each, within kGemvMaxRegs; loaded after the sum, they cost one L2 latency
+  // per element), and finishes each element as dz2 = gate_bwd(z2, s, sum).
   // Index math in 32 bits from per-sample row pointers (H100, 2026-11-26, ncu: with 64-bit
   // indices per (element, split, sample) this staging was ~1000 instructions a warp, with 8
   // warps an SM to hide their latency, most of the kernel's 11-14 us).
@@ -399,16 +410,16 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
       s_b[b] = g.gate_s + n * I;
     }
   }
-  const int own = int(threadIdx.x) < I32 ? (I32 - 1 - int(threadIdx.x)) / kThreads + 1 : 0;  // indices of this thread
+  const int own = int(threadIdx.x) < I32 ? (I32 - 1 - int(threadIdx.x)) / kGemvThreads + 1 : 0;  // indices of this thread
   struct Loaded {
     float4 v, z, s;  // z, s: DaState only
   };
   float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-  dev::batched_loop<kGate ? 8 : 16>(
+  dev::batched_loop<kGate ? 4 : 8>(
       0, own * splits, 1,
       [&](int64_t f) {
         const int k = int(g.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
-        const int i = int(threadIdx.x) + k * kThreads, at = sp * I32 + i;
+        const int i = int(threadIdx.x) + k * kGemvThreads, at = sp * I32 + i;
         const bool last = sp == splits - 1;
         Loaded l;
         float *vb = &l.v.x, *zb = &l.z.x, *sb = &l.s.x;
@@ -424,7 +435,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
       },
       [&](int64_t f, const Loaded& l) {
         const int k = int(g.div_splits.div(uint32_t(f))), sp = int(f) - k * splits;
-        const int i = int(threadIdx.x) + k * kThreads;
+        const int i = int(threadIdx.x) + k * kGemvThreads;
         const float *vb = &l.v.x, *zb = &l.z.x, *sb = &l.s.x;
         float* ab = &sum.x;
 #pragma unroll
@@ -444,37 +455,45 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs g) {
         }
       });
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t o = int64_t(blockIdx.x) * kWarps + warp;
-  if (o >= O) return;  // the whole warp leaves together; no barrier follows
+  // Output o = chunk * kWarps + (warp % kWarps); warps kWarps.. take the second half of its row.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, slot = warp % kWarps, half = warp / kWarps;
+  const int64_t o = int64_t(blockIdx.x) * kWarps + slot;
+  const bool live = o < O;  // warp-uniform
   float acc[kTileN];
 #pragma unroll
   for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
-  if constexpr (V4) {  // I % 4 == 0: rows of w and of in_s are 16-byte aligned
-    const float4* w4 = reinterpret_cast<const float4*>(g.w + o * I);
-    const float4* in4 = reinterpret_cast<const float4*>(in_s);
-    const int64_t I4 = I / 4;
-    dev::batched_loop<16>(lane, I4, 32, [&](int64_t i) { return __ldg(w4 + i); }, [&](int64_t i, float4 wv) {
+  if (live) {
+    if constexpr (V4) {  // I % 4 == 0: rows of w and of in_s are 16-byte aligned
+      const float4* w4 = reinterpret_cast<const float4*>(g.w + o * I);
+      const float4* in4 = reinterpret_cast<const float4*>(in_s);
+      const int64_t I4 = I / 4, mid = (I4 + 1) / 2;
+      dev::batched_loop<8>(half * mid + lane, half ? I4 : mid, 32, [&](int64_t i) { return __ldg(w4 + i); },
+                           [&](int64_t i, float4 wv) {
 #pragma unroll
-      for (int b = 0; b < kTileN; ++b) {
-        const float4 xv = in4[b * I4 + i];
-        acc[b] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
-      }
-    });
-  } else {
-    const float* w = g.w + o * I;
-    dev::batched_loop<16>(lane, I, 32, [&](int64_t i) { return __ldg(w + i); }, [&](int64_t i, float wv) {
+                             for (int b = 0; b < kTileN; ++b) {
+                               const float4 xv = in4[b * I4 + i];
+                               acc[b] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+                             }
+                           });
+    } else {
+      const float* w = g.w + o * I;
+      const int64_t mid = (I + 1) / 2;
+      dev::batched_loop<8>(half * mid + lane, half ? I : mid, 32, [&](int64_t i) { return __ldg(w + i); },
+                           [&](int64_t i, float wv) {
 #pragma unroll
-      for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
-    });
+                             for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
+                           });
+    }
   }
   float mine = 0.f;  // lane b keeps sample b's sum (every lane gets every sum from the butterfly)
 #pragma unroll
   for (int b = 0; b < kTileN; ++b) {
-    const float v = kc::warp_reduce_sum<32>(acc[b]);  // every lane active: o is warp-uniform
+    const float v = kc::warp_reduce_sum<32>(acc[b]);  // every lane active: the warp is whole
     if (lane == b) mine = v;
   }
-  if (lane < nb) gemv_epilogue<ACT, EPI>(g, n0 + lane, o, mine);
+  if (half == 1 && lane < kTileN) half_sum[slot][lane] = mine;
+  __syncthreads();
+  if (half == 0 && live && lane < nb) gemv_epilogue<ACT, EPI>(g, n0 + lane, o, mine + half_sum[slot][lane]);
 }
 
 // Short rows (I = S: fc2 and the backward's w1^T product, O = C outputs). gemv_kernel's
@@ -581,7 +600,7 @@ cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t str
   const int64_t tiles = dev::ceil_div(g.n, kTileN);
   const int64_t chunks = dev::ceil_div(g.o_dim, kWarps);
   KC_CUDA_TRY(dev::check_grid(chunks));
-  return dev::launch(kernel, dim3(unsigned(chunks), unsigned(tiles)), dim3(kThreads), smem, stream, o.pdl, g);
+  return dev::launch(kernel, dim3(unsigned(chunks), unsigned(tiles)), dim3(kGemvThreads), smem, stream, o.pdl, g);
 }
 
 // Only the epilogues that apply act or act' are instantiated per activation;
