@@ -500,21 +500,21 @@ __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThr
 // warp per output would leave most lanes idle on an S-long row and stage the same few
 // inputs in thousands of blocks. Here a block is a tile of kNarrowO outputs x kNarrowN
 // samples: it stages both tiles (inputs [kNarrowN, I], weights [kNarrowO, I], one
-// batched pass), then lane = output and warp = kNarrowN / kWarps samples, so every
-// thread adds kNarrowN / kWarps dots of length I from shared memory (weight rows
+// batched pass), then lane = output and warp = kNarrowPerWarp samples (kGemvThreads
+// threads: 16 warps of 2), so every thread adds 2 dots of length I from shared memory (weight rows
 // padded to an odd stride: the lanes' rows fall in distinct banks; the inputs are
 // read by every lane at once, a broadcast), and the epilogue's stores and reads
 // are coalesced over outputs. Each dot is added i = 0, 1, ... by one thread: a fixed
 // order (run-to-run identical), not gemv_kernel's (lanes, then a warp sum).
 constexpr int kNarrowO = 32;
 constexpr int kNarrowN = 32;
-constexpr int kNarrowPerWarp = kNarrowN / kWarps;
+constexpr int kNarrowPerWarp = kNarrowN / (kGemvThreads / 32);  // samples a warp (16 warps, as gemv_kernel)
 constexpr int64_t kNarrowMaxI = 256;  // shared memory 2 * 32 * 257 floats at most
 
 __host__ __device__ inline int64_t narrow_stride(int64_t i_dim) { return i_dim | 1; }
 
 template <Act ACT, Epi EPI>
-__global__ void __launch_bounds__(kThreads) gemv_narrow_kernel(GemvArgs g) {
+__global__ void __launch_bounds__(kGemvThreads) gemv_narrow_kernel(GemvArgs g) {
   extern __shared__ float4 sm4[];
   const int I = int(g.i_dim);
   const int ws = int(narrow_stride(I));
@@ -527,7 +527,7 @@ __global__ void __launch_bounds__(kThreads) gemv_narrow_kernel(GemvArgs g) {
   dev::grid_dependency_wait();
   dev::launch_dependents();
   dev::batched_loop<8>(
-      threadIdx.x, n_in + kNarrowO * I, kThreads,
+      threadIdx.x, n_in + kNarrowO * I, kGemvThreads,
       [&](int64_t e) {
         if (e < n_in) return e < valid_in ? g.in[n0 * I + e] : 0.f;
         return e - n_in < valid_w ? g.w[o0 * I + (e - n_in)] : 0.f;
@@ -587,7 +587,7 @@ cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t str
     }
     const int64_t chunks = dev::ceil_div(g.o_dim, kNarrowO);
     KC_CUDA_TRY(dev::check_grid(chunks));
-    return dev::launch(kernel, dim3(unsigned(chunks), unsigned(dev::ceil_div(g.n, kNarrowN))), dim3(kThreads), smem,
+    return dev::launch(kernel, dim3(unsigned(chunks), unsigned(dev::ceil_div(g.n, kNarrowN))), dim3(kGemvThreads), smem,
                        stream, o.pdl, g);
   }
   const size_t smem = gemv_smem(g.i_dim);
