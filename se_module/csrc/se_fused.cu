@@ -392,9 +392,10 @@ __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThr
   // same way, loads z2 and s of each element with its last split (4 pairs in flight then:
   // three float4 each, within kGemvMaxRegs; loaded after the sum, they cost one L2 latency
   // per element), and finishes each element as dz2 = gate_bwd(z2, s, sum).
-  // Index math in 32 bits from per-sample row pointers (H100, 2026-11-26, ncu: with 64-bit
-  // indices per (element, split, sample) this staging was ~1000 instructions a warp, with 8
-  // warps an SM to hide their latency, most of the kernel's 11-14 us).
+  // Index math in 32 bits from per-sample row pointers (H100, 2026-11-26, ncu, fc1 at
+  // (32, 1632, 12, 12), 256 threads then: the staging was ~1.4k of a warp's ~2k instructions
+  // with 64-bit indices per (element, split, sample); 32-bit ones took 10% of the kernel's
+  // instructions off, and 11.0 -> 9.5-10.0 us).
   static_assert(kTileN == 4, "the staging moves 4 samples (a float4) per index");
   constexpr bool kGate = EPI == Epi::DaState;
   const int splits = EPI == Epi::Fc1 || kGate ? g.splits : 1;
