@@ -218,13 +218,12 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
   return f;
 }
 
-// Whether the forward of x runs v5's cluster kernel (which keeps no saved state). The
-// forward's output is a fresh allocation (aligned), so x's alignment decides with the
-// shape: the backward asks the same question with x in both places.
-bool forward_in_cluster(const Prepared& p, const FusedArgs& f, const void* out) {
-  se::ClusterPlan cp;
+// Whether the forward of x runs v5's cluster kernel (and how: cp), which keeps no saved
+// state. The forward's output is a fresh allocation (aligned), so x's alignment decides
+// with the shape: the backward asks the same question with x in both places.
+bool forward_in_cluster(const Prepared& p, const FusedArgs& f, const void* out, se::ClusterPlan* cp) {
   const void* ptrs[2] = {p.x.const_data_ptr(), out};
-  return se::cluster_plan(p.d, f.S, f.dt, f.wdt, /*backward=*/false, ptrs, 2, f.opts, &cp);
+  return se::cluster_plan(p.d, f.S, f.dt, f.wdt, /*backward=*/false, ptrs, 2, f.opts, cp);
 }
 
 // The forward; with `state` (se_block_train) also the values that version 6's backward
@@ -241,8 +240,7 @@ at::Tensor forward_impl(const at::Tensor& x_, const at::Tensor& w1, const at::Te
   if (p.d.n == 0) return new_like_x(p, x_);
   at::Tensor out = new_like_x(p, x_);
   se::ClusterPlan cp;
-  const void* ptrs[2] = {p.x.const_data_ptr(), out.const_data_ptr()};
-  if (se::cluster_plan(p.d, f.S, f.dt, f.wdt, /*backward=*/false, ptrs, 2, f.opts, &cp)) {  // v5: no workspace
+  if (forward_in_cluster(p, f, out.const_data_ptr(), &cp)) {  // v5: no workspace
     KC_TORCH_CHECK_CUDA(se::cluster_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), se::Gate(gate),
                                             f.params(), out.mutable_data_ptr(), cp, at::cuda::getCurrentCUDAStream()));
     return out;
@@ -310,7 +308,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
     at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan, f.wdt), x_);
     // the forward's saved values, where it kept them (not in v5's cluster kernel)
     const bool use_state = state.has_value() && se::uses_saved_state(p.d, S, f.opts) &&
-                           !forward_in_cluster(p, f, p.x.const_data_ptr());
+                           !forward_in_cluster(p, f, p.x.const_data_ptr(), &cp);
     KC_TORCH_CHECK_CUDA(se::se_backward(g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act),
                                         se::Gate(gate), f.params(), dx.mutable_data_ptr(), dw,
                                         ws.mutable_data_ptr<float>(),

@@ -22,7 +22,7 @@
 // and the weights is saved for backward; v6 also keeps the MLP's per-sample values
 // (not bytes but launches: the spread MLP's fc1 and fc2 are two kernels of latency).
 //
-// Kernels (kThreads = 256 threads per block everywhere):
+// Kernels (kThreads = 256 threads per block; v4's product kernels kGemvThreads = 512):
 //   forward:  1. reduce (se_kernels.cuh, sum x)             -> part  [N, splits, C]
 //             2. mlp_forward_kernel, one block per sample    -> s     [N, C]
 //             3. channel_ew_kernel<Scale>                    -> out
@@ -72,7 +72,7 @@
 //     memory) and finishes sample b.
 //   rows of length S <= kNarrowMaxI (fc2, and w1^T dz1): gemv_narrow_kernel. Grid
 //     (chunks of kNarrowO outputs, tiles of kNarrowN samples); both tiles staged in
-//     shared memory; lane = output, each warp kNarrowN / kWarps of the samples.
+//     shared memory; kGemvThreads threads, lane = output, each warp kNarrowPerWarp (2) of the samples.
 // The backward's transposed products read w2^T and w1^T, written as fp32 copies by
 // extra blocks of the backward's first kernel (ParamCast), so every product reads rows.
 // (Latency is what matters at these sizes: a product of 128 x 1152 x 48 is a few
