@@ -343,7 +343,34 @@ struct GemvArgs {
   Gate gate;           // Fc2*: the scale activation
   dev::FastDiv div_i;       // by I (gemv_narrow_kernel's staging)
   dev::FastDiv div_splits;  // by splits (1 but for Fc1; gemv_kernel's staging)
+  // Coef: the weight gradients in blocks after the product's own (blockIdx.x >= chunks, y = 0;
+  // dev::wgrad_tile_pair), where wg_pairs > 0
+  dev::WgradTileArgs wg;
+  int chunks;               // the product's own blocks in x
+  int wg_pairs;
 };
+
+// The weight-gradient blocks of a Coef launch: true where this block was one of them.
+// Coef is the backward's last product, and dz1, p, dz2, a are final once it may start,
+// so the weight gradients run beside it instead of holding the Dx pass's slots.
+// H100, 2026-11-26, block timestamps ((32, 1632, 12, 12) bf16): 306 weight-gradient
+// blocks first in the Dx pass held 58% of its slots for ~7 us, 4 of them waiting for
+// Coef; the pass ended 10.6 us after Coef for 15 MB read from L2 and 15 MB written.
+template <Epi EPI>
+__device__ __forceinline__ bool gemv_wgrad_blocks(const GemvArgs& g) {
+  if constexpr (EPI != Epi::Coef) {
+    return false;
+  } else {
+    if (int(blockIdx.x) < g.chunks) return false;
+    if (blockIdx.y == 0) {
+      extern __shared__ float4 sm4[];
+      dev::grid_dependency_wait();
+      dev::launch_dependents();
+      dev::wgrad_tile_pair(g.wg, int64_t(blockIdx.x) - g.chunks, reinterpret_cast<float*>(sm4));
+    }
+    return true;
+  }
+}
 
 template <Act ACT, Epi EPI>
 __device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int64_t o, float v) {
@@ -372,6 +399,7 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int6
 
 template <Act ACT, Epi EPI, bool V4>
 __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThreads threads
+  if (gemv_wgrad_blocks<EPI>(g)) return;
   extern __shared__ float4 sm4[];
   float* in_s = reinterpret_cast<float*>(sm4);  // [kTileN, I]
   __shared__ float half_sum[kWarps][kTileN];     // the second halves' sums
@@ -516,6 +544,7 @@ __host__ __device__ inline int64_t narrow_stride(int64_t i_dim) { return i_dim |
 
 template <Act ACT, Epi EPI>
 __global__ void __launch_bounds__(kGemvThreads) gemv_narrow_kernel(GemvArgs g) {
+  if (gemv_wgrad_blocks<EPI>(g)) return;
   extern __shared__ float4 sm4[];
   const int I = int(g.i_dim);
   const int ws = int(narrow_stride(I));
@@ -568,6 +597,11 @@ size_t gemv_narrow_smem(int64_t i_dim) {
 
 size_t gemv_smem(int64_t i_dim) { return size_t(kTileN) * size_t(i_dim) * sizeof(float); }
 
+// A launch's dynamic shared memory with room for its weight-gradient blocks, if any
+size_t with_wgrad_smem(const GemvArgs& g, size_t smem) {
+  return g.wg_pairs > 0 && smem < dev::kWgPairSmem ? dev::kWgPairSmem : smem;
+}
+
 // Whether v4's spread MLP runs for this shape (and fits: the largest input row staged).
 bool spread_mlp(const Dims& d, int64_t S, const LaunchOpts& o) {
   if (!o.spread || 2 * S * d.c < kSpreadMinWeights) return false;
@@ -580,18 +614,20 @@ bool spread_mlp(const Dims& d, int64_t S, const LaunchOpts& o) {
 template <Act ACT, Epi EPI>
 cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
   if (EPI != Epi::Fc1 && EPI != Epi::Da && EPI != Epi::DaState && g.i_dim <= kNarrowMaxI) {  // rows of length S
-    const size_t smem = gemv_narrow_smem(g.i_dim);
+    const size_t smem = with_wgrad_smem(g, gemv_narrow_smem(g.i_dim));
     auto kernel = gemv_narrow_kernel<ACT, EPI>;
     if (smem > 48 * 1024) {
       KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     }
-    const int64_t chunks = dev::ceil_div(g.o_dim, kNarrowO);
-    KC_CUDA_TRY(dev::check_grid(chunks));
-    return dev::launch(kernel, dim3(unsigned(chunks), unsigned(dev::ceil_div(g.n, kNarrowN))), dim3(kGemvThreads), smem,
-                       stream, o.pdl, g);
+    GemvArgs a = g;
+    a.chunks = int(dev::ceil_div(g.o_dim, kNarrowO));
+    const int64_t gx = int64_t(a.chunks) + a.wg_pairs;
+    KC_CUDA_TRY(dev::check_grid(gx));
+    return dev::launch(kernel, dim3(unsigned(gx), unsigned(dev::ceil_div(g.n, kNarrowN))), dim3(kGemvThreads), smem,
+                       stream, o.pdl, a);
   }
-  const size_t smem = gemv_smem(g.i_dim);
+  const size_t smem = with_wgrad_smem(g, gemv_smem(g.i_dim));
   const bool v4 = g.i_dim % 4 == 0 && kc::is_aligned(g.w, 16);
   auto kernel = v4 ? gemv_kernel<ACT, EPI, true> : gemv_kernel<ACT, EPI, false>;
   if (smem > 48 * 1024) {
@@ -599,9 +635,11 @@ cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t str
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
   const int64_t tiles = dev::ceil_div(g.n, kTileN);
-  const int64_t chunks = dev::ceil_div(g.o_dim, kWarps);
-  KC_CUDA_TRY(dev::check_grid(chunks));
-  return dev::launch(kernel, dim3(unsigned(chunks), unsigned(tiles)), dim3(kGemvThreads), smem, stream, o.pdl, g);
+  GemvArgs a = g;
+  a.chunks = int(dev::ceil_div(g.o_dim, kWarps));
+  const int64_t gx = int64_t(a.chunks) + a.wg_pairs;
+  KC_CUDA_TRY(dev::check_grid(gx));
+  return dev::launch(kernel, dim3(unsigned(gx), unsigned(tiles)), dim3(kGemvThreads), smem, stream, o.pdl, a);
 }
 
 // Only the epilogues that apply act or act' are instantiated per activation;
@@ -705,7 +743,7 @@ Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transpo
     f.w2t = cast->dst_t[2];
   }
   cast->dt = w.dt;
-  cast->blocks = widen || transposed ? dev::cast_blocks(len[0] + len[1] + len[2] + len[3]) : 0;
+  dev::plan_cast(cast);
   return f;
 }
 }  // namespace
@@ -713,13 +751,13 @@ Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transpo
 cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate, const SeParams& w,
                        void* out, float* ws, float* state, LaunchOpts o, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;
-  const ReducePlan p = plan_reduce(d, dt, o.num_sms);
   const bool spread = spread_mlp(d, S, o);
   const bool keep = state != nullptr && uses_saved_state(d, S, o);
   bool staged = false;
   const size_t smem = mlp_smem(d, S, /*backward=*/false, o, &staged);
   dev::ParamCast cast;
   const Fp32Params f = fp32_params(w, d, S, /*transposed=*/false, /*need_fp32=*/spread || !staged, ws, &cast);
+  const ReducePlan p = plan_reduce(d, dt, o.num_sms, cast.blocks);
   float* part = ws;
   float* s = ws + d.n * p.splits * d.c;
   KC_CUDA_TRY(
@@ -760,7 +798,6 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
                         const SeParams& w, void* dx, const SeParamGrads& dw, float* ws, const float* state,
                         LaunchOpts o, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;  // the glue zero-fills the weight gradients
-  const ReducePlan p = plan_reduce(d, dt, o.num_sms);
   const bool spread = spread_mlp(d, S, o);
   const bool use = state != nullptr && uses_saved_state(d, S, o);  // then spread too
   bool staged = false;
@@ -768,6 +805,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   dev::ParamCast cast;
   // with the saved values, the spread products read only the transposed copies
   const Fp32Params f = fp32_params(w, d, S, /*transposed=*/spread, /*need_fp32=*/spread ? !use : !staged, ws, &cast);
+  const ReducePlan p = plan_reduce(d, dt, o.num_sms, cast.blocks);
   const int64_t np = d.n * p.splits * d.c, nc = d.n * d.c;
   float* part_x = ws;
   float* part_gx = part_x + np;
@@ -813,7 +851,17 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     KC_CUDA_TRY(use ? launch_gemv_act<Epi::DaState>(act, da, o, stream) : launch_gemv_act<Epi::Da>(act, da, o, stream));
     GemvArgs cf = gemv_args(d, dz1, f.w1t, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1^T is [C, S] = [O, I]
     cf.out_scale = 1.f / float(d.l);
+    const dev::WgradTileArgs wg = dev::wgrad_args(dz1, pool, dz2, a, dw.dw1, dw.db1, dw.dw2, dw.db2, d.n, d.c, S, w.dt);
+    // the weight gradients beside Coef where a tile is one chunk of samples (N <= kWgTile); at
+    // larger N their chunks take longer than Coef and they stay in the Dx pass (gemv_wgrad_blocks)
+    const bool beside = d.n <= dev::kWgTile;
+    if (beside) {
+      cf.wg = wg;
+      cf.wg_pairs = int(dev::ceil_div(dev::wgrad_blocks(wg), int64_t(2)));
+    }
     KC_CUDA_TRY((launch_gemv_act<Epi::Coef>(act, cf, o, stream)));
+    return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
+                                       beside ? nullptr : &wg, stream);
   } else {
   MlpArgs m = mlp_args(part_x, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
   m.staged = staged;

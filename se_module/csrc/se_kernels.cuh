@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kc/async_copy.cuh"
 #include "kc/check.cuh"
 #include "kc/convert.cuh"
 #include "kc/launch.cuh"
@@ -121,43 +122,99 @@ __device__ __forceinline__ void store_f(T* p, const float (&f)[VEC], bool stream
 // fp32 (dst: the fused kernels' workspace), so that no cast kernel is launched,
 // and/or write transposed fp32 copies of the weight matrices (dst_t, for the
 // backward's products with w1^T and w2^T). A null dst / dst_t skips that copy.
+// The work is cut in units: 16 bytes of a tensor (8 16-bit or 4 fp32 elements) where
+// its pointers and length allow, else one element; as few blocks as give every thread
+// one batch of kCastUnroll units, all loads in flight before any store. They come first
+// in the grid, and plan_reduce leaves room for them in the reduction's wave: their
+// loads queue behind the reduction's, so each takes about as long as a reduction block.
+// (H100, 2026-11-26, per-block timestamps, (32, 1632, 12, 12) bf16: 219 blocks of one
+// element a thread took 5-7 us each and held the slots that 139 of the 448 reduction
+// blocks waited for; those started at 5.6 us and ended the pass at 10.4.)
 struct ParamCast {
   const void* src[4];  // w1, b1, w2, b2
   float* dst[4];
   float* dst_t[4];     // [cols, rows] copy of a [rows, cols] tensor
   int64_t len[4];
   int64_t cols[4];     // row length of each tensor (len for a vector)
+  int64_t units[4];    // units of each tensor (0: nothing to copy from it)
+  int per[4];          // elements per unit: 16 / element size, or 1
   kc::DType dt;
   int blocks;          // 0: nothing to copy
 };
-constexpr int kCastUnroll = 4;
+constexpr int kCastUnroll = 2;
+
+// The units and block count of *pc (src, dst, dst_t, len, cols and dt set).
+inline void plan_cast(ParamCast* pc) {
+  const int64_t esz = pc->dt == kc::DType::F32 ? 4 : 2;
+  int64_t total = 0;
+  for (int t = 0; t < 4; ++t) {
+    const bool used = pc->dst[t] != nullptr || pc->dst_t[t] != nullptr;
+    const int vper = int(16 / esz);
+    const bool vec = kc::is_aligned(pc->src[t], 16) && pc->len[t] % vper == 0 &&
+                     (pc->dst[t] == nullptr || kc::is_aligned(pc->dst[t], 16));
+    pc->per[t] = vec ? vper : 1;
+    pc->units[t] = used ? pc->len[t] / pc->per[t] : 0;
+    total += pc->units[t];
+  }
+  pc->blocks = total > 0 ? int(ceil_div(total, int64_t(kThreads) * kCastUnroll)) : 0;
+}
+
+// element k of a unit's raw 16 bytes, widened
+__device__ __forceinline__ float unit_elem(const uint4& r, int k, kc::DType dt) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};  // k is a constant (unrolled callers): no local array
+  if (dt == kc::DType::F32) return __uint_as_float(w[k & 3]);
+  const uint32_t h = (w[k >> 1] >> (16 * (k & 1))) & 0xffffu;
+  if (dt == kc::DType::BF16) return __uint_as_float(h << 16);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
 
 __device__ __forceinline__ void cast_params_block(const ParamCast& pc, int block) {
-  const int64_t total = pc.len[0] + pc.len[1] + pc.len[2] + pc.len[3];
+  const int64_t total = pc.units[0] + pc.units[1] + pc.units[2] + pc.units[3];
   const int64_t step = int64_t(pc.blocks) * kThreads;
-  auto locate = [&](int64_t e, int& t) {
+  const int esz = pc.dt == kc::DType::F32 ? 4 : 2;
+  auto locate = [&](int64_t u, int& t) {
     t = 0;
-    while (e >= pc.len[t]) e -= pc.len[t++];
-    return e;
+    while (u >= pc.units[t]) u -= pc.units[t++];
+    return u;
   };
   batched_loop<kCastUnroll>(
       int64_t(block) * kThreads + threadIdx.x, total, step,
-      [&](int64_t e) {
+      [&](int64_t u) {
         int t;
-        const int64_t i = locate(e, t);
-        return kc::load_float(pc.src[t], pc.dt, i);
+        const int64_t j = locate(u, t);
+        const char* src = static_cast<const char*>(pc.src[t]);
+        uint4 r = make_uint4(0, 0, 0, 0);
+        if (pc.per[t] > 1) {
+          r = __ldg(reinterpret_cast<const uint4*>(src) + j);
+        } else {
+          r.x = esz == 4 ? __ldg(reinterpret_cast<const uint32_t*>(src) + j)
+                         : uint32_t(__ldg(reinterpret_cast<const unsigned short*>(src) + j));
+        }
+        return r;
       },
-      [&](int64_t e, float v) {
+      [&](int64_t u, uint4 r) {
         int t;
-        const int64_t i = locate(e, t);
-        if (pc.dst[t] != nullptr) pc.dst[t][i] = v;
-        if (pc.dst_t[t] != nullptr) {
-          const int64_t r = i / pc.cols[t], c = i - r * pc.cols[t];
-          pc.dst_t[t][c * (pc.len[t] / pc.cols[t]) + r] = v;
+        const int64_t j = locate(u, t);
+        const int per = pc.per[t];
+        float* dst = pc.dst[t];
+        float* dst_t = pc.dst_t[t];
+        // the unit's elements walk the row-major matrix: column c of row rr, wrapping
+        const int64_t cols = pc.cols[t], rows = pc.len[t] / cols;
+        int64_t i = j * per;
+        int64_t rr = i / cols, c = i - rr * cols;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          if (k >= per) break;
+          const float v = unit_elem(r, k, pc.dt);
+          if (dst != nullptr) dst[i + k] = v;
+          if (dst_t != nullptr) dst_t[c * rows + rr] = v;
+          if (++c == cols) {
+            c = 0;
+            ++rr;
+          }
         }
       });
 }
-inline int cast_blocks(int64_t elems) { return int(ceil_div(elems, int64_t(kThreads) * kCastUnroll)); }
 
 // Sums over l for every (n, c): kSumX -> sum x, kSumGX -> sum g * x; with
 // kWriteGS also gs_out = g * s[n, c] (the excitation backward's grad_x, in the
@@ -350,11 +407,37 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T
 // (128, 240, 14, 14), 29.2 -> 27.5 us at (32, 672, 24, 24); the Dx pass after it unchanged.
 constexpr int kColsMinBlocks = 4;
 __host__ __device__ constexpr int cols_batch(bool sum_gx) { return sum_gx ? 4 : 8; }
+// With 16-byte vectors and no gs_out the rows come through a cp.async pipeline instead
+// of register batches: kColsStages stages of cols_stage_rows() rows (x, and g in the
+// backward) a thread, 12 rows (forward) / 6 rows of x and g (backward) in flight, 48 KB
+// of shared memory a block (still 4 blocks an SM), each stage consumed as it lands.
+// H100, 2026-11-26, per-block timestamps, (32, 1632, 12, 12) bf16: with the register
+// batches a thread waited for its whole batch before it asked for the next, so the
+// backward's 9 rows a thread (4 + 4 + 1) cost three round trips under load and the
+// pass read x and g at 1.8 TB/s (16.9 us); pipelined, 12.4 us. Timeline, fwd + bwd:
+// (32, 1632, 12, 12) 70.9 -> 64.1-65.0 us, (32, 2688, 12, 12) 113.3 -> 108.3, (128, 1152,
+// 7, 7) 77.6 -> 70.4-71.9. Stages of 2 rows (forward) / 1 row (backward), or two stages,
+// changed no row by more than 1.5%.
+constexpr int kColsStages = 3;
+__host__ __device__ constexpr int cols_stage_rows(bool sum_gx) { return sum_gx ? 2 : 4; }
+template <int VEC, bool kWriteGS>
+__host__ __device__ constexpr bool cols_async() { return VEC > 1 && !kWriteGS; }
+template <typename T, int VEC, bool kSumX, bool kSumGX, bool kWriteGS>
+constexpr size_t cols_smem_bytes() {
+  const size_t table = size_t(int(kSumX) + int(kSumGX)) * kThreads * VEC * sizeof(float);
+  const size_t stages = cols_async<VEC, kWriteGS>()
+                            ? size_t(kColsStages) * (1 + int(kSumGX)) * cols_stage_rows(kSumGX) * kThreads * 16
+                            : 0;
+  return stages > table ? stages : table;
+}
 template <typename T, int VEC, bool kSumX, bool kSumGX, bool kWriteGS>
 __global__ void __launch_bounds__(kThreads, kColsMinBlocks) reduce_cols_kernel(ReduceArgs<T> a) {
   static_assert(kSumX || kSumGX, "nothing to reduce");
   constexpr int NS = int(kSumX) + int(kSumGX);
-  __shared__ float red[NS][kThreads * VEC];
+  constexpr bool kAsync = cols_async<VEC, kWriteGS>();
+  constexpr int NL = 1 + int(kSumGX);  // tensors read: x, and g with kSumGX
+  extern __shared__ float4 cols_smem[];  // cols_smem_bytes(): the stages (kAsync), then the column table
+  float(*red)[kThreads * VEC] = reinterpret_cast<float(*)[kThreads * VEC]>(cols_smem);
   if (int(blockIdx.x) < a.cast.blocks) return cast_params_block(a.cast, int(blockIdx.x));
   const int64_t block = int64_t(blockIdx.x) - a.cast.blocks;
   grid_dependency_wait();
@@ -402,31 +485,85 @@ __global__ void __launch_bounds__(kThreads, kColsMinBlocks) reduce_cols_kernel(R
     };
     constexpr int U = cols_batch(kSumGX);
     const int64_t step = int64_t(rows_par) * a.c;  // elements from one of a thread's rows to its next
-    for (int64_t l = l0 + rp; l < l1; l += U * rows_par) {
-      kc::Vec<T, VEC> xr[U], gr[U];
-      const int64_t base = (n * a.l + l) * a.c + col_off;
+    if constexpr (kAsync) {
+      // The thread's rows l0 + rp + k rows_par, k < K, in stages of B rows (x, and g),
+      // kColsStages stages in flight through this thread's slots of shared memory
+      // (cp.async: no registers held), each consumed as it lands.
+      constexpr int B = cols_stage_rows(kSumGX);
+      constexpr int NST = kColsStages;
+      using V = kc::Vec<T, VEC>;
+      V* stage = reinterpret_cast<V*>(cols_smem);  // [NST][NL][B][kThreads]
+      const int64_t first = l0 + rp;
+      const int K = first < l1 ? int((l1 - first + rows_par - 1) / rows_par) : 0;
+      const int S = (K + B - 1) / B;
+      const T* xs = a.x + (n * a.l + first) * a.c + col_off;
+      const T* gs = kSumGX ? a.g + (n * a.l + first) * a.c + col_off : nullptr;
+      auto issue = [&](int s) {
+        if (s < S) {
+          V* st = stage + (s % NST) * (NL * B * kThreads) + threadIdx.x;
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (l + u * rows_par < l1) {
-          // the backward (kSumGX) reads x for the last time: streamed (evict-first)
-          if constexpr (kSumGX) {
-            xr[u] = kc::load_vec_stream<VEC>(a.x + base + u * step);
-          } else {
-            xr[u] = kc::load_vec<VEC>(a.x + base + u * step);
+          for (int u = 0; u < B; ++u) {
+            const int k = s * B + u;
+            if (k < K) {
+              // the backward reads x for the last time: evict-first
+              if constexpr (kSumGX) {
+                kc::cp_async_16_evict_first(st + u * kThreads, xs + int64_t(k) * step);
+                kc::cp_async_16(st + (B + u) * kThreads, gs + int64_t(k) * step);
+              } else {
+                kc::cp_async_16(st + u * kThreads, xs + int64_t(k) * step);
+              }
+            }
           }
-          if constexpr (kSumGX) gr[u] = kc::load_vec<VEC>(a.g + base + u * step);
+        }
+        kc::cp_async_commit();  // an empty group past the last stage: completes at once
+      };
+#pragma unroll
+      for (int s = 0; s < NST - 1; ++s) issue(s);
+      for (int s = 0; s < S; ++s) {
+        issue(s + NST - 1);  // into the slots stage s - 1 left
+        kc::cp_async_wait_n<NST - 1>();
+        const V* st = stage + (s % NST) * (NL * B * kThreads) + threadIdx.x;
+#pragma unroll
+        for (int u = 0; u < B; ++u) {
+          if (s * B + u < K) {
+            float xv[VEC], gv[VEC] = {};
+            kc::vec_to_float(st[u * kThreads], xv);
+            if constexpr (kSumGX) kc::vec_to_float(st[(B + u) * kThreads], gv);
+            consume(0, xv, gv);  // the offset is gs_out's, which this path never writes
+          }
         }
       }
+    } else {
+      for (int64_t l = l0 + rp; l < l1; l += U * rows_par) {
+        kc::Vec<T, VEC> xr[U], gr[U];
+        const int64_t base = (n * a.l + l) * a.c + col_off;
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (l + u * rows_par < l1) {
-          float xv[VEC], gv[VEC] = {};
-          kc::vec_to_float(xr[u], xv);
-          if constexpr (kSumGX) kc::vec_to_float(gr[u], gv);
-          consume(base + u * step, xv, gv);
+        for (int u = 0; u < U; ++u) {
+          if (l + u * rows_par < l1) {
+            // the backward (kSumGX) reads x for the last time: streamed (evict-first)
+            if constexpr (kSumGX) {
+              xr[u] = kc::load_vec_stream<VEC>(a.x + base + u * step);
+            } else {
+              xr[u] = kc::load_vec<VEC>(a.x + base + u * step);
+            }
+            if constexpr (kSumGX) gr[u] = kc::load_vec<VEC>(a.g + base + u * step);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (l + u * rows_par < l1) {
+            float xv[VEC], gv[VEC] = {};
+            kc::vec_to_float(xr[u], xv);
+            if constexpr (kSumGX) kc::vec_to_float(gr[u], gv);
+            consume(base + u * step, xv, gv);
+          }
         }
       }
     }
+  }
+  if constexpr (kAsync) {
+    kc::cp_async_wait_n<0>();
+    __syncthreads();  // the column table below reuses the stages' shared memory
   }
   if (rp < rows_par) {
 #pragma unroll
@@ -524,7 +661,13 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
         nhwc_tiles(d.c, VEC, &a.tc, &a.col_tiles);
         const unsigned blocks = grid(d.n * p.splits * a.col_tiles);
         if (blocks == 0) return cudaErrorInvalidConfiguration;
-        reduce_cols_kernel<T, VEC, kSumX, kSumGX, kWriteGS><<<blocks, kThreads, 0, stream>>>(a);
+        constexpr size_t smem = cols_smem_bytes<T, VEC, kSumX, kSumGX, kWriteGS>();
+        auto kernel = reduce_cols_kernel<T, VEC, kSumX, kSumGX, kWriteGS>;
+        if (smem > 48 * 1024) {
+          KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        }
+        kernel<<<blocks, kThreads, smem, stream>>>(a);
       }
       return cudaGetLastError();
     });
@@ -582,7 +725,7 @@ inline WgradTileArgs wgrad_args(const float* dz1, const float* p, const float* d
   w.wdt = wdt;
   return w;
 }
-inline int64_t wgrad_blocks(const WgradTileArgs& w) { return w.prod[0].blocks + w.prod[1].blocks; }
+__host__ __device__ inline int64_t wgrad_blocks(const WgradTileArgs& w) { return w.prod[0].blocks + w.prod[1].blocks; }
 
 // One tile (block < wgrad_blocks(w)); the caller has waited for dz1 .. a to be written
 // (by an earlier kernel: they are read through the read-only path).
@@ -592,16 +735,18 @@ inline int64_t wgrad_blocks(const WgradTileArgs& w) { return w.prod[0].blocks + 
 // kept each global load before the next shared store, 32 L2 round trips a tile at
 // N = 128; H100 2026-11-26, the Dx pass at (128, 240, 14, 14) bf16 channels_last
 // added 15.6 us to a graph replay with these blocks, 8.1 without them, 9.3 as below.)
-__device__ __forceinline__ void wgrad_tile_block(const WgradTileArgs& w, int64_t block) {
-  __shared__ float as[kWgTile][kWgTile];
-  __shared__ float bs[kWgTile][kWgTile];
+// kThreads threads (tid 0 .. kThreads - 1) take part; `sync` is their barrier, and
+// as / bs are kWgTile x kWgTile floats of shared memory each.
+template <typename Sync>
+__device__ __forceinline__ void wgrad_tile(const WgradTileArgs& w, int64_t block, int tid, float (*as)[kWgTile],
+                                           float (*bs)[kWgTile], Sync sync) {
   static_assert(kThreads == 8 * kWgTile, "a thread per (row group, column) of the tile");
   const bool second = block >= w.prod[0].blocks;
   const WgradProduct P = second ? w.prod[1] : w.prod[0];
   const int64_t tile = second ? block - w.prod[0].blocks : block;
   const int64_t t1 = tile / P.tiles2, t2 = tile - t1 * P.tiles2;
   const int64_t o1b = t1 * kWgTile, o2b = t2 * kWgTile;
-  const int col = threadIdx.x & 31, row = threadIdx.x >> 5;  // row 0..7
+  const int col = tid & 31, row = tid >> 5;  // row 0..7
   const bool in1 = o1b + col < P.m1, in2 = o2b + col < P.m2;
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, bacc[4] = {0.f, 0.f, 0.f, 0.f};
   const bool bias = P.bias != nullptr && t2 == 0 && col == 0;
@@ -621,7 +766,7 @@ __device__ __forceinline__ void wgrad_tile_block(const WgradTileArgs& w, int64_t
       as[row + 8 * k][col] = ra[k];
       bs[row + 8 * k][col] = rb[k];
     }
-    __syncthreads();
+    sync();
     if (n0 + kWgTile < w.n) fetch(n0 + kWgTile);
     const int cnt = int(w.n - n0 < kWgTile ? w.n - n0 : kWgTile);
 #pragma unroll 8
@@ -634,7 +779,7 @@ __device__ __forceinline__ void wgrad_tile_block(const WgradTileArgs& w, int64_t
         if (bias) bacc[k] += av;
       }
     }
-    __syncthreads();
+    sync();
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -643,6 +788,28 @@ __device__ __forceinline__ void wgrad_tile_block(const WgradTileArgs& w, int64_t
     if (bias && o1 < P.m1) kc::store_float(P.bias, w.wdt, o1, bacc[k]);
   }
 }
+
+// One tile by a whole block of kThreads threads
+__device__ __forceinline__ void wgrad_tile_block(const WgradTileArgs& w, int64_t block) {
+  __shared__ float as[kWgTile][kWgTile];
+  __shared__ float bs[kWgTile][kWgTile];
+  wgrad_tile(w, block, int(threadIdx.x), as, bs, [] { __syncthreads(); });
+}
+
+// Two tiles (2 pair, 2 pair + 1) by a block of 2 kThreads threads, a half each, each half
+// with its own named barrier (1 and 2) and its own 8 KB of shared memory (kWgPairSmem
+// in all, from smem on).
+// Used by the backward's last product, whose grid has room beside its own blocks.
+__device__ __forceinline__ void wgrad_tile_pair(const WgradTileArgs& w, int64_t pair, float* smem) {
+  const int half = int(threadIdx.x) / kThreads;
+  const int64_t tile = 2 * pair + half;
+  if (tile >= wgrad_blocks(w)) return;  // the other half does not wait for this one
+  float(*as)[kWgTile] = reinterpret_cast<float(*)[kWgTile]>(smem + half * 2 * kWgTile * kWgTile);
+  float(*bs)[kWgTile] = as + kWgTile;
+  wgrad_tile(w, tile, int(threadIdx.x) - half * kThreads, as, bs,
+             [half] { asm volatile("bar.sync %0, %1;" ::"r"(1 + half), "r"(kThreads) : "memory"); });
+}
+constexpr size_t kWgPairSmem = size_t(4) * kWgTile * kWgTile * sizeof(float);
 
 template <typename T>
 struct EwArgs {

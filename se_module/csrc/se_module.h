@@ -39,7 +39,10 @@ struct ReducePlan {
   int splits;
   int64_t chunk;
 };
-ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms);
+// extra_blocks: blocks the reduction kernel runs beside its own (channels_last: the plan
+// fits both in one wave where it can). Fewer splits than with none, never more: the
+// workspace sized from plan_reduce(d, dt, num_sms) holds the partials of either.
+ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms, int extra_blocks = 0);
 
 // Launch options that differ between kernel versions (see se_fused.cu's header).
 struct LaunchOpts {

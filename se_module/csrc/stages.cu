@@ -35,7 +35,7 @@ namespace se {
 using dev::ceil_div;
 using dev::kThreads;
 
-ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms) {
+ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms, int extra_blocks) {
   const int vec = dev::max_vec(dt);
   const int64_t sms = num_sms > 0 ? num_sms : 1;
   int64_t max_splits, want;
@@ -47,15 +47,16 @@ ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms) {
     max_splits = ceil_div(d.l, int64_t(team) * vec * 4);
     want = ceil_div(target, d.n * d.c * team);
   } else {
-    // One wave of reduce_cols_kernel's blocks (kColsMinBlocks per SM), each thread
-    // with at least 4 rows where L allows; where N * tiles fill the wave already,
-    // one split: each block walks the sample's whole L. (Two waves of short blocks
-    // before 2026-11-25: see reduce_cols_kernel.)
+    // One wave of reduce_cols_kernel's blocks (kColsMinBlocks per SM) beside the
+    // kernel's extra_blocks (the parameter-widening ones), each thread with at least
+    // 4 rows where L allows; where N * tiles fill the wave already, one split: each
+    // block walks the sample's whole L. (Two waves of short blocks before 2026-11-25:
+    // see reduce_cols_kernel.)
     int tc, tiles;
     dev::nhwc_tiles(d.c, vec, &tc, &tiles);
     const int rows_par = kThreads / tc;
     max_splits = ceil_div(d.l, int64_t(rows_par) * 4);
-    want = sms * dev::kColsMinBlocks / (d.n * tiles);
+    want = (sms * dev::kColsMinBlocks - extra_blocks) / (d.n * tiles);
   }
   int64_t splits = want < max_splits ? want : max_splits;
   if (splits > 1024) splits = 1024;

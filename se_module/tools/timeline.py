@@ -9,7 +9,10 @@ kernel adds to the call when kernels overlap under programmatic dependent launch
 (a kernel launched early waits inside; its duration then includes that wait).
 
     python tools/timeline.py --shapes "128 1152 7 7 48;32 960 12 12 40" [--fp32] [--forward]
-        [--versions 4 5] [--calls 20]
+        [--versions 4 5] [--calls 20] [--fp32-params]
+
+--fp32-params keeps the parameters in fp32 under a bf16 x (what autocast training passes the
+op), where the reductions have no parameter-widening blocks.
 """
 import argparse
 import os
@@ -79,11 +82,14 @@ def main():
     ap.add_argument("--forward", action="store_true", help="the forward alone (default forward + backward)")
     ap.add_argument("--versions", type=int, nargs="+", default=[5])
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--fp32-params", action="store_true", help="fp32 parameters under a bf16 x (autocast's case)")
     a = ap.parse_args()
     dtype, cl = (torch.float32, False) if a.fp32 else (torch.bfloat16, True)
     for spec in a.shapes.split(";"):
         shape = tuple(int(v) for v in spec.split())
         _, ours, x, g = B.setup(shape, dtype, cl)
+        if a.fp32_params:
+            ours.float()
         for v in a.versions:
             ours.version = v
             fwd, fb = B.fwd_and_fwdbwd(ours, list(ours.parameters()), x, g)
@@ -91,6 +97,7 @@ def main():
             gpu = bench.graph_us(fn)
             rows = timeline(fn, a.calls)
             print(f"== {shape} {'fp32 NCHW' if a.fp32 else 'bf16 CL'} {'forward' if a.forward else 'fwd+bwd'}"
+                  f"{' fp32 params' if a.fp32_params else ''}"
                   f" v{v}: graph {gpu:.1f} us, last kernel ends {rows[-1]['end'] if rows else 0:.1f} us")
             for r in rows:
                 print(f"   {r['start']:7.1f} {r['end']:7.1f} {r['dur']:7.1f} {r['adds']:7.1f}  {r['kernel']}")

@@ -3,6 +3,7 @@
 //
 //   cp_async_16(smem, gmem)  copy 16 bytes global -> shared, asynchronously
 //                            (.cg: cached in L2 only). Both addresses 16-byte aligned.
+//   cp_async_16_evict_first  the same, the L2 line marked evict-first
 //   cp_async_commit()        close the current group of copies of this thread
 //   cp_async_wait(n)         wait until at most n of this thread's groups are
 //                            still in flight (n in 0..7, uniform or not)
@@ -20,6 +21,15 @@ namespace kc {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+// the same, the line marked evict-first in L2 (data this kernel reads for the last time)
+__device__ __forceinline__ void cp_async_16_evict_first(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(policy)
+               : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
