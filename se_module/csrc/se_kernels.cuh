@@ -406,6 +406,14 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T
 // H100, 2026-11-26, graph replays, bf16 channels_last: this pass 11.8 -> 10.9 us at
 // (128, 240, 14, 14), 29.2 -> 27.5 us at (32, 672, 24, 24); the Dx pass after it unchanged.
 constexpr int kColsMinBlocks = 4;
+// The plan's wave: kColsPlanBlocks blocks an SM (half the resident ones), so fewer splits
+// whose partials the MLP's staging adds. With the cp.async pipeline each thread keeps 12 rows
+// in flight, and half as many blocks still stream at the same rate. (H100, 2026-11-26,
+// timeline, bf16 CL fwd+bwd, 4 -> 2 an SM: (32, 1632, 12, 12) 64.7 -> 63.1/63.4 us,
+// (32, 960, 12, 12) 47.2 -> 43.8/44.2, (128, 480, 14, 14) 79.3 -> 73.9/74.0, (32, 336, 24, 24)
+// 45.0 -> 43.5, (128, 672, 7, 7) 55.5 -> 54.5/54.6, (128, 240, 14, 14) 41.8 -> 41.6/41.7;
+// one block an SM measured the same within 1 us.)
+constexpr int kColsPlanBlocks = 2;
 __host__ __device__ constexpr int cols_batch(bool sum_gx) { return sum_gx ? 4 : 8; }
 // With 16-byte vectors and no gs_out the rows come through a cp.async pipeline instead
 // of register batches: kColsStages stages of cols_stage_rows() rows (x, and g in the

@@ -47,16 +47,16 @@ ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms, int extra_block
     max_splits = ceil_div(d.l, int64_t(team) * vec * 4);
     want = ceil_div(target, d.n * d.c * team);
   } else {
-    // One wave of reduce_cols_kernel's blocks (kColsMinBlocks per SM) beside the
-    // kernel's extra_blocks (the parameter-widening ones), each thread with at least
-    // 4 rows where L allows; where N * tiles fill the wave already, one split: each
-    // block walks the sample's whole L. (Two waves of short blocks before 2026-11-25:
-    // see reduce_cols_kernel.)
+    // kColsPlanBlocks of reduce_cols_kernel's blocks an SM (half its resident ones)
+    // beside the kernel's extra_blocks (the parameter-widening ones), each thread with
+    // at least 4 rows where L allows; where N * tiles fill that already, one split: each
+    // block walks the sample's whole L. (Two waves of short blocks before 2026-11-25,
+    // a whole wave until 2026-11-26: see reduce_cols_kernel and kColsPlanBlocks.)
     int tc, tiles;
     dev::nhwc_tiles(d.c, vec, &tc, &tiles);
     const int rows_par = kThreads / tc;
     max_splits = ceil_div(d.l, int64_t(rows_par) * 4);
-    want = (sms * dev::kColsMinBlocks - extra_blocks) / (d.n * tiles);
+    want = (sms * dev::kColsPlanBlocks - extra_blocks) / (d.n * tiles);
   }
   int64_t splits = want < max_splits ? want : max_splits;
   if (splits > 1024) splits = 1024;
