@@ -51,7 +51,9 @@
 //       in the backward the two transposed products) is one gemv_kernel launch over
 //       (tile of kTileN samples, chunk of outputs) blocks: the weights of a chunk are
 //       read once per tile of samples, and the grid fills the GPU at any N.
-//       Forward 4 kernels, backward 6; below the threshold v4 is v3.
+//       Forward 4 kernels, backward 6; below the threshold v4 is v3. At N <= kWgTile the
+//       backward's last product (w1^T dz1) also runs the weight-gradient tiles, in
+//       blocks after its own (gemv_wgrad_blocks), and the Dx pass is elementwise only.
 //   v5  (se_cluster.cu) one thread-block cluster per sample where its plan takes the
 //       shape (up to 16 samples, sm_90); elsewhere v5 is v4. The glue (se_cuda.cpp)
 //       asks cluster_plan first.

@@ -40,8 +40,8 @@ struct ReducePlan {
   int64_t chunk;
 };
 // extra_blocks: blocks the reduction kernel runs beside its own (channels_last: the plan
-// fits both in one wave where it can). Fewer splits than with none, never more: the
-// workspace sized from plan_reduce(d, dt, num_sms) holds the partials of either.
+// leaves room for them in its blocks an SM where it can). Fewer splits than with none,
+// never more: the workspace sized from plan_reduce(d, dt, num_sms) holds the partials of either.
 ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms, int extra_blocks = 0);
 
 // Launch options that differ between kernel versions (see se_fused.cu's header).
