@@ -818,16 +818,22 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   float* a = dz2 + nc;
   float* dz1 = a + d.n * S;
   float* z1 = dz1 + d.n * S;
+  const SavedState st = use ? saved_state(const_cast<float*>(state), d, S) : SavedState{};
+  if (use) {  // v6: p, a, s from the forward
+    s = st.s;
+    pool = st.p;
+    a = st.a;
+  }
+  const dev::WgradTileArgs wg = dev::wgrad_args(dz1, pool, dz2, a, dw.dw1, dw.db1, dw.dw2, dw.db2, d.n, d.c, S, w.dt);
+  // spread: the weight gradients beside Coef where a tile is one chunk of samples (N <= kWgTile);
+  // at larger N their chunks take longer than Coef and they stay in the Dx pass (gemv_wgrad_blocks)
+  const bool beside = spread && d.n <= dev::kWgTile;
   // one pass over (x, grad): sum x and sum grad * x per (n, c)
   KC_CUDA_TRY(
       (dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream, &cast)));
   if (spread) {
     GemvArgs da = gemv_args(d, dz2, f.w2t, nullptr, d.c, S, dz1, gate);  // dz1 = (w2^T dz2) act'(z1); w2^T is [S, C] = [O, I]
-    if (use) {  // v6: p, z1, a, z2, s from the forward; DaState's staging forms dz2 from the partials of sum g x
-      const SavedState st = saved_state(const_cast<float*>(state), d, S);
-      s = st.s;
-      pool = st.p;
-      a = st.a;
+    if (use) {  // v6: z1, z2, s from the forward; DaState's staging forms dz2 from the partials of sum g x
       da.in = part_gx;
       da.splits = p.splits;
       da.div_splits = dev::FastDiv(uint32_t(p.splits));
@@ -853,17 +859,11 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     KC_CUDA_TRY(use ? launch_gemv_act<Epi::DaState>(act, da, o, stream) : launch_gemv_act<Epi::Da>(act, da, o, stream));
     GemvArgs cf = gemv_args(d, dz1, f.w1t, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1^T is [C, S] = [O, I]
     cf.out_scale = 1.f / float(d.l);
-    const dev::WgradTileArgs wg = dev::wgrad_args(dz1, pool, dz2, a, dw.dw1, dw.db1, dw.dw2, dw.db2, d.n, d.c, S, w.dt);
-    // the weight gradients beside Coef where a tile is one chunk of samples (N <= kWgTile); at
-    // larger N their chunks take longer than Coef and they stay in the Dx pass (gemv_wgrad_blocks)
-    const bool beside = d.n <= dev::kWgTile;
     if (beside) {
       cf.wg = wg;
       cf.wg_pairs = int(dev::ceil_div(dev::wgrad_blocks(wg), int64_t(2)));
     }
     KC_CUDA_TRY((launch_gemv_act<Epi::Coef>(act, cf, o, stream)));
-    return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
-                                       beside ? nullptr : &wg, stream);
   } else {
   MlpArgs m = mlp_args(part_x, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
   m.staged = staged;
@@ -879,9 +879,8 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     return launch_mlp(mlp_backward_kernel<decltype(tag)::value>, d, smem, m, o, stream);
   }));
   }
-  const dev::WgradTileArgs wg = dev::wgrad_args(dz1, pool, dz2, a, dw.dw1, dw.db1, dw.dw2, dw.db2, d.n, d.c, S, w.dt);
-  return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms, &wg,
-                                     stream);
+  return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
+                                     beside ? nullptr : &wg, stream);
 }
 
 }  // namespace se
