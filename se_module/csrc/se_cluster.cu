@@ -289,11 +289,7 @@ __device__ __forceinline__ float sum_peers(const float* local, unsigned K) {
 // (the copy's unit), which stays inside the 16-byte chunks, so the pages, its bytes are in.
 template <typename TW>
 __device__ __forceinline__ void prefetch_weights(const ClusterArgs& a, int64_t c0, int64_t cc) {
-  auto range = [](const TW* p, int64_t elems) {
-    const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
-    const uintptr_t e = (reinterpret_cast<uintptr_t>(p + elems) + 15) & ~uintptr_t(15);
-    kc::bulk_prefetch_l2(reinterpret_cast<const void*>(b), unsigned(e - b));
-  };
+  auto range = [](const TW* p, int64_t elems) { kc::bulk_prefetch_l2_range(p, size_t(elems) * sizeof(TW)); };
   const TW* w1 = static_cast<const TW*>(a.w1);
   const TW* w2 = static_cast<const TW*>(a.w2);
   for (int64_t j = threadIdx.x; j < a.s; j += blockDim.x) range(w1 + j * a.c + c0, cc);

@@ -12,6 +12,8 @@
 //                                copy `bytes` (a multiple of 16; dst and src
 //                                16-byte aligned); completes `bytes` of the phase
 //   mbar_arrive(bar)            a plain arrival (consumers releasing a buffer)
+//   bulk_prefetch_l2(src, bytes) / bulk_prefetch_l2_range(p, bytes)
+//                                a hint: bring bytes into L2 (below)
 //   mbar_wait(bar, parity)       wait until the phase with this parity completed
 //                                (phase k of a barrier has parity k & 1); after it
 //                                every thread may read the copied bytes
@@ -26,6 +28,7 @@
 // on compute capability 9.0+.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kc {
@@ -85,6 +88,13 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 #endif
+}
+// bulk_prefetch_l2 of the 16-byte granules that hold [p, p + bytes) (any alignment):
+// the range rounded out to 16 bytes at both ends.
+__device__ __forceinline__ void bulk_prefetch_l2_range(const void* p, size_t bytes) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes + 15) & ~uintptr_t(15);
+  if (e > b) bulk_prefetch_l2(reinterpret_cast<const void*>(b), unsigned(e - b));
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
