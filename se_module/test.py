@@ -495,7 +495,7 @@ def test_bad_inputs_raise_and_process_stays_usable(device):
         (lambda: T.se_block(x, w1, b1, w2, b2, 7, 3), "activation must be 0"),
         (lambda: T.se_block(x, w1, b1, w2, b2, 1, 3, 2), "scale_activation must be 0"),
         (lambda: T.se_block_backward(g, x, w1, b1, w2, b2, 1, 3, -1), "scale_activation must be 0"),
-        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3, 4, 5 or 6"),
+        (lambda: T.se_block(x, w1, b1, w2, b2, 1, 9), "version must be 1, 2, 3, 4, 5, 6 or 7"),
         (lambda: T.se_block_backward(g, x, w1, b1, w2, b2, 1, 6, 0, torch.zeros(2, 23, device=device)),
          r"state must be se_block_train's contiguous float32 \[N, 3 C \+ 2 S\] = \[2, 24\]"),
         (lambda: T.se_block_backward(g, x, w1, b1, w2, b2, 1, 6, 0, torch.zeros(2, 24, device=device).double()),
@@ -559,7 +559,7 @@ def test_cuda_versions_agree_bitwise(version, layout):
 
 
 @requires_cuda
-@pytest.mark.parametrize("version", [1, 3, 4, 5])
+@pytest.mark.parametrize("version", [1, 3, 4, 5, 7])
 @pytest.mark.parametrize("wdtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(3, 40, 9, 9, 10), (5, 600, 3, 3, 60), (6, 1152, 7, 7, 48)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -649,6 +649,63 @@ def test_cuda_saved_state_v6(layout, shape):
         close(a, b, 2e-5, f"{name} with the state")
 
 
+def offset_by_one(t):
+    """t's values in a tensor whose data starts one element past an allocation's start
+    (contiguous, but not 16-byte aligned)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    return buf[1:].view_as(t).copy_(t)
+
+
+@requires_cuda
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("shape", SPREAD + [(24, 1152, 3, 3, 48), (20, 1000, 2, 3, 52), (20, 1632, 3, 5, 68),
+                                            (40, 960, 2, 3, 40), (17, 520, 2, 2, 260)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_cuda_raw_params_v7(layout, shape):
+    """v7: the spread products read the parameters in their own dtype and before their wait
+    under PDL: no widened copies, and where the backward reads the saved state Coef stages w1's
+    columns itself, and DaState w2's where its rows are whole 16-byte pieces and N <= 32
+    ((24, 1152, 3, 3, 48); (20, 1000, 2, 3, 52) in fp32, with a last chunk of 4 outputs). The
+    others read transposed copies there: (20, 1000, 2, 3, 52) and (20, 1632, 3, 5, 68) in 16 bits
+    (rows of 104 and 136 bytes), (40, 960, 2, 3, 40) (N over 32), (17, 520, 2, 2, 260) (S over
+    the narrow kernel's 256), and unaligned parameters.
+    Widening is exact and the forward's products keep their order whatever the parameters'
+    dtype, so with aligned 16-bit parameters (and x of their dtype: v5's cluster kernel, which
+    runs the smaller batches, vectorises by x's and the weights' dtypes) the output is bitwise
+    that of their values in fp32; the backward close (the blocks that make the copies it reads
+    depend on the dtype, and change the channels_last reduction's split count). Against version 6: fp32 close (v6's extra blocks
+    changed those split counts too), the forward bitwise (no such blocks there with fp32
+    parameters); bf16 and fp16 x within 2x PyTorch's own error of float64; deterministic."""
+    act = "hardswish" if shape[0] % 2 else "silu"
+    run = lambda v, x, ws, g: grads_of(lambda *t: ops.se_block(*t, activation=act, version=v), [x, *ws], g)  # noqa: E731
+    x, w, g = make(*shape, device="cuda", layout=layout)
+    v7, v6 = run(7, x, w, g), run(6, x, w, g)
+    assert torch.equal(v7[0], v6[0]), "out: v7 differs from v6"
+    for a, b, c, name in zip(v7, v6, run(7, x, w, g), NAMES):
+        assert torch.equal(a, c), f"{name} not deterministic"
+        close(a, b, 2e-5, f"{name} v7 vs v6")
+    for dtype, wdtype in [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                          (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)]:
+        x, w, g = make(*shape, device="cuda", dtype=dtype, wdtype=wdtype, layout=layout)
+        for aligned, place in ((True, lambda t: t), (False, offset_by_one)):
+            ws = [place(t) for t in w]
+            ours = run(7, x, ws, g)
+            for a, b, name in zip(ours, run(7, x, ws, g), NAMES):
+                assert torch.equal(a, b), f"{name} {dtype}/{wdtype} not deterministic"
+            if wdtype != torch.float32:
+                wide = run(7, x, [place(t.float()) for t in w], g)
+                if aligned and dtype == wdtype:
+                    assert torch.equal(ours[0], wide[0]), f"out {dtype}/{wdtype}: differs from fp32 parameters"
+                if dtype == torch.float32:  # fp32 x, out and dx fp32; the weight gradients in wdtype
+                    for a, b, name in zip(ours, wide, NAMES):
+                        close(a, b.to(a.dtype), 2e-5 if a.dtype == torch.float32 else 1e-2, f"{name} {wdtype} params")
+            if dtype != torch.float32:
+                ref = grads_of(lambda *a: se_ref(*a, act=act), [t.double() for t in (x, *w)], g.double())
+                theirs = torch_lowp_grads(x, w, g, act)
+                for o, r, t, name in zip(ours, ref, theirs, NAMES):
+                    testing.assert_lowp_close(o, r, t.to(o.dtype), name=f"{name} {dtype}/{wdtype} v7")
+
+
 @requires_cuda
 @no_sanitize
 @pytest.mark.parametrize("shape", SPREAD + [(16, 1152, 7, 7, 48), (20, 1632, 3, 5, 68)],
@@ -689,7 +746,7 @@ def test_cuda_pairs_versions(layout, pair):
         x, w, g = make(*shape, device="cuda", layout=layout)
         ref = grads_of(lambda *a: se_ref(*a, act=act, gate=gate), [t.double() for t in (x, *w)], g.double())
         base = grads_of(run(1), [x, *w], g)
-        for version in (1, 2, 3, 4, 5, 6):
+        for version in (1, 2, 3, 4, 5, 6, 7):
             ours = grads_of(run(version), [x, *w], g)
             for a, b, r, name in zip(ours, base, ref, NAMES):
                 if version < 4 or (version == 4 and not spread):

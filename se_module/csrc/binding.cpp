@@ -18,7 +18,7 @@ TORCH_LIBRARY(se_module, m) {
   // the fused block; activation (after fc1): 0 = ReLU, 1 = SiLU, 2 = Hardswish;
   // scale_activation (the gate, after fc2): 0 = Sigmoid, 1 = Hardsigmoid.
   // The default version is written here once; ops.DEFAULT_VERSION reads it from the schema.
-#define SE_DEFAULT_VERSION "6"
+#define SE_DEFAULT_VERSION "7"
   m.def("se_block(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, "
         "int version=" SE_DEFAULT_VERSION ", int scale_activation=0) -> Tensor");
   // se_block_train: the forward of a training step, which also returns the values that

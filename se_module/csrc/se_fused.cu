@@ -63,6 +63,16 @@
 //       reduction, DaState (dz2 formed in its staging from the partials of sum g x and
 //       the kept z2, s), Coef, Dx: 4 kernels instead of 6. Where v5's cluster kernel runs
 //       the forward or the backward, or the MLP is one block per sample, v6 is v5.
+//   v7  v6 + the spread products read the parameters themselves, in their own dtype, before
+//       their wait (they are no kernel's output, so under PDL the reads overlap the predecessor's
+//       tail): fc1 asks its rows of w1 (and a slice of w2, for fc2) into L2, fc2 stages its tile of
+//       w2; with the saved state, Coef stages columns of w1 [S, C] (each input's run of outputs is
+//       contiguous there) and DaState columns of w2 [C, S] where its rows are whole 16-byte pieces
+//       and N <= 32 (kWtMaxTiles). So the forward reduction has no widening blocks and the backward
+//       reduction transposes w2 only where DaState does not stage it (H100, 2026-11-26: those extra
+//       blocks cost the reductions 1-4 us at the spread rows). Widening is exact and every sum keeps
+//       its order, so v7's products give v6's values; the reductions' split counts may differ
+//       (they leave room for extra blocks that v7 does not launch).
 //
 // v4's products, out[n, o] = epilogue(sum_i W(o, i) in[n, i]), W = w [O, I] row-major:
 //   rows of length C (fc1, and w2^T dz2): gemv_kernel. kGemvThreads = 2 kThreads threads;
@@ -76,12 +86,16 @@
 //     (chunks of kNarrowO outputs, tiles of kNarrowN samples); both tiles staged in
 //     shared memory; kGemvThreads threads, lane = output, each warp kNarrowPerWarp (2) of the samples.
 // The backward's transposed products read w2^T and w1^T, written as fp32 copies by
-// extra blocks of the backward's first kernel (ParamCast), so every product reads rows.
+// extra blocks of the backward's first kernel (ParamCast), so every product reads rows
+// (v7 with the saved state: only where DaState / Coef do not stage columns themselves, w_t).
 // (Latency is what matters at these sizes: a product of 128 x 1152 x 48 is a few
 // MFLOP; each kernel stages its operands in one or two batched passes of loads.
 // H100, 2026-11-24, ncu: fc2 at (128, 1152, 7, 7) took 30 us as a warp per 48-long
 // row, and fc1 at (32, 2688, 12, 12) 34 us while its staging waited on one load per
 // (element, split).)
+#include <type_traits>
+
+#include "kc/bulk_copy.cuh"
 #include "se_act.cuh"
 #include "se_kernels.cuh"
 
@@ -330,8 +344,20 @@ struct GemvArgs {
   const float* in;     // [N, I]; Fc1: the reduction's partials [N, splits, I], summed and scaled here
   int splits;
   float in_scale;      // Fc1: 1 / L
-  const float* w;      // [O, I] (Da: w2^T, Coef: w1^T)
-  const float* bias;   // [O] (Fc1, Fc2*)
+  const void* w;       // [O, I] (Da: w2^T, Coef: w1^T), of the kernel's weight type TW (fp32 but for
+                       // v7's Fc1 and Fc2Fwd, which read the parameters in their own dtype)
+  const void* bias;    // [O] (Fc1, Fc2*), TW
+  bool w_early;        // w and bias are the caller's parameters, which no kernel of the chain writes
+                       // (v7): read before the wait, so under PDL the read overlaps the predecessor
+  kc::DType w_dt;      // TW (the launcher's dispatch)
+  // Fc1 under w_early: the next product's weights (fc2's w2, next_bytes of them), which fc1's blocks
+  // ask into L2, a slice each, while the reduction drains (may be null)
+  const void* next_w;
+  int64_t next_bytes;
+  // w_t (v7's DaState and Coef): w is given as [I, O], the parameter itself (w2 [C, S] for DaState,
+  // w1 [S, C] for Coef), not as a transposed copy; the kernels stage the block's outputs' columns
+  // of it, transposed, in shared memory (gemv_kernel: w and its rows 16-byte aligned)
+  bool w_t;
   int64_t n, i_dim, o_dim;
   float* out;          // [N, O]: Fc1 a, Fc2* s, Da dz1, Coef dp / L
   float* out2;         // Fc1: z1 [N, S], Fc2Fwd: z2 [N, C] (may be null); Fc2Bwd: dz2 [N, C]
@@ -374,19 +400,20 @@ __device__ __forceinline__ bool gemv_wgrad_blocks(const GemvArgs& g) {
   }
 }
 
-template <Act ACT, Epi EPI>
+template <Act ACT, Epi EPI, typename TW>
 __device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int64_t o, float v) {
   const int64_t k = n * g.o_dim + o;
+  [[maybe_unused]] const TW* bias = static_cast<const TW*>(g.bias);
   if constexpr (EPI == Epi::Fc1) {
-    const float z = v + g.bias[o];
+    const float z = v + kc::to_float(bias[o]);
     g.out[k] = act_f<ACT>(z);
     if (g.out2 != nullptr) g.out2[k] = z;
   } else if constexpr (EPI == Epi::Fc2Fwd) {
-    const float z2 = v + g.bias[o];
+    const float z2 = v + kc::to_float(bias[o]);
     g.out[k] = gate_f(g.gate, z2);
     if (g.out2 != nullptr) g.out2[k] = z2;
   } else if constexpr (EPI == Epi::Fc2Bwd) {
-    const float z2 = v + g.bias[o];
+    const float z2 = v + kc::to_float(bias[o]);
     const float s = gate_f(g.gate, z2);
     float gs = 0.f;
     for (int sp = 0; sp < g.splits; ++sp) gs += g.aux[(n * g.splits + sp) * g.o_dim + o];
@@ -399,7 +426,74 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs& g, int64_t n, int6
   }
 }
 
-template <Act ACT, Epi EPI, bool V4>
+// 4 read-only weights in one load (ld.global.nc: 16 bytes fp32, 8 bytes 16-bit)
+template <typename TW>
+__device__ __forceinline__ kc::Vec<TW, 4> ldg_vec4(const kc::Vec<TW, 4>* p) {
+  kc::Vec<TW, 4> v;
+  if constexpr (sizeof(TW) == 4) {
+    const float4 r = __ldg(reinterpret_cast<const float4*>(p));
+    memcpy(&v, &r, 16);
+  } else {
+    const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
+    memcpy(&v, &r, 8);
+  }
+  return v;
+}
+
+// DaState stages w2's columns under w_t (v7) only where at most this many sample tiles repeat it.
+// H100, 2026-11-26, timeline, bf16 CL fwd+bwd against the transposed copies: (32, 2688, 12, 12) -3 us
+// and (32, 960, 12, 12) even at 8 tiles; (128, 1152, 7, 7), 32 tiles, +1.6 us (DaState 8.9 -> 10.0).
+// (Rows of 16-bit w2 whose length is not a multiple of 16 bytes, S = 68: two loads a piece, DaState
+// 6.0 -> 10.2 us at (32, 1632, 12, 12): the copies there too.)
+constexpr int64_t kWtMaxTiles = 8;
+
+// Row stride (floats) of gemv_kernel's staged weight rows under w_t: 16-byte aligned rows, and
+// rows 4 banks apart where I is a multiple of 32 (the staging's stores of one input i to the
+// block's rows then fall in distinct banks)
+__host__ __device__ inline int64_t wt_stride(int64_t i_dim) { return pad4(i_dim) + 4; }
+
+// gemv_kernel under w_t: the block's kWarps outputs o0.. as rows of w_s ([kWarps, wt_stride(I)],
+// fp32), from w given as [I, O] in its own dtype (w and O * sizeof(TW) multiples of 16 bytes).
+// Each input i's kWarps outputs are contiguous there: one 16-byte load (kWarps 16-bit values) or
+// two (fp32); the last chunk of outputs (fewer than kWarps) by single elements, rows past O zeros.
+template <typename TW>
+__device__ __forceinline__ void stage_wt(const GemvArgs& g, float* w_s, int64_t o0) {
+  const int I = int(g.i_dim);
+  const int64_t O = g.o_dim;
+  const int ws = int(wt_stride(I));
+  const TW* w = static_cast<const TW*>(g.w);
+  const int rows = int(min(int64_t(kWarps), O - o0));
+  if (rows == kWarps) {
+    constexpr int VU = 16 / int(sizeof(TW));  // elements a piece
+    constexpr int PIECES = kWarps / VU;       // pieces an input i
+    static_assert(kWarps % VU == 0, "an input's outputs are whole 16-byte pieces");
+    dev::batched_loop<8>(
+        threadIdx.x, int64_t(I) * PIECES, kGemvThreads,
+        [&](int64_t e) {
+          const int i = int(e) / PIECES, q = int(e) % PIECES;
+          return __ldg(reinterpret_cast<const uint4*>(w + int64_t(i) * O + o0 + q * VU));
+        },
+        [&](int64_t e, const uint4& r) {
+          const int i = int(e) / PIECES, q = int(e) % PIECES;
+          kc::Vec<TW, VU> v;
+          memcpy(&v, &r, 16);
+          float f[VU];
+          kc::vec_to_float(v, f);
+#pragma unroll
+          for (int k = 0; k < VU; ++k) w_s[(q * VU + k) * ws + i] = f[k];
+        });
+  } else {
+    dev::batched_loop<8>(
+        threadIdx.x, int64_t(I) * kWarps, kGemvThreads,
+        [&](int64_t e) {
+          const int i = int(e) / kWarps, r = int(e) % kWarps;
+          return r < rows ? kc::to_float(__ldg(w + int64_t(i) * O + o0 + r)) : 0.f;
+        },
+        [&](int64_t e, float v) { w_s[(int(e) % kWarps) * ws + int(e) / kWarps] = v; });
+  }
+}
+
+template <Act ACT, Epi EPI, bool V4, typename TW, bool kWT>
 __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThreads threads
   if (gemv_wgrad_blocks<EPI>(g)) return;
   extern __shared__ float4 sm4[];
@@ -408,8 +502,32 @@ __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThr
   const int64_t n0 = int64_t(blockIdx.y) * kTileN;
   const int nb = int(min(int64_t(kTileN), g.n - n0));
   const int64_t I = g.i_dim, O = g.o_dim;
+  const TW* wt = static_cast<const TW*>(g.w);
+  float* w_s = in_s + kTileN * I;  // kWT: [kWarps, wt_stride(I)]
+  if constexpr (kWT) {
+    if (g.w_early) stage_wt<TW>(g, w_s, int64_t(blockIdx.x) * kWarps);  // v7: while the predecessor drains
+  } else if (g.w_early && threadIdx.x % 32 == 0 && threadIdx.x < 96) {
+    // v7: asked into L2 while the predecessor drains, so that the reads below (and fc2's) find
+    // them there, not in DRAM: the block's rows of w (contiguous) and their biases, and a slice
+    // of the next product's weights
+    const int64_t o0 = int64_t(blockIdx.x) * kWarps, rows = min(int64_t(kWarps), O - o0);
+    if (threadIdx.x == 0 && rows > 0) kc::bulk_prefetch_l2_range(wt + o0 * I, size_t(rows * I) * sizeof(TW));
+    if (threadIdx.x == 32 && rows > 0 && g.bias != nullptr) {
+      kc::bulk_prefetch_l2_range(static_cast<const TW*>(g.bias) + o0, size_t(rows) * sizeof(TW));
+    }
+    if (threadIdx.x == 64 && g.next_w != nullptr) {
+      const int64_t blocks = int64_t(gridDim.x) * gridDim.y, k = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+      const int64_t slice = (g.next_bytes + blocks - 1) / blocks, at = k * slice;
+      if (at < g.next_bytes) {
+        kc::bulk_prefetch_l2_range(static_cast<const char*>(g.next_w) + at, size_t(min(slice, g.next_bytes - at)));
+      }
+    }
+  }
   dev::grid_dependency_wait();
   dev::launch_dependents();
+  if constexpr (kWT) {
+    if (!g.w_early) stage_wt<TW>(g, w_s, int64_t(blockIdx.x) * kWarps);
+  }
   // Fc1's input is the sum of the reduction's splits. The thread's loads run over
   // (index k, split sp) pairs, sp fastest, 8 pairs in flight (each 4 loads: the
   // tile's samples), and each element is summed as x0 + x1 + x2 ... in order, in
@@ -494,22 +612,47 @@ __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThr
 #pragma unroll
   for (int b = 0; b < kTileN; ++b) acc[b] = 0.f;
   if (live) {
-    if constexpr (V4) {  // I % 4 == 0: rows of w and of in_s are 16-byte aligned
-      const float4* w4 = reinterpret_cast<const float4*>(g.w + o * I);
+    if constexpr (kWT && V4) {  // I % 4 == 0: the row staged in shared memory, as in_s, 16-byte aligned
+      const float4* w4 = reinterpret_cast<const float4*>(w_s + slot * wt_stride(I));
       const float4* in4 = reinterpret_cast<const float4*>(in_s);
       const int64_t I4 = I / 4, mid = (I4 + 1) / 2;
-      dev::batched_loop<8>(half * mid + lane, half ? I4 : mid, 32, [&](int64_t i) { return __ldg(w4 + i); },
-                           [&](int64_t i, float4 wv) {
+      for (int64_t i = half * mid + lane; i < (half ? I4 : mid); i += 32) {
+        const float4 wv = w4[i];
+#pragma unroll
+        for (int b = 0; b < kTileN; ++b) {
+          const float4 xv = in4[b * I4 + i];
+          acc[b] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+        }
+      }
+    } else if constexpr (kWT) {
+      const float* w = w_s + slot * wt_stride(I);
+      const int64_t mid = (I + 1) / 2;
+      for (int64_t i = half * mid + lane; i < (half ? I : mid); i += 32) {
+        const float wv = w[i];
+#pragma unroll
+        for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
+      }
+    } else if constexpr (V4) {  // I % 4 == 0: rows of w (4-element aligned) and of in_s (16-byte) aligned
+      // 4 weights a load whatever TW (8 bytes for 16-bit ones), so the lanes' shares and the
+      // order of the sums are fp32's: 16-bit parameters give their fp32 values' results bitwise
+      using WV = kc::Vec<TW, 4>;
+      const WV* w4 = reinterpret_cast<const WV*>(wt + o * I);
+      const float4* in4 = reinterpret_cast<const float4*>(in_s);
+      const int64_t I4 = I / 4, mid = (I4 + 1) / 2;
+      dev::batched_loop<8>(half * mid + lane, half ? I4 : mid, 32, [&](int64_t i) { return ldg_vec4(w4 + i); },
+                           [&](int64_t i, const WV& wr) {
+                             float wv[4];
+                             kc::vec_to_float(wr, wv);
 #pragma unroll
                              for (int b = 0; b < kTileN; ++b) {
                                const float4 xv = in4[b * I4 + i];
-                               acc[b] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+                               acc[b] += wv[0] * xv.x + wv[1] * xv.y + wv[2] * xv.z + wv[3] * xv.w;
                              }
                            });
     } else {
-      const float* w = g.w + o * I;
+      const TW* w = wt + o * I;
       const int64_t mid = (I + 1) / 2;
-      dev::batched_loop<8>(half * mid + lane, half ? I : mid, 32, [&](int64_t i) { return __ldg(w + i); },
+      dev::batched_loop<8>(half * mid + lane, half ? I : mid, 32, [&](int64_t i) { return kc::to_float(__ldg(w + i)); },
                            [&](int64_t i, float wv) {
 #pragma unroll
                              for (int b = 0; b < kTileN; ++b) acc[b] += wv * in_s[b * I + i];
@@ -524,7 +667,7 @@ __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThr
   }
   if (half == 1 && lane < kTileN) half_sum[slot][lane] = mine;
   __syncthreads();
-  if (half == 0 && live && lane < nb) gemv_epilogue<ACT, EPI>(g, n0 + lane, o, mine + half_sum[slot][lane]);
+  if (half == 0 && live && lane < nb) gemv_epilogue<ACT, EPI, TW>(g, n0 + lane, o, mine + half_sum[slot][lane]);
 }
 
 // Short rows (I = S: fc2 and the backward's w1^T product, O = C outputs). gemv_kernel's
@@ -544,7 +687,7 @@ constexpr int64_t kNarrowMaxI = 256;  // shared memory 2 * 32 * 257 floats at mo
 
 __host__ __device__ inline int64_t narrow_stride(int64_t i_dim) { return i_dim | 1; }
 
-template <Act ACT, Epi EPI>
+template <Act ACT, Epi EPI, typename TW>
 __global__ void __launch_bounds__(kGemvThreads) gemv_narrow_kernel(GemvArgs g) {
   if (gemv_wgrad_blocks<EPI>(g)) return;
   extern __shared__ float4 sm4[];
@@ -556,22 +699,44 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_narrow_kernel(GemvArgs g) {
   const int n_in = kNarrowN * I;
   const int64_t valid_in = min(int64_t(kNarrowN), g.n - n0) * I;   // inputs past N stage as zeros
   const int64_t valid_w = min(int64_t(kNarrowO), g.o_dim - o0) * I;  // so do rows past O
-  dev::grid_dependency_wait();
-  dev::launch_dependents();
-  dev::batched_loop<8>(
-      threadIdx.x, n_in + kNarrowO * I, kGemvThreads,
-      [&](int64_t e) {
-        if (e < n_in) return e < valid_in ? g.in[n0 * I + e] : 0.f;
-        return e - n_in < valid_w ? g.w[o0 * I + (e - n_in)] : 0.f;
-      },
-      [&](int64_t e, float v) {
-        if (e < n_in) {
-          in_s[e] = v;
-        } else {
-          const int f = int(e - n_in), r = int(g.div_i.div(uint32_t(f)));
-          w_s[r * ws + (f - r * I)] = v;
-        }
-      });
+  const TW* w = static_cast<const TW*>(g.w) + (g.w_t ? o0 : o0 * I);
+  const int rows = int(min(int64_t(kNarrowO), g.o_dim - o0));
+  // staged elements e: the inputs (e < n_in), then the weight tile: its rows one after another,
+  // or under w_t (w given as [I, O]) input by input, each a contiguous run of the tile's outputs
+  auto load = [&](int64_t e) {
+    if (e < n_in) return e < valid_in ? g.in[n0 * I + e] : 0.f;
+    const int f = int(e - n_in);
+    if (g.w_t) {
+      const int i = f / kNarrowO, r = f % kNarrowO;
+      return r < rows ? kc::to_float(__ldg(w + int64_t(i) * g.o_dim + r)) : 0.f;
+    }
+    return f < valid_w ? kc::to_float(__ldg(w + f)) : 0.f;
+  };
+  auto store = [&](int64_t e, float v) {
+    if (e < n_in) {
+      in_s[e] = v;
+    } else if (g.w_t) {
+      const int f = int(e - n_in);
+      w_s[(f % kNarrowO) * ws + f / kNarrowO] = v;
+    } else {
+      const int f = int(e - n_in), r = int(g.div_i.div(uint32_t(f)));
+      w_s[r * ws + (f - r * I)] = v;
+    }
+  };
+  if (g.w_early) {  // v7: the weight tile, the caller's parameters, staged while the predecessor drains
+    if (threadIdx.x == 0 && g.bias != nullptr && o0 < g.o_dim) {  // and the tile's biases asked into L2
+      kc::bulk_prefetch_l2_range(static_cast<const TW*>(g.bias) + o0,
+                                 size_t(min(int64_t(kNarrowO), g.o_dim - o0)) * sizeof(TW));
+    }
+    dev::batched_loop<8>(n_in + threadIdx.x, n_in + kNarrowO * I, kGemvThreads, load, store);
+    dev::grid_dependency_wait();
+    dev::launch_dependents();
+    dev::batched_loop<8>(threadIdx.x, n_in, kGemvThreads, load, store);
+  } else {
+    dev::grid_dependency_wait();
+    dev::launch_dependents();
+    dev::batched_loop<8>(threadIdx.x, n_in + kNarrowO * I, kGemvThreads, load, store);
+  }
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const float* wr = w_s + lane * ws;
@@ -589,7 +754,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_narrow_kernel(GemvArgs g) {
 #pragma unroll
   for (int b = 0; b < kNarrowPerWarp; ++b) {
     const int64_t n = n0 + warp * kNarrowPerWarp + b;
-    if (n < g.n) gemv_epilogue<ACT, EPI>(g, n, o, acc[b]);
+    if (n < g.n) gemv_epilogue<ACT, EPI, TW>(g, n, o, acc[b]);
   }
 }
 
@@ -598,6 +763,10 @@ size_t gemv_narrow_smem(int64_t i_dim) {
 }
 
 size_t gemv_smem(int64_t i_dim) { return size_t(kTileN) * size_t(i_dim) * sizeof(float); }
+// ... and under w_t, with the block's weight rows staged after the inputs
+size_t gemv_wt_smem(int64_t i_dim) {
+  return gemv_smem(i_dim) + size_t(kWarps) * size_t(wt_stride(i_dim)) * sizeof(float);
+}
 
 // A launch's dynamic shared memory with room for its weight-gradient blocks, if any
 size_t with_wgrad_smem(const GemvArgs& g, size_t smem) {
@@ -613,25 +782,39 @@ bool spread_mlp(const Dims& d, int64_t S, const LaunchOpts& o) {
          gemv_narrow_smem(S < kNarrowMaxI ? S : kNarrowMaxI) <= size_t(o.max_smem);
 }
 
-template <Act ACT, Epi EPI>
+template <Act ACT, Epi EPI, typename TW>
 cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
-  if (EPI != Epi::Fc1 && EPI != Epi::Da && EPI != Epi::DaState && g.i_dim <= kNarrowMaxI) {  // rows of length S
-    const size_t smem = with_wgrad_smem(g, gemv_narrow_smem(g.i_dim));
-    auto kernel = gemv_narrow_kernel<ACT, EPI>;
-    if (smem > 48 * 1024) {
-      KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  constexpr bool kMaybeNarrow = EPI != Epi::Fc1 && EPI != Epi::Da && EPI != Epi::DaState;  // rows of length S
+  if constexpr (kMaybeNarrow) {
+    if (g.i_dim <= kNarrowMaxI) {
+      const size_t smem = with_wgrad_smem(g, gemv_narrow_smem(g.i_dim));
+      auto kernel = gemv_narrow_kernel<ACT, EPI, TW>;
+      if (smem > 48 * 1024) {
+        KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      }
+      GemvArgs a = g;
+      a.chunks = int(dev::ceil_div(g.o_dim, kNarrowO));
+      const int64_t gx = int64_t(a.chunks) + a.wg_pairs;
+      KC_CUDA_TRY(dev::check_grid(gx));
+      return dev::launch(kernel, dim3(unsigned(gx), unsigned(dev::ceil_div(g.n, kNarrowN))), dim3(kGemvThreads),
+                         smem, stream, o.pdl, a);
     }
-    GemvArgs a = g;
-    a.chunks = int(dev::ceil_div(g.o_dim, kNarrowO));
-    const int64_t gx = int64_t(a.chunks) + a.wg_pairs;
-    KC_CUDA_TRY(dev::check_grid(gx));
-    return dev::launch(kernel, dim3(unsigned(gx), unsigned(dev::ceil_div(g.n, kNarrowN))), dim3(kGemvThreads), smem,
-                       stream, o.pdl, a);
   }
-  const size_t smem = with_wgrad_smem(g, gemv_smem(g.i_dim));
-  const bool v4 = g.i_dim % 4 == 0 && kc::is_aligned(g.w, 16);
-  auto kernel = v4 ? gemv_kernel<ACT, EPI, true> : gemv_kernel<ACT, EPI, false>;
+  auto pick = [&]() -> void (*)(GemvArgs) {
+    const bool i4 = g.i_dim % 4 == 0;
+    if constexpr (EPI == Epi::DaState && !std::is_same_v<TW, float>) {  // 16-bit weights: w_t only
+      return i4 ? gemv_kernel<ACT, EPI, true, TW, true> : gemv_kernel<ACT, EPI, false, TW, true>;
+    } else {
+      if constexpr (EPI == Epi::DaState) {
+        if (g.w_t) return i4 ? gemv_kernel<ACT, EPI, true, TW, true> : gemv_kernel<ACT, EPI, false, TW, true>;
+      }
+      const bool v4 = i4 && kc::is_aligned(g.w, 4 * sizeof(TW));
+      return v4 ? gemv_kernel<ACT, EPI, true, TW, false> : gemv_kernel<ACT, EPI, false, TW, false>;
+    }
+  };
+  auto kernel = pick();
+  const size_t smem = with_wgrad_smem(g, g.w_t ? gemv_wt_smem(g.i_dim) : gemv_smem(g.i_dim));
   if (smem > 48 * 1024) {
     KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -645,16 +828,30 @@ cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t str
 }
 
 // Only the epilogues that apply act or act' are instantiated per activation;
-// the others (Fc2Fwd, Fc2Bwd, Coef) once.
+// the others (Fc2Fwd, Fc2Bwd, Coef) once. Only v7's products (Fc1, Fc2Fwd, and DaState and
+// Coef under w_t) read weights of the parameters' own dtype (g.w_dt); the others fp32.
 template <Epi EPI>
 cudaError_t launch_gemv_act(Act act, const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
+  constexpr bool kRaw = EPI == Epi::Fc1 || EPI == Epi::Fc2Fwd || EPI == Epi::DaState || EPI == Epi::Coef;
+  if (!kRaw && g.w_dt != kc::DType::F32) return cudaErrorInvalidValue;
+  if ((EPI == Epi::DaState || EPI == Epi::Coef) && g.w_dt != kc::DType::F32 && !g.w_t) return cudaErrorInvalidValue;
+  auto typed = [&](auto act_tag) {
+    constexpr Act A = decltype(act_tag)::value;
+    if constexpr (kRaw) {
+      return KC_DTYPE_SWITCH(g.w_dt, TW, [&] { return launch_gemv<A, EPI, TW>(g, o, stream); });
+    } else {
+      return launch_gemv<A, EPI, float>(g, o, stream);
+    }
+  };
   if constexpr (EPI == Epi::Fc1 || EPI == Epi::Da || EPI == Epi::DaState) {
-    return with_act(act, [&](auto tag) { return launch_gemv<decltype(tag)::value, EPI>(g, o, stream); });
+    return with_act(act, typed);
   } else {
-    return launch_gemv<Act::ReLU, EPI>(g, o, stream);
+    return typed(ActTag<Act::ReLU>{});
   }
 }
 
+// w and bias fp32 (w_dt): where the forward's products read the parameters themselves (v7),
+// the caller sets w, bias, w_dt and w_early after.
 GemvArgs gemv_args(const Dims& d, const float* in, const float* w, const float* bias, int64_t i_dim, int64_t o_dim,
                    float* out, Gate gate = Gate::Sigmoid) {
   GemvArgs g{};
@@ -664,6 +861,7 @@ GemvArgs gemv_args(const Dims& d, const float* in, const float* w, const float* 
   g.in_scale = 1.f;
   g.w = w;
   g.bias = bias;
+  g.w_dt = kc::DType::F32;
   g.n = d.n;
   g.i_dim = i_dim;
   g.div_i = dev::FastDiv(uint32_t(i_dim));
@@ -709,16 +907,16 @@ SavedState saved_state(float* st, const Dims& d, int64_t S) {
 
 // The parameters as fp32 pointers: w's own, or (16-bit, `widen`) their copies at
 // the start of ws, written by the reduction kernel's extra blocks that *cast
-// describes; with `transposed`, also fp32 copies of w1^T [C, S] and w2^T [S, C]
-// written by those blocks. cast->blocks = 0 when there is nothing to copy.
+// describes; with `transpose_w1` / `transpose_w2`, also fp32 copies of w1^T [C, S] /
+// w2^T [S, C] written by those blocks. cast->blocks = 0 when there is nothing to copy.
 // Advances ws past the copies. (widen = false where the only reader is the MLP
 // kernel staging the parameters from their own dtype: then the pointers are unused.)
 struct Fp32Params {
   const float *w1, *b1, *w2, *b2;
-  const float *w1t, *w2t;  // with `transposed` only
+  const float *w1t, *w2t;  // with transpose_w1 / transpose_w2 only
 };
-Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transposed, bool need_fp32, float*& ws,
-                       dev::ParamCast* cast) {
+Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transpose_w1, bool transpose_w2,
+                       bool need_fp32, float*& ws, dev::ParamCast* cast) {
   *cast = dev::ParamCast{};
   const int64_t len[4] = {S * d.c, S, d.c * S, d.c};
   const int64_t cols[4] = {d.c, S, S, d.c};
@@ -736,12 +934,14 @@ Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transpo
     }
     *fp[t] = widen ? cast->dst[t] : w.dt == kc::DType::F32 ? static_cast<const float*>(src[t]) : nullptr;
   }
-  if (transposed) {
+  if (transpose_w1) {
     cast->dst_t[0] = ws;
     ws += pad4(len[0]);
+    f.w1t = cast->dst_t[0];
+  }
+  if (transpose_w2) {
     cast->dst_t[2] = ws;
     ws += pad4(len[2]);
-    f.w1t = cast->dst_t[0];
     f.w2t = cast->dst_t[2];
   }
   cast->dt = w.dt;
@@ -755,10 +955,12 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
   if (d.n == 0) return cudaSuccess;
   const bool spread = spread_mlp(d, S, o);
   const bool keep = state != nullptr && uses_saved_state(d, S, o);
+  const bool raw = spread && o.raw_params;  // v7: fc1 and fc2 read the parameters themselves
   bool staged = false;
   const size_t smem = mlp_smem(d, S, /*backward=*/false, o, &staged);
   dev::ParamCast cast;
-  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/false, /*need_fp32=*/spread || !staged, ws, &cast);
+  const Fp32Params f =
+      fp32_params(w, d, S, false, false, /*need_fp32=*/spread ? !raw : !staged, ws, &cast);
   const ReducePlan p = plan_reduce(d, dt, o.num_sms, cast.blocks);
   float* part = ws;
   float* s = ws + d.n * p.splits * d.c;
@@ -779,6 +981,16 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
       f1.stage_out = st.p;
       f2.out = s = st.s;
       f2.out2 = st.z2;
+    }
+    if (raw) {
+      f1.w = w.w1;
+      f1.bias = w.b1;
+      f2.w = w.w2;
+      f2.bias = w.b2;
+      f1.w_dt = f2.w_dt = w.dt;
+      f1.w_early = f2.w_early = true;
+      f1.next_w = w.w2;
+      f1.next_bytes = d.c * S * kc::dtype_size(w.dt);
     }
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc1>(act, f1, o, stream)));
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd>(act, f2, o, stream)));
@@ -804,9 +1016,19 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   const bool use = state != nullptr && uses_saved_state(d, S, o);  // then spread too
   bool staged = false;
   const size_t smem = mlp_smem(d, S, /*backward=*/true, o, &staged);
+  // v7 with the saved values: Coef reads w1 itself (each input's run of the tile's outputs is
+  // contiguous in w1 [S, C]: coalesced), staged while the reduction drains, and so does DaState w2
+  // where its staging is cheap (whole 16-byte pieces of each row of w2 [C, S], at most
+  // kWtMaxTiles sample tiles each staging them again); otherwise, and before v7, they read fp32
+  // transposed copies that the reduction's extra blocks write
+  const bool coef_direct = use && o.raw_params && S <= kNarrowMaxI;
+  const bool da_direct = coef_direct && gemv_wt_smem(d.c) <= size_t(o.max_smem) &&
+                         kc::is_aligned(w.w2, 16) && (S * kc::dtype_size(w.dt)) % 16 == 0 &&
+                         dev::ceil_div(d.n, kTileN) <= kWtMaxTiles;
   dev::ParamCast cast;
-  // with the saved values, the spread products read only the transposed copies
-  const Fp32Params f = fp32_params(w, d, S, /*transposed=*/spread, /*need_fp32=*/spread ? !use : !staged, ws, &cast);
+  // with the saved values, the spread products read only the transposed copies (those not direct)
+  const Fp32Params f = fp32_params(w, d, S, spread && !coef_direct, spread && !da_direct,
+                                   /*need_fp32=*/spread ? !use : !staged, ws, &cast);
   const ReducePlan p = plan_reduce(d, dt, o.num_sms, cast.blocks);
   const int64_t np = d.n * p.splits * d.c, nc = d.n * d.c;
   float* part_x = ws;
@@ -856,9 +1078,19 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
       KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Bwd>(act, f2, o, stream)));
       da.aux = z1;
     }
-    KC_CUDA_TRY(use ? launch_gemv_act<Epi::DaState>(act, da, o, stream) : launch_gemv_act<Epi::Da>(act, da, o, stream));
     GemvArgs cf = gemv_args(d, dz1, f.w1t, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1^T is [C, S] = [O, I]
     cf.out_scale = 1.f / float(d.l);
+    if (da_direct) {  // w2 [C, S] = [I, O] of DaState
+      da.w = w.w2;
+      da.w_dt = w.dt;
+      da.w_t = da.w_early = true;
+    }
+    if (coef_direct) {  // w1 [S, C] = [I, O] of Coef
+      cf.w = w.w1;
+      cf.w_dt = w.dt;
+      cf.w_t = cf.w_early = true;
+    }
+    KC_CUDA_TRY(use ? launch_gemv_act<Epi::DaState>(act, da, o, stream) : launch_gemv_act<Epi::Da>(act, da, o, stream));
     if (beside) {
       cf.wg = wg;
       cf.wg_pairs = int(dev::ceil_div(dev::wgrad_blocks(wg), int64_t(2)));

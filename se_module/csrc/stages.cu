@@ -76,6 +76,7 @@ LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem) {
   o.spread = version >= 4;
   o.cluster = version >= 5 && cc_major >= 9;
   o.saved_state = version >= 6;
+  o.raw_params = version >= 7;
   return o;
 }
 
