@@ -15,6 +15,9 @@
 #     se-kt       per-kernel GPU time (ncu, caches NOT flushed between kernels, so L2 residency counts)
 #                 of one bf16 channels_last forward + backward at each shape of SE_KT ("N C H W S;..."),
 #                 versions SE_KT_V (default "4 5"); every kernel of the step, torch's included
+#     se-tl       se_module tools/timeline.py, bf16 channels_last fwd+bwd, kernel by kernel, at SE_TL
+#                 ("N C H W S;...", default the four spread L2-resident rows), versions SE_TL_V (default
+#                 "6 7"), SE_TL_ROUNDS rounds (default 2); SE_TL_FP32P=1: also with fp32 parameters
 #     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel;
 #                 FIN_KNOBS: its --knobs passes, e.g. plan,grid=132,plan)
 #     ln-test     day26 test.py (4 xdist workers; LN_K: a -k expression)
@@ -92,6 +95,16 @@ for step in "$@"; do
                 sed -E 's/, Context.*//; s/^ +//; s/gpu__time_duration.sum +//'
             done) >"$OUT/se_kt.log" 2>&1
            say "se-kt rc=$?"; awk '/^==/{print; p=0} /call 1/{p=0} /call 2/{p=1} p' "$OUT/se_kt.log" | cut -c1-140 | tee -a "$LOG" ;;
+    se-tl) TL=${SE_TL:-32 960 12 12 40;32 1632 12 12 68;32 2688 12 12 112;128 1152 7 7 48}
+           (cd se_module
+            for r in $(seq "${SE_TL_ROUNDS:-2}"); do
+              echo "== round $r"
+              timeout 150 python3 tools/timeline.py --versions ${SE_TL_V:-6 7} --shapes "$TL"
+              if [[ -n ${SE_TL_FP32P:-} ]]; then
+                timeout 150 python3 tools/timeline.py --versions ${SE_TL_V:-6 7} --shapes "$TL" --fp32-params
+              fi
+            done) >"$OUT/se_tl.log" 2>&1
+           say "se-tl rc=$?"; grep -E "^== " "$OUT/se_tl.log" | sed -E 's/^== //; s/, last kernel ends.*//' | tee -a "$LOG" ;;
     *) say "unknown step $step" ;;
   esac
   say "  ($step: $(( $(date +%s) - t )) s)"
