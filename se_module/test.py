@@ -15,7 +15,7 @@ if __name__ == "__main__" and "--jit" in sys.argv:
     os.environ["KC_JIT"] = "1"
     sys.argv.remove("--jit")
 
-from kernel_common import testing  # noqa: E402  (sets KC_POISON_OUTPUTS=1 before the extension loads)
+from kernel_common import bench, testing  # noqa: E402  (testing sets KC_POISON_OUTPUTS=1 before the extension loads)
 from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
 
 import pytest  # noqa: E402
@@ -892,24 +892,25 @@ def test_cuda_64bit_indexing():
 
 @requires_cuda
 @pytest.mark.skipif(SAN, reason="KC_SANITIZE=1: sanitize.sh turns the caching allocator off, which graph capture needs")
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
-def test_cuda_graph_capture(version):
-    m = SqueezeExcitation(32, 8, version=version).cuda()
-    static_x = testing.fresh(4, 32, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last)
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("shape", [(4, 32, 9, 9, 8), (24, 1152, 3, 3, 48)], ids=lambda s: "x".join(map(str, s)))
+def test_cuda_graph_capture(version, shape):
+    """Forward + backward captured in a CUDA graph and replayed on new values of x: the replay's
+    results are the eager call's, bitwise. (24, 1152, 3, 3, 48): the spread MLP from version 4,
+    its saved state from version 6, its products reading the parameters from version 7."""
+    n, c, h, w, s = shape
+    m = SqueezeExcitation(c, s, version=version).cuda()
+    static_x = testing.fresh(n, c, h, w, device="cuda").contiguous(memory_format=torch.channels_last)
     static_x.requires_grad_()
-    g = testing.fresh(4, 32, 9, 9, device="cuda")
+    g = testing.fresh(n, c, h, w, device="cuda")
     params = list(m.parameters())
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            torch.autograd.grad(m(static_x), [static_x, *params], g)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def step():
         out = m(static_x)
-        grads = torch.autograd.grad(out, [static_x, *params], g)
-    new = testing.fresh(4, 32, 9, 9, device="cuda", offset=0.5)
+        return out, torch.autograd.grad(out, [static_x, *params], g)
+
+    graph, (out, grads) = bench.capture_graph(step)
+    new = testing.fresh(n, c, h, w, device="cuda", offset=0.5)
     with torch.no_grad():
         static_x.copy_(new)
     graph.replay()

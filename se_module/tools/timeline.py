@@ -33,15 +33,7 @@ def short(name: str) -> str:
 
 
 def timeline(fn, calls: int):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph, _ = bench.capture_graph(fn)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
