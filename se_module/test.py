@@ -649,13 +649,6 @@ def test_cuda_saved_state_v6(layout, shape):
         close(a, b, 2e-5, f"{name} with the state")
 
 
-def offset_by_one(t):
-    """t's values in a tensor whose data starts one element past an allocation's start
-    (contiguous, but not 16-byte aligned)."""
-    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    return buf[1:].view_as(t).copy_(t)
-
-
 @requires_cuda
 @pytest.mark.parametrize("layout", ["nchw", "cl"])
 @pytest.mark.parametrize("shape", SPREAD + [(24, 1152, 3, 3, 48), (20, 1000, 2, 3, 52), (20, 1632, 3, 5, 68),
@@ -687,7 +680,7 @@ def test_cuda_raw_params_v7(layout, shape):
     for dtype, wdtype in [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
                           (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)]:
         x, w, g = make(*shape, device="cuda", dtype=dtype, wdtype=wdtype, layout=layout)
-        for aligned, place in ((True, lambda t: t), (False, offset_by_one)):
+        for aligned, place in ((True, lambda t: t), (False, testing.offset_view)):
             ws = [place(t) for t in w]
             ours = run(7, x, ws, g)
             for a, b, name in zip(ours, run(7, x, ws, g), NAMES):

@@ -145,7 +145,7 @@ constexpr int kCastUnroll = 2;
 
 // The units and block count of *pc (src, dst, dst_t, len, cols and dt set).
 inline void plan_cast(ParamCast* pc) {
-  const int64_t esz = pc->dt == kc::DType::F32 ? 4 : 2;
+  const int64_t esz = kc::dtype_size(pc->dt);
   int64_t total = 0;
   for (int t = 0; t < 4; ++t) {
     const bool used = pc->dst[t] != nullptr || pc->dst_t[t] != nullptr;
@@ -171,7 +171,7 @@ __device__ __forceinline__ float unit_elem(const uint4& r, int k, kc::DType dt) 
 __device__ __forceinline__ void cast_params_block(const ParamCast& pc, int block) {
   const int64_t total = pc.units[0] + pc.units[1] + pc.units[2] + pc.units[3];
   const int64_t step = int64_t(pc.blocks) * kThreads;
-  const int esz = pc.dt == kc::DType::F32 ? 4 : 2;
+  const int esz = kc::dtype_size(pc.dt);
   auto locate = [&](int64_t u, int& t) {
     t = 0;
     while (u >= pc.units[t]) u -= pc.units[t++];

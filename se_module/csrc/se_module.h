@@ -54,8 +54,9 @@ struct LaunchOpts {
   bool spread;     // v4+: the MLP spread over (sample tile, output chunk) blocks where the weights are large
   bool cluster;    // v5 (sm_90+): a sample per thread-block cluster, where its share fits shared memory
   bool saved_state;  // v6: a training forward keeps the spread MLP's values, which the backward reads
-  bool raw_params;   // v7: the forward's spread products read the parameters in their own dtype, before
-                     // the wait (no widening blocks in the forward reduction)
+  bool raw_params;   // v7: the spread products read the parameters in their own dtype, before the wait
+                     // (no widening blocks in the forward reduction; with the saved state, transposed
+                     // copies only where DaState does not stage w2 itself)
 };
 LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem);
 
