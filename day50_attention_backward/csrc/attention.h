@@ -89,11 +89,56 @@ struct FusedParams {
   bool deterministic = false;  // backward: dq's adds in a fixed order (version 2 only; dq_sem below)
   int* dq_sem = nullptr;       // deterministic: B * H * hopper_bwd_query_tiles(Nq) * 2 ints, zeroed
   int variant = 0;  // backward tiling variant (0 = default); see flash_bwd.cu
+  // Masking, every fused kernel, forward and backward. Query i of a sequence of nq queries sees
+  // key j of its nk keys when lo(i) <= j <= hi(i), around the diagonal i + off, where
+  // off = bottom_right ? nk - nq : 0:
+  //   hi(i) = i + off + window_right   (window_right < 0: no upper bound)
+  //   lo(i) = i + off - window_left    (window_left < 0: no lower bound)
+  // The glue folds causal in: causal <=> window_right == 0 with `causal` also set, so a kernel
+  // may keep its kCausal template and treat the window as the general case. Dense attention()
+  // aligns top-left (off = 0, SDPA's causal); attention_varlen bottom-right (flash-attn's). A
+  // query row that sees no key gets out = 0, lse = +inf and zero gradients (flash-attn's rule:
+  // P = exp(S - lse) = 0 in the backward).
+  int64_t window_left = -1, window_right = -1;
+  bool bottom_right = false;
+  // softcap > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap) before the mask
+  // and the softmax (Gemma 2); the backward multiplies dS by 1 - tanh^2.
+  float softcap = 0.f;
+  // Packed sequences (attention_varlen; null for dense attention). B sequences: sequence b has
+  // queries [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and keys [cu_seqlens_k[b], cu_seqlens_k[b + 1])
+  // as rows of q (total_q, H, d) and k, v (total_k, Hk, d). Their View4s (and out, dout, o_s*,
+  // dq_s*) carry sb = 0, sh = the head stride, sr = the row stride; a kernel adds the sequence's
+  // first row (seq_span below) to its row index. Nq and Nk are then max_seqlen_q and
+  // max_seqlen_k: they size the grid; each sequence's own lengths come from the offsets.
+  const int* cu_seqlens_q = nullptr;  // device, B + 1 int32, nondecreasing, cu[0] == 0
+  const int* cu_seqlens_k = nullptr;
+  // Per-row fp32 arrays (lse, grad_lse, dsum): row i of (b, h) is element
+  //   b * row_sb + h * row_sh + q0 + i        (q0 = the sequence's first row, seq_span)
+  // dense: row_sb = H * Nq, row_sh = Nq (contiguous (B, H, Nq)), q0 = 0;
+  // varlen: row_sb = 0, row_sh = total_q (lse is (H, total_q), flash-attn's varlen layout).
+  // dq_accum (fp32) uses the same row numbering times d: element (row index) * d + c.
+  int64_t row_sb = 0, row_sh = 0;
+  // Strides of the dk and dv outputs (elements; unit column stride): dense (B, Hk, Nk, d)
+  // contiguous; varlen (total_k, Hk, d) contiguous, i.e. sb = 0, sh = d, sr = Hk * d.
+  int64_t dk_sb = 0, dk_sh = 0, dk_sr = 0;
   // Backward, grouped-query attention only (H > Hk), as fused_backward_plan says:
   int64_t heads_per_cta = 1;     // q heads of a group one CTA of the dK/dV kernel sums in registers (divides H / Hk)
   float* dkv_partial = nullptr;  // fp32 workspace, 2 * B * (H / heads_per_cta) * Nk * d floats, when
                                  // heads_per_cta < H / Hk (a group split over several CTAs)
 };
+
+// Where sequence b lives: its first query row q0 and key row k0 in the packed tensors, and its
+// lengths (dense: 0, 0, Nq, Nk). Device code only (cu_seqlens_* are device pointers).
+struct SeqSpan {
+  int64_t q0, k0, nq, nk;
+};
+#ifdef __CUDACC__
+__device__ __forceinline__ SeqSpan seq_span(const FusedParams& p, int64_t b) {
+  if (p.cu_seqlens_q == nullptr) return {0, 0, p.Nq, p.Nk};
+  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+  return {q0, k0, p.cu_seqlens_q[b + 1] - q0, p.cu_seqlens_k[b + 1] - k0};
+}
+#endif
 
 // How the fused backward sums dK and dV over a group of G = H / Hk q heads
 // (flash_bwd.cu explains the choice). One CTA of the dK/dV kernel owns a block of

@@ -83,6 +83,12 @@ day50::FusedParams fused_params(const Tensor& q, const Tensor& k, const Tensor& 
   p.scale = float(scale);
   p.causal = causal;
   p.dtype = kc::to_kc_dtype(q, "q");
+  p.window_right = causal ? 0 : -1;  // attention.h: causal folded into the window
+  p.row_sb = p.H * p.Nq;             // lse, grad_lse, dsum, dq_accum: contiguous (B, H, Nq[, d])
+  p.row_sh = p.Nq;
+  p.dk_sb = p.Hk * p.Nk * p.d;       // dk, dv: contiguous (B, Hk, Nk, d)
+  p.dk_sh = p.Nk * p.d;
+  p.dk_sr = p.d;
   return p;
 }
 
