@@ -7,15 +7,25 @@ Models (random init, nothing downloaded, configs built here):
   gpt2             GPT-2 small (12 layers, 768 wide, 12 heads, 1024 positions, dropout 0), batch 8 x 1024
                    tokens. transformers' GPT2LMHeadModel when transformers imports, else GPT2Plain
                    below (same sizes, same structure). On CPU a tiny size (2 layers, 64 wide, 2 x 32).
+  llama            transformers' LlamaForCausalLM from a config (RMSNorm, RoPE, SwiGLU, grouped-query
+                   attention): 4 layers, 1024 wide, 16 q heads over 4 kv heads of dim 64, batch 4 x 2048
+                   tokens. On CPU a tiny size (2 layers, 64 wide, 4 q / 2 kv heads, 2 x 32).
+  llama_packed     the same model fed one row of the same token count packed from documents of
+                   different lengths (position_ids restart per document; the flash-style kwargs
+                   cu_seq_lens_q/k and max_length_q/k are passed, as DataCollatorWithFlattening does).
   efficientnet_b0  torchvision, batch 128 at 224 x 224;  efficientnet_b4: batch 32 at 380 x 380.
                    Dropout and stochastic depth off (p = 0).
 
 Swaps (a dict name -> Swap; several fields in one Swap apply together):
   layer_norm  nn.LayerNorm -> replacement module (e.g. day26_layernorm.LayerNorm.from_torch),
               applied to every nn.LayerNorm of the model.
-  attention   (q, k, v, causal, scale) -> out, all (B, H, N, d). transformers: registered with
-              AttentionInterface under its own name and set as config._attn_implementation
-              (hf_attention); GPT2Plain: set as the model's attention function.
+  attention   (q, k, v, causal, scale) -> out, all (B, H, N, d) (k, v may have fewer heads than q:
+              grouped-query attention). transformers: registered with AttentionInterface under its
+              own name and set as config._attn_implementation (hf_attention); GPT2Plain: set as the
+              model's attention function.
+  hf_attention  the name of an implementation the day registered itself with transformers'
+              AttentionInterface and AttentionMaskInterface (e.g. day50_attention.register_transformers()):
+              the model runs it as a user would, masks and packed-sequence kwargs included.
   convert     model -> model (e.g. se_module.convert), for the CNNs.
 
 Training step: forward + backward under bf16 autocast; loss = cross-entropy of the logits
@@ -41,7 +51,9 @@ and builds a full mask. Both the torch variant ("kc_sdpa": SDPA, is_causal) and 
 swapped attention are registered with a mask function that passes no mask when there is no
 padding mask, so graph and eager run the same attention. A mask that does reach the
 attention is checked for being plain causal (outside capture); anything else falls back to
-SDPA with the mask, and the count of such calls is reported in the table's note.
+SDPA with the mask, and the count of such calls is reported in the table's note. llama_packed's torch variant is
+transformers' own "sdpa", which builds the block-diagonal causal mask from position_ids (the mask
+a user of SDPA gets for packed rows).
 """
 from __future__ import annotations
 
@@ -64,8 +76,8 @@ AttnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, "float | None
 
 
 def sdpa_attention(q, k, v, causal: bool, scale: float | None = None):
-    """torch's attention in the swap signature: (B, H, N, d) in and out."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    """torch's attention in the swap signature: (B, H, N, d) in and out; k, v may have fewer heads."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
 # --------------------------------------------------------------------------- GPT-2 in plain torch
@@ -196,6 +208,10 @@ def hf_attention(attn_fn: AttnFn, stats: dict | None = None):
     def fn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         if dropout:
             raise ValueError("the model benchmark runs with dropout 0")
+        if kwargs.get("cu_seq_lens_q") is not None:
+            raise ValueError("packed sequences (cu_seq_lens_q/k): an attention swap of signature "
+                             "(q, k, v, causal, scale) cannot honour them; register a varlen-aware implementation "
+                             "and use Swap(hf_attention=...)")
         causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
         if attention_mask is None or (causal and _is_plain_causal(attention_mask, query.shape[2], key.shape[2])):
             out = attn_fn(query, key, value, causal, scaling)
@@ -204,7 +220,8 @@ def hf_attention(attn_fn: AttnFn, stats: dict | None = None):
             m = attention_mask
             if m.dtype != torch.bool and m.dtype != query.dtype:
                 m = m.to(query.dtype)
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=m, scale=scaling)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=m, scale=scaling,
+                                                 enable_gqa=key.shape[1] != query.shape[1])
             stats["fallback"] = stats.get("fallback", 0) + 1
         return out.transpose(1, 2), None
 
@@ -220,6 +237,29 @@ def set_hf_attention(model: nn.Module, name: str, attn_fn: AttnFn, stats: dict |
     model.config._attn_implementation = name
 
 
+def use_hf_attention(model: nn.Module, name: str, stats: dict | None = None):
+    """Run a transformers model with the implementation registered as `name` (its own mask function
+    too), through a counting wrapper registered as "kc_count_<name>"."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    fns, masks = AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping
+    if name not in fns:
+        raise ValueError(f"{name!r} is not registered with transformers' AttentionInterface")
+    stats = {} if stats is None else stats
+    inner = fns[name]
+
+    def counted(*args, **kwargs):
+        stats["swapped"] = stats.get("swapped", 0) + 1
+        return inner(*args, **kwargs)
+
+    alias = "kc_count_" + "".join(c if c.isalnum() else "_" for c in name)
+    AttentionInterface.register(alias, counted)
+    if name in masks:
+        AttentionMaskInterface.register(alias, masks[name])
+    model.config._attn_implementation = alias
+
+
 # --------------------------------------------------------------------------- models
 @dataclass
 class Spec:
@@ -228,7 +268,7 @@ class Spec:
     model: nn.Module
     make_inputs: Callable[[torch.Generator], tuple]  # generator -> (x, labels)
     forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # -> logits
-    kind: str  # "hf-gpt2", "plain-gpt2", "cnn"
+    kind: str  # "hf-gpt2", "hf-llama", "plain-gpt2", "cnn"
     desc: str
 
 
@@ -268,6 +308,105 @@ def build_gpt2(device: torch.device, use_transformers: bool | None = None, size:
 
     return Spec("gpt2", model, make_inputs, fwd, kind,
                 f"{desc}: {s.n_layer} layers, {s.n_embd} wide, {s.n_head} heads; batch {b} x {n} tokens")
+
+
+@dataclass
+class LlamaSize:
+    n_layer: int = 4
+    hidden: int = 1024
+    n_head: int = 16
+    n_kv_head: int = 4
+    head_dim: int = 64
+    intermediate: int = 2816
+    vocab_size: int = 32000
+    max_positions: int = 4096
+
+
+LLAMA = LlamaSize()
+LLAMA_TINY = LlamaSize(n_layer=2, hidden=64, n_head=4, n_kv_head=2, head_dim=16, intermediate=128, vocab_size=97,
+                       max_positions=64)
+
+
+class PackedTokens:
+    """One packed row as the model benchmark feeds it: input_ids (1, T), position_ids (1, T) that restart
+    at each document, and the flash-style kwargs (cu_seq_lens int32 (docs + 1,), max_length)."""
+
+    def __init__(self, ids: torch.Tensor, lengths: list[int]):
+        self.ids = ids
+        self.device = ids.device
+        self.shape = ids.shape
+        self.position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).to(ids.device)
+        cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        self.cu_seq_lens = cu.to(ids.device)
+        self.max_length = max(lengths)
+        self.lengths = lengths
+
+    def kwargs(self) -> dict:
+        return {"position_ids": self.position_ids, "cu_seq_lens_q": self.cu_seq_lens, "cu_seq_lens_k": self.cu_seq_lens,
+                "max_length_q": self.max_length, "max_length_k": self.max_length}
+
+
+def packed_lengths(total: int, g: torch.Generator, shortest: int = 16) -> list[int]:
+    """Document lengths summing to total, drawn from g: between shortest and total / 2, the
+    remainder as the last document."""
+    out, left = [], total
+    hi = max(shortest + 1, total // 2)
+    while left > 0:
+        n = min(left, int(torch.randint(shortest, hi, (1,), generator=g)))
+        if left - n < shortest:
+            n = left
+        out.append(n)
+        left -= n
+    return out
+
+
+def _llama_sizes(device: torch.device):
+    return (LLAMA, 4, 2048) if device.type == "cuda" else (LLAMA_TINY, 2, 32)
+
+
+def build_llama(device: torch.device, packed: bool = False, size: LlamaSize | None = None, batch: int | None = None,
+                seq: int | None = None) -> Spec:
+    """transformers' LlamaForCausalLM from a config (nothing downloaded). packed: one row of
+    batch * seq tokens from documents of different lengths (PackedTokens)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
+
+    s, b, n = _llama_sizes(device)
+    s, b, n = size or s, batch or b, seq or n
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=s.hidden, intermediate_size=s.intermediate, num_hidden_layers=s.n_layer,
+                      num_attention_heads=s.n_head, num_key_value_heads=s.n_kv_head, head_dim=s.head_dim,
+                      vocab_size=s.vocab_size, max_position_embeddings=s.max_positions, attention_dropout=0.0,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=0, use_cache=False, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    # unpacked rows: torch's attention under a registered name whose mask function passes no
+    # mask (module docstring); packed: transformers' own sdpa, which builds the packed mask
+    if packed:
+        model.config._attn_implementation = "sdpa"
+    else:
+        set_hf_attention(model, "kc_sdpa", sdpa_attention)
+    model = model.to(device).train()
+
+    def make_inputs(g):
+        if packed:
+            lengths = packed_lengths(b * n, g)
+            x = PackedTokens(torch.randint(0, s.vocab_size, (1, b * n), generator=g).to(device), lengths)
+            y = torch.randint(0, s.vocab_size, (1, b * n), generator=g).to(device)
+            return x, y
+        x = torch.randint(0, s.vocab_size, (b, n), generator=g).to(device)
+        y = torch.randint(0, s.vocab_size, (b, n), generator=g).to(device)
+        return x, y
+
+    def forward(m, x):
+        if isinstance(x, PackedTokens):
+            return m(input_ids=x.ids, use_cache=False, **x.kwargs()).logits
+        return m(input_ids=x, use_cache=False).logits
+
+    rows = f"1 packed row of {b * n} tokens" if packed else f"batch {b} x {n} tokens"
+    desc = (f"transformers {transformers.__version__} LlamaForCausalLM: {s.n_layer} layers, {s.hidden} wide, "
+            f"{s.n_head} q heads over {s.n_kv_head} kv heads of dim {s.head_dim}, RoPE, SwiGLU {s.intermediate}; "
+            f"{rows}")
+    return Spec("llama_packed" if packed else "llama", model, make_inputs, forward, "hf-llama", desc)
 
 
 EFFNETS = {"efficientnet_b0": (128, 224), "efficientnet_b4": (32, 380)}
@@ -314,9 +453,11 @@ def cnn_spec(name: str, model: nn.Module, inputs_shape: tuple, classes: int, dev
 def build(name: str, device: torch.device) -> Spec:
     if name == "gpt2":
         return build_gpt2(device)
+    if name in ("llama", "llama_packed"):
+        return build_llama(device, packed=name == "llama_packed")
     if name in EFFNETS:
         return build_efficientnet(name, device)
-    raise ValueError(f"unknown model {name!r}: gpt2, " + ", ".join(EFFNETS))
+    raise ValueError(f"unknown model {name!r}: gpt2, llama, llama_packed, " + ", ".join(EFFNETS))
 
 
 # --------------------------------------------------------------------------- swaps
@@ -325,6 +466,7 @@ class Swap:
     layer_norm: Callable[[nn.LayerNorm], nn.Module] | None = None
     attention: AttnFn | None = None
     convert: Callable[[nn.Module], nn.Module] | None = None
+    hf_attention: str | None = None
 
 
 def swap_layer_norms(model: nn.Module, fn: Callable[[nn.LayerNorm], nn.Module]) -> int:
@@ -344,8 +486,12 @@ def apply_swap(spec: Spec, model: nn.Module, name: str, swap: Swap, stats: dict)
     if swap.layer_norm is not None:
         if swap_layer_norms(model, swap.layer_norm) == 0:
             raise ValueError(f"{name}: no nn.LayerNorm in {spec.name}")
+    if swap.hf_attention is not None:
+        if not spec.kind.startswith("hf-"):
+            raise ValueError(f"{name}: a transformers attention swap does not apply to {spec.name}")
+        use_hf_attention(model, swap.hf_attention, stats)
     if swap.attention is not None:
-        if spec.kind == "hf-gpt2":
+        if spec.kind in ("hf-gpt2", "hf-llama"):
             set_hf_attention(model, "kc_" + "".join(c if c.isalnum() else "_" for c in name), swap.attention, stats)
         elif spec.kind == "plain-gpt2":
             fn = swap.attention
@@ -365,7 +511,7 @@ def apply_swap(spec: Spec, model: nn.Module, name: str, swap: Swap, stats: dict)
 # --------------------------------------------------------------------------- the step
 def make_step(spec: Spec, model: nn.Module, x, y, amp: bool = True, cache: bool = True):
     """fwd + bwd of one training step; grads are NOT cleared here (callers set them to None)."""
-    dev = x.device.type
+    dev = x.device.type  # a tensor or PackedTokens
 
     def step():
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp, cache_enabled=cache):
@@ -511,7 +657,8 @@ def bench_model(spec: Spec, swaps: dict, rounds: int = 5, k: int = 10, timing: b
             log(f"   {spec.name} / {n}: step failed: {rows[n]['note']}")
     del ref
     for n, swap in swaps.items():  # e.g. a transformers version whose GPT-2 ignores AttentionInterface
-        if swap.attention is not None and n in variants and "note" not in rows[n] and not stats[n].get("swapped"):
+        if ((swap.attention is not None or swap.hf_attention is not None) and n in variants and "note" not in rows[n]
+                and not stats[n].get("swapped")):
             rows[n]["note"] = "attention swap never called: not timed"
             log(f"   {spec.name} / {n}: {rows[n]['note']}")
     ok = {n: m for n, m in variants.items() if "note" not in rows[n]}
