@@ -84,6 +84,15 @@ def _check4d(x: torch.Tensor, name: str = "x"):
     torch._check(x.dim() == 4, lambda: f"{name} must be 4-D [N, C, H, W], got {x.dim()}-D")
 
 
+def _check_one_device(op: str, **tensors):
+    """All tensors on one device. Checked in the fakes too: a call with any tensor on the meta
+    device dispatches to them, never to the C++ checks, and would return uninitialised memory."""
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise RuntimeError(f"{op}: all tensors must be on one device, got "
+                           + ", ".join(f"{name} on {d}" for name, d in devices.items()))
+
+
 # --------------------------------------------------------------------------- public functions
 
 def global_avg_pool(x: torch.Tensor, version: int = 2) -> torch.Tensor:
@@ -178,6 +187,7 @@ for _name in ("swish_backward", "sigmoid_backward"):
 
 @torch.library.register_fake("se_module::excitation")
 def _excitation_fake(x, s):
+    _check_one_device("excitation", x=x, s=s)
     _check4d(x)
     return _like_x(x)
 
@@ -190,12 +200,14 @@ def _excitation_bwd_fake(grad, x, s):
 
 @torch.library.register_fake("se_module::se_block")
 def _se_block_fake(x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION, scale_activation=0):
+    _check_one_device("se_block", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     _check4d(x)
     return _like_x(x)
 
 
 @torch.library.register_fake("se_module::se_block_train")
 def _se_block_train_fake(x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION, scale_activation=0):
+    _check_one_device("se_block", x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     _check4d(x)
     # the saved state: fp32 [N, 3 C + 2 S] (csrc/se_checks.h's state_cols)
     return _like_x(x), x.new_empty((x.shape[0], 3 * x.shape[1] + 2 * w1.shape[0]), dtype=torch.float32)
@@ -204,6 +216,7 @@ def _se_block_train_fake(x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION,
 @torch.library.register_fake("se_module::se_block_backward")
 def _se_block_bwd_fake(grad, x, w1, b1, w2, b2, activation, version=DEFAULT_VERSION, scale_activation=0,
                        state=None):
+    _check_one_device("se_block_backward", grad=grad, x=x, w1=w1, b1=b1, w2=w2, b2=b2, state=state)
     _check4d(x)
     c = torch.contiguous_format
     return (_like_x(x), torch.empty_like(w1, memory_format=c), torch.empty_like(b1, memory_format=c),
