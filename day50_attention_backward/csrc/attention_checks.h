@@ -79,8 +79,11 @@ inline double check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tens
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               "attention: q, k, v must have the same dtype, got ", q.scalar_type(), ", ", k.scalar_type(), ", ",
               v.scalar_type());
+  // A mix that includes the meta device never reaches here (the dispatcher picks the fake,
+  // ops.py's _check_one_device); every other mix stops here, naming each device.
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
-              "attention: q, k, v must be on the same device, got ", q.device(), ", ", k.device(), ", ", v.device());
+              "attention: all tensors must be on one device, got q on ", q.device(), ", k on ", k.device(),
+              ", v on ", v.device());
   TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0), "attention: batch sizes of q ", fmt(q.sizes()),
               ", k ", fmt(k.sizes()), ", v ", fmt(v.sizes()), " differ");
   TORCH_CHECK(k.size(1) == v.size(1), "attention: k and v must have the same number of heads, got k ",
@@ -111,7 +114,8 @@ inline void check_backward_args(const at::Tensor& grad_out, const at::Tensor& q,
   TORCH_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
               "attention_backward: grad_out and out must have q's dtype ", q.scalar_type());
   TORCH_CHECK(grad_out.device() == q.device() && out.device() == q.device() && lse.device() == q.device(),
-              "attention_backward: grad_out, out and lse must be on q's device ", q.device());
+              "attention_backward: all tensors must be on one device, got q on ", q.device(), ", grad_out on ",
+              grad_out.device(), ", out on ", out.device(), ", lse on ", lse.device());
   const auto want = std::vector<int64_t>{q.size(0), q.size(1), q.size(2)};
   TORCH_CHECK(lse.sizes() == at::IntArrayRef(want), "attention_backward: lse must be (B, H, Nq) = ",
               fmt(at::IntArrayRef(want)), ", got ", fmt(lse.sizes()));

@@ -8,4 +8,6 @@ See ops.py for the backends ("auto", "fused", "naive").
 """
 from .ops import BACKENDS, attention, attention_backward, attention_forward, matmul
 
-__all__ = ["BACKENDS", "attention", "attention_forward", "attention_backward", "matmul"]
+from .hf import register_transformers
+
+__all__ = ["BACKENDS", "attention", "attention_forward", "attention_backward", "matmul", "register_transformers"]

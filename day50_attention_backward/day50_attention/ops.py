@@ -117,8 +117,19 @@ def _layout_strides(like: torch.Tensor) -> list[int]:
     return strides
 
 
+def _check_one_device(op: str, **tensors):
+    """Every tensor argument on one device, as SDPA requires. The check lives in the fakes too: a
+    call with any argument on the meta device dispatches here, never to the C++ checks, and
+    would otherwise return an uninitialised tensor on q's device."""
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise RuntimeError(f"{op}: all tensors must be on one device, got "
+                           + ", ".join(f"{name} on {d}" for name, d in devices.items()))
+
+
 @torch.library.register_fake("day50::attention_forward")
 def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto", deterministic=False):
+    _check_one_device("attention", q=q, k=k, v=v)
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, lambda: "attention: q, k, v must be 4-D")
     out = q.new_empty_strided(q.shape, _layout_strides(q))
     lse = q.new_empty(q.shape[:3], dtype=_lse_dtype(q.dtype))
@@ -128,6 +139,7 @@ def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto", d
 @torch.library.register_fake("day50::attention_backward")
 def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, causal=False, scale=None,
                              backend="auto", deterministic=False):
+    _check_one_device("attention_backward", grad_out=grad_out, q=q, k=k, v=v, out=out, lse=lse, grad_lse=grad_lse)
     return (q.new_empty_strided(q.shape, _layout_strides(q)),
             k.new_empty(k.shape),
             v.new_empty(v.shape))
