@@ -8,12 +8,11 @@
 namespace day50 {
 
 int& fused_bwd_variant();  // defined in binding.cpp
-// The fused forward's version (FusedParams::fwd_version: 0 auto, 1 mma.sync, 2 Hopper),
-// set only through the extension's private _set_fwd_version (day50_attention.ops.fwd_version(),
-// for bench.py's version ladder and the tests that pin a version).
+// The fused forward's version (FusedParams::fwd_version: 0 auto, 1 mma.sync, 2 Hopper) and
+// the fused backward main kernel's (FusedParams::bwd_version), read at each launch. Set only
+// inside the scoped, documented day50_attention.kernel_versions() (ops.py; the binding's
+// private _set_fwd_version / _set_bwd_version), which restores the previous value on exit.
 int& fused_fwd_version();
-// The fused backward main kernel's version (FusedParams::bwd_version), likewise through
-// _set_bwd_version (day50_attention.ops.bwd_version()).
 int& fused_bwd_version();
 
 }  // namespace day50

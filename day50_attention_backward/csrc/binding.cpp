@@ -4,6 +4,8 @@
 #include <torch/library.h>
 #include <torch/python.h>
 
+#include <utility>
+
 #include "attention_autograd.h"
 #include "attention_knobs.h"
 
@@ -56,14 +58,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(v >= 0 && v <= 2, "day50: fused backward variant must be 0, 1 or 2");
     day50::fused_bwd_variant() = v;
   });
-  // Private (bench.py --versions, tests): day50_attention.ops.fwd_version().
+  // Private: day50_attention.kernel_versions() (ops.py), a scoped context, is the way to use
+  // these. Each returns the version it replaces, so the context restores it on exit.
   m.def("_set_fwd_version", [](int v) {
     TORCH_CHECK(v >= 0 && v <= 2, "day50: fused forward version must be 0 (auto), 1 (mma.sync) or 2 (Hopper)");
-    day50::fused_fwd_version() = v;
+    return std::exchange(day50::fused_fwd_version(), v);
   });
-  // Private (bench.py, tests): day50_attention.ops.bwd_version().
   m.def("_set_bwd_version", [](int v) {
     TORCH_CHECK(v >= 0 && v <= 2, "day50: fused backward version must be 0 (auto), 1 (mma.sync) or 2 (Hopper)");
-    day50::fused_bwd_version() = v;
+    return std::exchange(day50::fused_bwd_version(), v);
   });
 }

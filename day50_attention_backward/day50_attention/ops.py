@@ -86,18 +86,40 @@ def bwd_variant(variant: int):
     return _pinned(_C._set_bwd_variant, variant)
 
 
+@contextlib.contextmanager
+def kernel_versions(fwd: int | None = None, bwd: int | None = None):
+    """Pin the fused kernels' versions for the calls inside a with-block; outside one the plan
+    (0 = auto: version 2 where it applies, else 1) chooses, as it does for every model.
+
+    fwd: the fused forward, 1 = mma.sync (csrc/flash_fwd.cu), 2 = Hopper TMA + wgmma
+    (csrc/hopper_fwd.cu). bwd: the fused backward's main kernel, 1 = mma.sync
+    (csrc/flash_bwd.cuh), 2 = Hopper (csrc/hopper_bwd.cu). None leaves that one as it is. A
+    pinned version that cannot run an input is an error, never a silent fallback.
+
+    The choice is read at each kernel launch and is process-wide, not per thread (autograd runs
+    the backward on its own thread, which must see the forward's choice); leaving the block
+    restores the previous choice, so blocks nest. For the benchmark's version ladder and the
+    tests that compare versions."""
+    restore = []
+    try:
+        if fwd is not None:
+            restore.append((_C._set_fwd_version, _C._set_fwd_version(int(fwd))))
+        if bwd is not None:
+            restore.append((_C._set_bwd_version, _C._set_bwd_version(int(bwd))))
+        yield
+    finally:
+        for setter, previous in reversed(restore):
+            setter(previous)
+
+
 def fwd_version(version: int):
-    """Private (bench.py's ladder, tests): the fused forward's version (0 = auto: 2 where it
-    applies, else 1; 1 = mma.sync, csrc/flash_fwd.cu; 2 = Hopper TMA + wgmma,
-    csrc/hopper_fwd.cu, an error where it cannot run)."""
-    return _pinned(_C._set_fwd_version, version)
+    """kernel_versions(fwd=version)."""
+    return kernel_versions(fwd=version)
 
 
 def bwd_version(version: int):
-    """Private (bench.py's ladder, tests): the fused backward's main kernel (0 = auto: 2 where
-    it applies, else 1; 1 = mma.sync, csrc/flash_bwd.cuh; 2 = Hopper TMA + wgmma,
-    csrc/hopper_bwd.cu, an error where it cannot run)."""
-    return _pinned(_C._set_bwd_version, version)
+    """kernel_versions(bwd=version)."""
+    return kernel_versions(bwd=version)
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
