@@ -27,6 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import day50_attention as da  # noqa: E402
+from test_simt import *  # noqa: F401,F403,E402  (the SIMT kernels' tests, test_simt.py)
 from test_llm import *  # noqa: F401,F403,E402  (autocast, devices, transformers: test_llm.py)
 
 SANITIZE = os.environ.get("KC_SANITIZE", "0") == "1"

@@ -172,4 +172,17 @@ cudaError_t hopper_attention_backward_main(const FusedParams& p, cudaStream_t st
 // version p.bwd_version; cudaErrorNotSupported when 2 was asked for and cannot run p.
 cudaError_t fused_attention_backward(const FusedParams& p, cudaStream_t stream);
 
+// ------------------------------------------------------------------ SIMT fused path (flash_simt.cu)
+// The fused algorithm on CUDA cores in fp32 arithmetic: float32, float16 and bfloat16 storage,
+// any head dim 1..kSimtMaxHeadDim, any Nq / Nk, grouped-query attention, and FusedParams'
+// masking (causal, window, bottom_right, softcap) and packed sequences (cu_seqlens_*, row_s*).
+// Extra memory: p.dsum (the backward's per-row D) only; no atomics, so every output is
+// bitwise reproducible. Fields read: q, k, v, out, dout (any strides, zero included), o (o_s*),
+// lse, grad_lse, dsum, dq (dq_s*), dk and dv (dk_s*), B, H, Hk, Nq, Nk, d, scale, causal, dtype
+// and the masking fields; fwd_version, bwd_version, deterministic, dq_accum, dq_sem,
+// heads_per_cta and dkv_partial are not used.
+constexpr int kSimtMaxHeadDim = 256;
+cudaError_t simt_attention_forward(const FusedParams& p, cudaStream_t stream);
+cudaError_t simt_attention_backward(const FusedParams& p, cudaStream_t stream);
+
 }  // namespace day50

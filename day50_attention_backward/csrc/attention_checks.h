@@ -20,13 +20,14 @@ namespace day50 {
 // GPU image (cuda-gdb backtrace, 2026-11-21).
 using kc::fmt;
 
-enum class Backend { Auto, Fused, Naive };
+enum class Backend { Auto, Fused, Simt, Naive };
 
 inline Backend parse_backend(const std::string& s) {
   if (s == "auto") return Backend::Auto;
   if (s == "fused") return Backend::Fused;
+  if (s == "simt") return Backend::Simt;
   if (s == "naive") return Backend::Naive;
-  TORCH_CHECK(false, "backend must be \"auto\", \"fused\" or \"naive\", got \"", s, "\"");
+  TORCH_CHECK(false, "backend must be \"auto\", \"fused\", \"simt\" or \"naive\", got \"", s, "\"");
   return Backend::Auto;
 }
 

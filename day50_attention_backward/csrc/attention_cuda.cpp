@@ -62,6 +62,37 @@ bool choose_fused(Backend backend, const Tensor& q) {
   return backend == Backend::Auto && why == nullptr;
 }
 
+// Why the SIMT kernels (flash_simt.cu) cannot run these inputs (nullptr: they can).
+const char* simt_unsupported(const Tensor& q) {
+  if (q.scalar_type() == at::kDouble) return "takes float32, float16 or bfloat16 inputs, not float64";
+  if (q.size(3) > day50::kSimtMaxHeadDim) return "needs a head dim of at most 256";
+  return nullptr;
+}
+
+// Where the tensor-core kernels do not run (why_not_fused says why): backend="simt" asks for
+// the SIMT kernels by name; "auto" takes them where they apply, so that no input people train
+// with reaches the naive path's N x N workspaces. fp16/bf16 on CUDA cores is a slow path, and
+// the naive fallback (d > 256) an O(N^2)-memory one: both are said once, never silent.
+bool choose_simt(Backend backend, const Tensor& q, const char* why_not_fused) {
+  const char* why = simt_unsupported(q);
+  if (backend == Backend::Simt) {
+    TORCH_CHECK(why == nullptr, "attention: backend=\"simt\" ", why, " (got ", q.scalar_type(), ", head dim ",
+                kc::fmt(q.size(3)), "); use backend=\"naive\" or \"auto\"");
+    return true;
+  }
+  if (backend != Backend::Auto) return false;
+  if (why != nullptr) {
+    if (q.scalar_type() != at::kDouble)
+      TORCH_WARN_ONCE("attention: q ", kc::fmt(q.sizes()), " (", q.scalar_type(), ") runs the naive path with N x N "
+                      "workspaces: the fused kernels need a head dim of at most 256");
+    return false;
+  }
+  if (q.scalar_type() != at::kFloat)
+    TORCH_WARN_ONCE("attention: q ", kc::fmt(q.sizes()), " (", q.scalar_type(), ") runs the fused kernels on CUDA "
+                    "cores (backend=\"simt\"), several times slower than on tensor cores, which ", why_not_fused);
+  return true;
+}
+
 // The tensor itself when the fused kernels can read it by strides, else a
 // contiguous copy (fresh allocations are 16-byte aligned).
 Tensor fused_ready(const Tensor& t) {
@@ -114,6 +145,15 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
     p.lse = lse.data_ptr<float>();
     p.fwd_version = day50::fused_fwd_version();  // 0 (auto) unless a benchmark or test pinned one
     KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, stream));
+  } else if (choose_simt(backend, q, fused_unsupported(q))) {  // any strides: no copies
+    day50::FusedParams p = fused_params(q, k, v, causal, scale);
+    out = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
+    p.o = out.data_ptr();
+    p.o_sb = out.stride(0);
+    p.o_sh = out.stride(1);
+    p.o_sr = out.stride(2);
+    p.lse = lse.data_ptr<float>();
+    KC_TORCH_CHECK_CUDA(day50::simt_attention_forward(p, stream));
   } else {  // the naive kernels write contiguous: copied into q's layout when that differs
     out = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
     Tensor o = out.is_contiguous() ? out : at::empty({B, H, Nq, d}, q.options());
@@ -146,10 +186,13 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     const bool v2 = probe.bwd_version != 1 && day50::hopper_backward_applies(probe);
     TORCH_CHECK(v2 || backend != Backend::Fused,
                 "attention_backward: deterministic=True with backend=\"fused\" needs the Hopper kernel (compute "
-                "capability 9.0, an sm_90a build, head dim 64 or 128); use backend=\"auto\" (which then runs the "
-                "naive path) or \"naive\"");
+                "capability 9.0, an sm_90a build, head dim 64 or 128); use backend=\"auto\" or \"simt\" (the SIMT "
+                "kernels, which have no atomics)");
     fused = v2;
   }
+  const char* why_not_fused = fused_unsupported(q);
+  if (why_not_fused == nullptr) why_not_fused = "order their dq adds only in the Hopper backward (deterministic=True)";
+  const bool simt = !fused && choose_simt(backend, q, why_not_fused);
   Tensor dq = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
   Tensor dk = kc::new_output({B, Hk, Nk, d}, q.options());
   Tensor dv = kc::new_output({B, Hk, Nk, d}, q.options());
@@ -190,6 +233,21 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
       p.dkv_partial = dkv_partial.data_ptr<float>();
     }
     KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, stream));
+  } else if (simt) {  // any strides: no copies; workspace: D, one float a query row
+    day50::FusedParams p = fused_params(q, k, v, causal, scale);
+    p.out = view4(out);
+    p.dout = view4(grad_out);
+    p.lse = const_cast<float*>(lse.data_ptr<float>());
+    p.grad_lse = grad_lse.defined() ? grad_lse.data_ptr<float>() : nullptr;
+    p.dq = dq.data_ptr();
+    p.dq_sb = dq.stride(0);
+    p.dq_sh = dq.stride(1);
+    p.dq_sr = dq.stride(2);
+    p.dk = dk.data_ptr();
+    p.dv = dv.data_ptr();
+    Tensor dsum = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));
+    p.dsum = dsum.data_ptr<float>();
+    KC_TORCH_CHECK_CUDA(day50::simt_attention_backward(p, stream));
   } else {
     const auto acc = day50::lse_dtype(q.scalar_type());
     Tensor ws_p = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));

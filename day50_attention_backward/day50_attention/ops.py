@@ -15,7 +15,13 @@ backend (CUDA only; the CPU has one implementation):
   "fused": flash-style: the forward keeps only O and the row logsumexp, the
            backward recomputes P tile by tile (nothing of size N x N).
            float16 / bfloat16 on tensor cores, head dim a multiple of 8 up to 128.
-  "auto":  fused where it applies, naive otherwise.
+  "simt":  the same algorithm on CUDA cores in fp32 arithmetic (csrc/flash_simt.cu):
+           float32 / float16 / bfloat16, any head dim up to 256, deterministic (no
+           atomics), O(B H N) extra memory. The fast path for float32; for float16 /
+           bfloat16 several times slower than "fused".
+  "auto":  "fused" where it applies (and, with deterministic=True, where its Hopper
+           backward runs), else "simt" (a one-time warning for float16 / bfloat16, the
+           slow path); "naive" only for float64 and for head dims above 256 (warned).
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from kernel_common.build import import_extension
 
 _C = import_extension("day50_attention", Path(__file__).resolve().parent.parent)
 
-BACKENDS = ("auto", "fused", "naive")
+BACKENDS = ("auto", "fused", "simt", "naive")
 
 # torch.ops.day50.attention_forward, through the extension's C++ entry for plain
 # tensors outside torch.compile (host time per call), the op itself otherwise.
@@ -58,7 +64,7 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool 
     to run. The fused path's dq is otherwise summed over key blocks with fp32 atomics in
     whatever order they land; deterministic orders them key block by key block (Hopper
     version 2, where it applies; it costs some speed: README). Where version 2 does not run,
-    backend="auto" takes the naive path (no atomics; N x N workspaces) and "fused" is an error.
+    backend="auto" takes the "simt" kernels (no atomics; O(N) memory) and "fused" is an error.
     CPU and naive are deterministic anyway."""
     return torch.ops.day50.attention_backward(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend,
                                               deterministic)
