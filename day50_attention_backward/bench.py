@@ -1,10 +1,12 @@
 """Benchmark of day50_attention on the GPU: forward and backward, bf16, B=4, H=16.
 
     python bench.py --out STEM [--quick] [--variants]
+    python bench.py --llm [--quick] [--out STEM]      # packed sequences and a sliding window (STEM_llm.*)
     python bench.py --forward --backward [--quick] [--out STEM]   # the version ladders, bf16 and fp16
                                                       # (writes STEM_fwd.* and STEM_bwd.*: md, json, png)
-    python bench.py --models [--quick] [--out STEM]   # only GPT-2's training step with day50's attention
-                                                      # (kernel_common.models; writes STEM_models.md/.json)
+    python bench.py --models [--quick] [--out STEM]   # only the training step of GPT-2 small and a Llama
+                                                      # (dense and packed rows) with day50 as transformers'
+                                                      # attention (kernel_common.models; STEM_models.md/.json)
 
 Rows: N in 1024, 2048, 4096, 8192; d in 64, 128; causal and not. Columns: time and
 TFLOP/s of our fused and naive paths and of SDPA's flash, cuDNN, efficient and
@@ -185,6 +187,88 @@ def ladder(args, pas):
     print(text)
 
 
+def llm_rows(args):
+    """--llm: packed sequences (ours against SDPA on the padded batch and torch's own varlen
+    attention where it runs) and a sliding window (ours against FlexAttention with a window mask
+    and against our own full causal call), bf16, forward and forward + backward, ms."""
+    meta = bench.device_meta()
+    print(f"== llm rows: {meta['device']} {meta['date']} torch {meta['torch']}", flush=True)
+    rows = []
+
+    def fwd_bwd(f, xs, do):
+        def both():
+            for x in xs:
+                x.grad = None
+            f().backward(do)
+        with torch.no_grad():
+            t_f = timed(f, args)
+        return t_f, timed(both, args)
+
+    def add(name, t_f, t_b, **extra):
+        r = {"row": name, "fwd ms": None if t_f is None else t_f / 1e3, "fwd+bwd ms": None if t_b is None else t_b / 1e3}
+        r.update(extra)
+        rows.append(r)
+        print(f"   {name}: fwd {r['fwd ms']} ms, fwd+bwd {r['fwd+bwd ms']} ms", flush=True)
+
+    # packed sequences: 8 causal sequences of 512..4096 tokens, 32 q heads over 8 kv heads, d 128
+    g = torch.Generator().manual_seed(0)
+    lens = [int(x) for x in torch.randint(512, 4097, (8,), generator=g)]
+    hq, hkv, d, total, mx = 32, 8, 128, sum(lens), max(lens)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16).requires_grad_()  # noqa: E731
+    q, k, v = mk(total, hq, d), mk(total, hkv, d), mk(total, hkv, d)
+    do = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16)
+    tag = f"varlen B={len(lens)} total={total} max={mx} Hq={hq} Hkv={hkv} d={d} causal"
+    add(f"{tag}: day50 attention_varlen",
+        *fwd_bwd(lambda: da.attention_varlen(q, k, v, cu, cu, mx, mx, causal=True), (q, k, v), do))
+    qp, kp, vp = mk(len(lens), hq, mx, d), mk(len(lens), hkv, mx, d), mk(len(lens), hkv, mx, d)
+    dop = torch.randn(len(lens), hq, mx, d, device="cuda", dtype=torch.bfloat16)
+    for name in ("flash", "cudnn"):
+        try:
+            with sdpa_kernel(SDPA[name]):
+                res = fwd_bwd(lambda: F.scaled_dot_product_attention(qp, kp.repeat_interleave(hq // hkv, 1),
+                                                                     vp.repeat_interleave(hq // hkv, 1),
+                                                                     is_causal=True), (qp, kp, vp), dop)
+        except RuntimeError as e:
+            print(f"   sdpa {name}: {str(e).splitlines()[0][:100]}")
+            res = (None, None)
+        add(f"{tag}: SDPA {name} on the padded batch (B, H, {mx}, d)", *res)
+    try:  # torch's own varlen attention (torch.nn.attention.varlen, where this torch has it)
+        from torch.nn.attention.varlen import varlen_attn
+        kr, vr = (t.detach().repeat_interleave(hq // hkv, 1).requires_grad_() for t in (k, v))
+        res = fwd_bwd(lambda: varlen_attn(q, kr, vr, cu, cu, mx, mx, is_causal=True), (q, kr, vr), do)
+    except (ImportError, RuntimeError, TypeError) as e:
+        print(f"   torch varlen_attn: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+        res = (None, None)
+    add(f"{tag}: torch.nn.attention.varlen.varlen_attn (k, v repeated to Hq)", *res)
+    del q, k, v, do, qp, kp, vp, dop
+
+    # sliding window: causal with 1024 keys to the left (Mistral's shape of window), N = 16384
+    n, hq, d, left = 16384, 16, 128, 1024
+    q, k, v = mk(1, hq, n, d), mk(1, hq, n, d), mk(1, hq, n, d)
+    do = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    tag = f"window B=1 H={hq} N={n} d={d} causal left={left}"
+    add(f"{tag}: day50 window", *fwd_bwd(lambda: da.attention(q, k, v, causal=True, window=(left, -1)), (q, k, v), do))
+    add(f"{tag}: day50 full causal (no window)", *fwd_bwd(lambda: da.attention(q, k, v, causal=True), (q, k, v), do))
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention)
+        bm = create_block_mask(lambda b, h, i, j: (j <= i) & (i - j <= left), 1, 1, n, n, device="cuda")
+        res = fwd_bwd(lambda: flex(q, k, v, block_mask=bm), (q, k, v), do)
+    except Exception as e:  # noqa: BLE001 (FlexAttention needs Triton and a compile)
+        print(f"   flex_attention: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+        res = (None, None)
+    add(f"{tag}: FlexAttention (compiled, sliding-window block mask)", *res)
+    text = (f"# day50 LLM features: {meta['device']}, {meta['date']}, torch {meta['torch']}, bf16\n\n"
+            "Median ms, CUDA events, L2 emptied by a read before each repeat.\n\n"
+            + bench.format_table(rows, ["row", "fwd ms", "fwd+bwd ms"]) + "\n")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + "_llm.md", "w") as f:
+        f.write(text)
+    bench.write_report(rows, ["row", "fwd ms", "fwd+bwd ms"], args.out + "_llm", "day50 LLM features, ms", meta)
+    print(text)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_out/day50_attention")
@@ -192,16 +276,20 @@ def main():
     p.add_argument("--variants", action="store_true", help="also time every fused-backward tiling variant")
     p.add_argument("--forward", action="store_true", help="only the forward's version ladder (bf16 and fp16)")
     p.add_argument("--backward", action="store_true", help="only the backward's version ladder (bf16 and fp16)")
+    p.add_argument("--llm", action="store_true", help="only the packed-sequence and sliding-window rows")
     models.add_args(p)
     args = p.parse_args()
-    if args.models:  # GPT-2 small's training step with day50's attention in every attention layer
-        models.run(args, "day50", ["gpt2"], {"day50 attention": models.Swap(
-            attention=lambda q, k, v, causal, scale: da.attention(q, k, v, causal=causal, scale=scale))})
+    if args.models:  # training steps with day50 as every attention layer, registered as a user would
+        models.run(args, "day50", ["gpt2", "llama", "llama_packed"],
+                   {"day50": models.Swap(hf_attention=da.register_transformers())})
         return
     args.warmup, args.rep, args.max_ms = (2, 5, 150.0) if args.quick else (3, 15, 600.0)
     if not torch.cuda.is_available():
         print("bench.py needs a CUDA GPU")
         return 1
+    if args.llm:
+        llm_rows(args)
+        return 0
     if args.forward or args.backward:
         for pas, on in (("fwd", args.forward), ("bwd", args.backward)):
             if on:
