@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import day50_attention as da  # noqa: E402
 from test_simt import *  # noqa: F401,F403,E402  (the SIMT kernels' tests, test_simt.py)
 from test_llm import *  # noqa: F401,F403,E402  (autocast, devices, transformers: test_llm.py)
+from test_varlen import *  # noqa: F401,F403,E402  (window, softcap, packed sequences: test_varlen.py)
 
 SANITIZE = os.environ.get("KC_SANITIZE", "0") == "1"
 LOWP = [torch.float16, torch.bfloat16]

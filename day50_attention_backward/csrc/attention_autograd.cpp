@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
@@ -33,27 +34,98 @@ using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
 
 Tensor3 call_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                       const Tensor& lse, const std::optional<Tensor>& grad_lse, bool causal,
-                      std::optional<double> scale, c10::string_view backend, bool deterministic) {
+                      std::optional<double> scale, c10::string_view backend, bool deterministic,
+                      at::IntArrayRef window, double softcap) {
   static const auto op =
       kc::find_op<Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const std::optional<Tensor>&, bool, std::optional<double>, c10::string_view, bool)>(
-          "day50::attention_backward");
-  return op.call(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend, deterministic);
+                          const std::optional<Tensor>&, bool, std::optional<double>, c10::string_view, bool,
+                          at::IntArrayRef, double)>("day50::attention_backward");
+  return op.call(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend, deterministic, window, softcap);
+}
+
+using Tensor2 = std::tuple<Tensor, Tensor>;
+
+Tensor2 call_varlen_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
+                            int64_t max_q, int64_t max_k, bool causal, std::optional<double> scale,
+                            at::IntArrayRef window, double softcap, bool deterministic) {
+  static const auto op =
+      kc::find_op<Tensor2(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t,
+                          bool, std::optional<double>, at::IntArrayRef, double, bool)>(
+          "day50::attention_varlen_forward");
+  return op.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, deterministic);
+}
+
+Tensor3 call_varlen_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, const std::optional<Tensor>& grad_lse,
+                             const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k, bool causal,
+                             std::optional<double> scale, at::IntArrayRef window, double softcap, bool deterministic) {
+  static const auto op =
+      kc::find_op<Tensor3(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const std::optional<Tensor>&, const Tensor&, const Tensor&, int64_t, int64_t, bool,
+                          std::optional<double>, at::IntArrayRef, double, bool)>("day50::attention_varlen_backward");
+  return op.call(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap,
+                 deterministic);
+}
+
+std::optional<double> saved_scale(AutogradContext* ctx) {
+  const auto& sc = ctx->saved_data["scale"];
+  return sc.isNone() ? std::nullopt : std::optional<double>(sc.toDouble());
 }
 
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                               std::optional<double> scale, std::string backend, bool deterministic) {
+                               std::optional<double> scale, std::string backend, bool deterministic,
+                               std::vector<int64_t> window, double softcap) {
     // An unused output (lse, usually) has no gradient: the backward takes it as absent
     // instead of the engine building and filling a zero tensor on every call.
     ctx->set_materialize_grads(false);
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = call_attention_forward(q, k, v, causal, scale, backend, deterministic);
+    auto [out, lse] = call_attention_forward(q, k, v, causal, scale, backend, deterministic, window, softcap);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
     ctx->saved_data["backend"] = std::move(backend);
+    ctx->saved_data["deterministic"] = deterministic;
+    ctx->saved_data["window"] = std::move(window);
+    ctx->saved_data["softcap"] = softcap;
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const Tensor& out = s[3];
+    if (!grads[0].defined() && !grads[1].defined()) return variable_list(9);
+    const Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    const std::optional<Tensor> grad_lse = grads[1].defined() ? std::optional<Tensor>(grads[1]) : std::nullopt;
+    auto [dq, dk, dv] = call_backward(grad_out, s[0], s[1], s[2], out, s[4], grad_lse,
+                                      ctx->saved_data["causal"].toBool(), saved_scale(ctx),
+                                      ctx->saved_data["backend"].toStringRef(),
+                                      ctx->saved_data["deterministic"].toBool(),
+                                      ctx->saved_data["window"].toIntVector(), ctx->saved_data["softcap"].toDouble());
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+// attention_varlen_forward's autograd: the same shape as AttentionFunction (the offsets and
+// lengths are saved as they are; no gradient flows to them).
+class AttentionVarlenFunction : public torch::autograd::Function<AttentionVarlenFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k, bool causal,
+                               std::optional<double> scale, std::vector<int64_t> window, double softcap,
+                               bool deterministic) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, lse] = call_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap,
+                                          deterministic);
+    ctx->save_for_backward({q, k, v, out, lse, cu_q, cu_k});
+    ctx->saved_data["max_q"] = max_q;
+    ctx->saved_data["max_k"] = max_k;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
+    ctx->saved_data["window"] = std::move(window);
+    ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["deterministic"] = deterministic;
     return {out, lse};
   }
@@ -61,23 +133,37 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const Tensor& out = s[3];
-    if (!grads[0].defined() && !grads[1].defined()) return variable_list(7);
+    if (!grads[0].defined() && !grads[1].defined()) return variable_list(12);
     const Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(out);
     const std::optional<Tensor> grad_lse = grads[1].defined() ? std::optional<Tensor>(grads[1]) : std::nullopt;
-    const auto& sc = ctx->saved_data["scale"];
-    auto [dq, dk, dv] = call_backward(grad_out, s[0], s[1], s[2], out, s[4], grad_lse,
-                                      ctx->saved_data["causal"].toBool(),
-                                      sc.isNone() ? std::nullopt : std::optional<double>(sc.toDouble()),
-                                      ctx->saved_data["backend"].toStringRef(),
-                                      ctx->saved_data["deterministic"].toBool());
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor()};
+    auto [dq, dk, dv] = call_varlen_backward(
+        grad_out, s[0], s[1], s[2], out, s[4], grad_lse, s[5], s[6], ctx->saved_data["max_q"].toInt(),
+        ctx->saved_data["max_k"].toInt(), ctx->saved_data["causal"].toBool(), saved_scale(ctx),
+        ctx->saved_data["window"].toIntVector(), ctx->saved_data["softcap"].toDouble(),
+        ctx->saved_data["deterministic"].toBool());
+    variable_list r(12);
+    r[0] = dq;
+    r[1] = dk;
+    r[2] = dv;
+    return r;
   }
 };
 
 std::tuple<Tensor, Tensor> attention_forward_autograd(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                                       std::optional<double> scale, c10::string_view backend,
-                                                      bool deterministic) {
-  auto r = AttentionFunction::apply(q, k, v, causal, scale, std::string(backend), deterministic);
+                                                      bool deterministic, at::IntArrayRef window,
+                                                      double softcap) {
+  auto r = AttentionFunction::apply(q, k, v, causal, scale, std::string(backend), deterministic, window.vec(),
+                                    softcap);
+  return {r[0], r[1]};
+}
+
+Tensor2 attention_varlen_forward_autograd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
+                                          const Tensor& cu_k, int64_t max_q, int64_t max_k, bool causal,
+                                          std::optional<double> scale, at::IntArrayRef window, double softcap,
+                                          bool deterministic) {
+  auto r = AttentionVarlenFunction::apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window.vec(), softcap,
+                                          deterministic);
   return {r[0], r[1]};
 }
 
@@ -85,11 +171,12 @@ std::tuple<Tensor, Tensor> attention_forward_autograd(const Tensor& q, const Ten
 
 std::tuple<Tensor, Tensor> call_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                                   std::optional<double> scale, c10::string_view backend,
-                                                  bool deterministic) {
+                                                  bool deterministic, at::IntArrayRef window, double softcap) {
   static const auto op =
       kc::find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
-                                             std::optional<double>, c10::string_view, bool)>("day50::attention_forward");
-  return op.call(q, k, v, causal, scale, backend, deterministic);
+                                             std::optional<double>, c10::string_view, bool, at::IntArrayRef,
+                                             double)>("day50::attention_forward");
+  return op.call(q, k, v, causal, scale, backend, deterministic, window, softcap);
 }
 
 }  // namespace day50
@@ -97,4 +184,6 @@ std::tuple<Tensor, Tensor> call_attention_forward(const Tensor& q, const Tensor&
 TORCH_LIBRARY_IMPL(day50, Autograd, m) {
   m.impl("attention_forward", &day50::attention_forward_autograd);
   m.impl("attention_backward", torch::autograd::autogradNotImplementedFallback());
+  m.impl("attention_varlen_forward", &day50::attention_varlen_forward_autograd);
+  m.impl("attention_varlen_backward", torch::autograd::autogradNotImplementedFallback());
 }

@@ -13,6 +13,7 @@ namespace day50 {
 std::tuple<at::Tensor, at::Tensor> call_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                           const at::Tensor& v, bool causal,
                                                           std::optional<double> scale, c10::string_view backend,
-                                                          bool deterministic);
+                                                          bool deterministic, at::IntArrayRef window,
+                                                          double softcap);
 
 }  // namespace day50

@@ -10,6 +10,12 @@
 //
 // Grouped-query attention (k, v with Hk < H heads, check_qkv): every kernel maps
 // q head h to kv head h / (H / Hk); dk and dv come back in k's and v's shapes.
+//
+// Window and softcap (attention_math.h) run in version 1 of the tensor-core kernels
+// (flash_fwd.cu, flash_bwd.cuh); version 2 (Hopper) keeps the dense path, so they route to
+// version 1 and a pin to version 2 is an error. Inputs no fused kernel takes run the reference
+// math (attention_cpu.cpp) on the GPU for them. Packed sequences (attention_varlen) likewise:
+// version 1 without a host sync, else the reference after reading the offsets.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -17,9 +23,12 @@
 
 #include <cuda_runtime.h>
 
+#include <limits>
+
 #include "attention.h"
 #include "attention_knobs.h"
 #include "attention_checks.h"
+#include "attention_math.h"
 #include "kc/torch_utils.h"
 
 namespace {
@@ -123,12 +132,85 @@ day50::FusedParams fused_params(const Tensor& q, const Tensor& k, const Tensor& 
   return p;
 }
 
+// Dense masking as attention.h's FusedParams wants it: causal is a window's right edge on the
+// diagonal, so a window (-1, 0) runs as plain causal (the Hopper kernels take it).
+void set_masking(day50::FusedParams& p, const day50::Window& w, double softcap) {
+  p.window_left = w.left;
+  p.window_right = w.right;
+  p.causal = w.right == 0;
+  p.bottom_right = w.bottom_right;
+  p.softcap = float(softcap);
+}
+
+// Whether p asks for more than version 2 (Hopper) runs: a window other than plain causal, a
+// softcap, packed sequences.
+bool needs_version1(const day50::FusedParams& p) {
+  return p.window_left >= 0 || p.window_right > 0 || p.softcap > 0 || p.cu_seqlens_q != nullptr;
+}
+
+void check_version1(const day50::FusedParams& p, int version, const char* which) {
+  TORCH_CHECK(!(needs_version1(p) && version == 2), "attention: the fused ", which,
+              " pinned to version 2 (Hopper) does not take a window, a softcap or packed sequences; version 1 "
+              "(mma.sync) does: pin 1 or 0 (auto)");
+}
+
+// A packed (total, heads, d) tensor as the fused kernels' View4 (attention.h: sb = 0).
+View4 view3(const Tensor& t) {
+  View4 v;
+  v.ptr = t.data_ptr();
+  v.sb = 0;
+  v.sh = t.stride(1);
+  v.sr = t.stride(0);
+  v.sc = t.stride(2);
+  return v;
+}
+
+Tensor fused_ready3(const Tensor& t) {
+  if (day50::fused_layout_ok(view3(t))) return t;
+  return t.is_contiguous() ? t.clone() : t.contiguous();
+}
+
+// Packed sequences: B = cu.size(0) - 1 sequences, Nq / Nk the max lengths (they size the grid),
+// row arrays (lse, dsum, dq_accum) in the (H, total_q) layout, dk / dv (total_k, Hk, d).
+day50::FusedParams varlen_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
+                                 const Tensor& cu_k, int64_t max_q, int64_t max_k, double scale,
+                                 const day50::Window& w, double softcap) {
+  day50::FusedParams p;
+  p.q = view3(q);
+  p.k = view3(k);
+  p.v = view3(v);
+  p.B = cu_q.size(0) - 1;
+  p.H = q.size(1);
+  p.Hk = k.size(1);
+  p.Nq = max_q;
+  p.Nk = max_k;
+  p.d = q.size(2);
+  p.scale = float(scale);
+  p.dtype = kc::to_kc_dtype(q, "q");
+  set_masking(p, w, softcap);
+  p.cu_seqlens_q = cu_q.data_ptr<int>();
+  p.cu_seqlens_k = cu_k.data_ptr<int>();
+  p.row_sb = 0;
+  p.row_sh = q.size(0);
+  p.dk_sb = 0;
+  p.dk_sh = p.d;
+  p.dk_sr = p.Hk * p.d;
+  p.fwd_version = 1;
+  p.bwd_version = 1;
+  return p;
+}
+
 
 std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                                   std::optional<double> scale_opt, c10::string_view backend_s,
-                                                  bool /*deterministic: the forward has no atomics*/) {
+                                                  bool /*deterministic: the forward has no atomics*/,
+                                                  at::IntArrayRef window, double softcap) {
   const Backend backend = day50::parse_backend(std::string(backend_s));
   const double scale = day50::check_qkv(q, k, v, scale_opt);
+  const day50::Window w = day50::make_window(window, causal, false, "attention");
+  day50::check_softcap(softcap, "attention");
+  const bool masked = w.left >= 0 || w.right > 0 || softcap > 0;  // more than plain causal
+  causal = w.right == 0;  // a window (-1, 0) is plain causal, for every path below
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
   Tensor lse = kc::new_output({B, H, Nq}, q.options().dtype(day50::lse_dtype(q.scalar_type())));
@@ -137,6 +219,7 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
   if (choose_fused(backend, q)) {
     const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v);
     day50::FusedParams p = fused_params(qq, kk, vv, causal, scale);
+    set_masking(p, w, softcap);
     out = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
     p.o = out.data_ptr();
     p.o_sb = out.stride(0);
@@ -144,9 +227,11 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
     p.o_sr = out.stride(2);
     p.lse = lse.data_ptr<float>();
     p.fwd_version = day50::fused_fwd_version();  // 0 (auto) unless a benchmark or test pinned one
+    check_version1(p, p.fwd_version, "forward");
     KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, stream));
   } else if (choose_simt(backend, q, fused_unsupported(q))) {  // any strides: no copies
     day50::FusedParams p = fused_params(q, k, v, causal, scale);
+    set_masking(p, w, softcap);
     out = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
     p.o = out.data_ptr();
     p.o_sb = out.stride(0);
@@ -154,6 +239,8 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
     p.o_sr = out.stride(2);
     p.lse = lse.data_ptr<float>();
     KC_TORCH_CHECK_CUDA(day50::simt_attention_forward(p, stream));
+  } else if (masked) {  // the reference math on the GPU (N x N scores)
+    std::tie(out, lse) = day50::reference_forward(q, k, v, scale, w, softcap);
   } else {  // the naive kernels write contiguous: copied into q's layout when that differs
     out = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
     Tensor o = out.is_contiguous() ? out : at::empty({B, H, Nq, d}, q.options());
@@ -170,10 +257,15 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
                                                            const Tensor& v, const Tensor& out, const Tensor& lse_,
                                                            const std::optional<Tensor>& grad_lse_, bool causal,
                                                            std::optional<double> scale_opt,
-                                                           c10::string_view backend_s, bool deterministic) {
+                                                           c10::string_view backend_s, bool deterministic,
+                                                           at::IntArrayRef window, double softcap) {
   const Backend backend = day50::parse_backend(std::string(backend_s));
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   day50::check_backward_args(grad_out, q, out, lse_, grad_lse_);
+  const day50::Window w = day50::make_window(window, causal, false, "attention_backward");
+  day50::check_softcap(softcap, "attention_backward");
+  const bool masked = w.left >= 0 || w.right > 0 || softcap > 0;  // more than plain causal
+  causal = w.right == 0;  // a window (-1, 0) is plain causal, for every path below
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = q.size(0), H = q.size(1), Hk = k.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
   const Tensor lse = lse_.contiguous();
@@ -182,8 +274,9 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   if (fused && deterministic) {
     // Only version 2's main kernel orders its dq adds; elsewhere the naive path (no atomics)
     day50::FusedParams probe = fused_params(q, k, v, causal, scale);
+    set_masking(probe, w, softcap);
     probe.bwd_version = day50::fused_bwd_version();
-    const bool v2 = probe.bwd_version != 1 && day50::hopper_backward_applies(probe);
+    const bool v2 = probe.bwd_version != 1 && !needs_version1(probe) && day50::hopper_backward_applies(probe);
     TORCH_CHECK(v2 || backend != Backend::Fused,
                 "attention_backward: deterministic=True with backend=\"fused\" needs the Hopper kernel (compute "
                 "capability 9.0, an sm_90a build, head dim 64 or 128); use backend=\"auto\" or \"simt\" (the SIMT "
@@ -200,6 +293,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   if (fused) {
     const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v), go = fused_ready(grad_out);
     day50::FusedParams p = fused_params(qq, kk, vv, causal, scale);
+    set_masking(p, w, softcap);
     p.out = view4(out);
     p.dout = view4(go);
     p.lse = const_cast<float*>(lse.data_ptr<float>());
@@ -216,6 +310,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     p.dsum = dsum.data_ptr<float>();
     p.dq_accum = dq_accum.data_ptr<float>();
     p.bwd_version = day50::fused_bwd_version();  // 0 (auto) unless a benchmark or test pinned one
+    check_version1(p, p.bwd_version, "backward");
     Tensor dq_sem;  // deterministic: one counter per (q head, query tile, half of dq's columns)
     if (deterministic) {
       p.deterministic = true;
@@ -235,6 +330,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, stream));
   } else if (simt) {  // any strides: no copies; workspace: D, one float a query row
     day50::FusedParams p = fused_params(q, k, v, causal, scale);
+    set_masking(p, w, softcap);
     p.out = view4(out);
     p.dout = view4(grad_out);
     p.lse = const_cast<float*>(lse.data_ptr<float>());
@@ -248,6 +344,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     Tensor dsum = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));
     p.dsum = dsum.data_ptr<float>();
     KC_TORCH_CHECK_CUDA(day50::simt_attention_backward(p, stream));
+  } else if (masked) {  // the reference math on the GPU (N x N scores)
+    return day50::reference_backward(grad_out, q, k, v, out, lse, grad_lse_, scale, w, softcap);
   } else {
     const auto acc = day50::lse_dtype(q.scalar_type());
     Tensor ws_p = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));
@@ -259,6 +357,99 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
         ws_p.data_ptr(), ws_dp.data_ptr(), B, H, Hk, Nq, Nk, d, causal, scale, naive_type(q), stream));
     if (!dqc.is_same(dq)) dq.copy_(dqc);
   }
+  return {dq, dk, dv};
+}
+
+// Packed sequences on CUDA. fp16 / bf16 with a head dim the tensor-core kernels take, and not
+// deterministic: version 1 of the fused kernels, the offsets read only on the device (no host
+// sync, CUDA-graph capturable). Otherwise the reference math per sequence (attention_cpu.cpp),
+// which reads the offsets on the host.
+bool varlen_fused(const Tensor& q, bool deterministic) {
+  return !deterministic && (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) &&
+         q.size(2) % 8 == 0 && q.size(2) <= day50::kFusedMaxHeadDim;
+}
+
+std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                         const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
+                                                         int64_t max_k, bool causal, std::optional<double> scale_opt,
+                                                         at::IntArrayRef window, double softcap, bool deterministic) {
+  const char* op = "attention_varlen";
+  const double scale = day50::check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale_opt, op);
+  const day50::Window w = day50::make_window(window, causal, true, op);
+  day50::check_softcap(softcap, op);
+  const c10::cuda::CUDAGuard guard(q.device());
+  if (!varlen_fused(q, deterministic))
+    return day50::reference_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, w, softcap);
+  const int64_t H = q.size(1), total_q = q.size(0);
+  Tensor out = kc::new_output(q.sizes(), q.options());
+  Tensor lse = kc::new_output({H, total_q}, q.options().dtype(at::kFloat));
+  if (total_q == 0 || cu_q.size(0) == 1) return {out, lse};
+  if (max_k == 0 || max_q == 0) {  // no sequence has a key (or a query): every row sees nothing
+    out.zero_();
+    lse.fill_(std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
+  const Tensor qq = fused_ready3(q), kk = fused_ready3(k), vv = fused_ready3(v);
+  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
+  day50::FusedParams p = varlen_params(qq, kk, vv, cq, ck, max_q, max_k, scale, w, softcap);
+  p.o = out.data_ptr();
+  p.o_sb = 0;
+  p.o_sh = out.stride(1);
+  p.o_sr = out.stride(0);
+  p.lse = lse.data_ptr<float>();
+  check_version1(p, day50::fused_fwd_version(), "forward");
+  KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, c10::cuda::getCurrentCUDAStream()));
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
+    const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse_,
+    const std::optional<Tensor>& grad_lse_, const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k,
+    bool causal, std::optional<double> scale_opt, at::IntArrayRef window, double softcap, bool deterministic) {
+  const char* op = "attention_varlen_backward";
+  const double scale = day50::check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale_opt, op);
+  day50::check_varlen_backward(grad_out, q, out, lse_, grad_lse_);
+  const day50::Window w = day50::make_window(window, causal, true, op);
+  day50::check_softcap(softcap, op);
+  const c10::cuda::CUDAGuard guard(q.device());
+  if (!varlen_fused(q, deterministic))
+    return day50::reference_varlen_backward(grad_out, q, k, v, out, lse_, grad_lse_, cu_q, cu_k, max_q, max_k, scale,
+                                            w, softcap);
+  const int64_t H = q.size(1), total_q = q.size(0), d = q.size(2);
+  Tensor dq = kc::new_output(q.sizes(), q.options());
+  Tensor dk = kc::new_output(k.sizes(), q.options());
+  Tensor dv = kc::new_output(v.sizes(), q.options());
+  if (max_k == 0 || max_q == 0 || cu_q.size(0) == 1) {  // no pair of queries and keys interacts
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  const Tensor lse = lse_.contiguous();
+  const Tensor grad_lse = grad_lse_.has_value() ? grad_lse_->contiguous() : Tensor();
+  const Tensor qq = fused_ready3(q), kk = fused_ready3(k), vv = fused_ready3(v), go = fused_ready3(grad_out);
+  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
+  day50::FusedParams p = varlen_params(qq, kk, vv, cq, ck, max_q, max_k, scale, w, softcap);
+  p.out = view3(out);
+  p.dout = view3(go);
+  p.lse = const_cast<float*>(lse.data_ptr<float>());
+  p.grad_lse = grad_lse.defined() ? grad_lse.data_ptr<float>() : nullptr;
+  p.dq = dq.data_ptr();
+  p.dq_sb = 0;
+  p.dq_sh = dq.stride(1);
+  p.dq_sr = dq.stride(0);
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  // Workspaces: O(H total_q d), in the (H, total_q) row layout.
+  Tensor dsum = at::empty({H * total_q}, q.options().dtype(at::kFloat));
+  Tensor dq_accum = at::empty({H * total_q * d}, q.options().dtype(at::kFloat));
+  p.dsum = dsum.data_ptr<float>();
+  p.dq_accum = dq_accum.data_ptr<float>();
+  check_version1(p, day50::fused_bwd_version(), "backward");
+  const day50::FusedBwdPlan plan = day50::fused_backward_plan(p);  // packed: a whole group per CTA
+  p.heads_per_cta = plan.heads_per_cta;
+  TORCH_CHECK(plan.partial_floats == 0, "attention_varlen_backward: internal: the plan split a group");
+  KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, c10::cuda::getCurrentCUDAStream()));
   return {dq, dk, dv};
 }
 
@@ -294,5 +485,7 @@ Tensor matmul_cuda(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
 TORCH_LIBRARY_IMPL(day50, CUDA, m) {
   m.impl("attention_forward", &attention_forward_cuda);
   m.impl("attention_backward", &attention_backward_cuda);
+  m.impl("attention_varlen_forward", &attention_varlen_forward_cuda);
+  m.impl("attention_varlen_backward", &attention_varlen_backward_cuda);
   m.impl("matmul", &matmul_cuda);
 }

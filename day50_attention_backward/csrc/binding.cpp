@@ -5,6 +5,7 @@
 #include <torch/python.h>
 
 #include <utility>
+#include <vector>
 
 #include "attention_autograd.h"
 #include "attention_knobs.h"
@@ -15,15 +16,31 @@ TORCH_LIBRARY(day50, m) {
   // float64 inputs). scale=None means 1/sqrt(d). backend: auto | fused | naive.
   // deterministic: the backward's dq (and dk, dv) bitwise the same from run to run; the
   // forward only carries it to its autograd (see attention_backward).
+  // window (left, right): query i sees keys i - left .. i + right (-1: unbounded; flash-attn's
+  // window_size, aligned top-left as causal is; causal=True is right = 0); softcap > 0: each
+  // score s becomes softcap * tanh(s / softcap). attention_math.h has the rules.
   m.def("attention_forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
-        "str backend=\"auto\", bool deterministic=False) -> (Tensor, Tensor)");
+        "str backend=\"auto\", bool deterministic=False, int[2] window=[-1, -1], float softcap=0.0) "
+        "-> (Tensor, Tensor)");
   // Returns (dq, dk, dv). grad_lse (optional) is the gradient flowing into lse.
   // deterministic=True: a fixed order for every sum (the fused path's dq adds are ordered
   // key block by key block, hopper_bwd.cu; where that kernel does not run, "auto" takes the
   // naive path, which has no atomics, and "fused" is an error).
   m.def("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "Tensor? grad_lse, bool causal=False, float? scale=None, str backend=\"auto\", bool deterministic=False) "
-        "-> (Tensor, Tensor, Tensor)");
+        "Tensor? grad_lse, bool causal=False, float? scale=None, str backend=\"auto\", bool deterministic=False, "
+        "int[2] window=[-1, -1], float softcap=0.0) -> (Tensor, Tensor, Tensor)");
+  // Packed sequences (flash-attn's varlen): q (total_q, H, d), k, v (total_k, Hk, d), B sequences
+  // at the int32 offsets cu_seqlens_q / _k (B + 1 each, from 0); max_seqlen_* bound every
+  // length. Causal and the window align bottom-right within each sequence. Returns (out
+  // (total_q, H, d), lse (H, total_q)). CUDA, fp16 / bf16: fused, no host sync (CUDA-graph
+  // capturable); other dtypes or deterministic=True read the offsets on the host.
+  m.def("attention_varlen_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, bool causal=False, float? scale=None, int[2] window=[-1, -1], "
+        "float softcap=0.0, bool deterministic=False) -> (Tensor, Tensor)");
+  m.def("attention_varlen_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+        "Tensor? grad_lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+        "bool causal=False, float? scale=None, int[2] window=[-1, -1], float softcap=0.0, "
+        "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
   // The naive path's tiled matmul, exposed for testing: a (Bt, M, K) (or (Bt, K, M)
   // with trans_a), b (Bt, K, N) (or (Bt, N, K) with trans_b) -> alpha * op(a) @ op(b).
   m.def("matmul(Tensor a, Tensor b, bool trans_a=False, bool trans_b=False, float alpha=1.0) -> Tensor");
@@ -50,8 +67,9 @@ int& fused_bwd_version() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "day50 attention ops (registered as torch.ops.day50.*)";
   m.def("attention_forward", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                                std::optional<double> scale, const std::string& backend, bool deterministic) {
-    return day50::call_attention_forward(q, k, v, causal, scale, backend, deterministic);
+                                std::optional<double> scale, const std::string& backend, bool deterministic,
+                                const std::vector<int64_t>& window, double softcap) {
+    return day50::call_attention_forward(q, k, v, causal, scale, backend, deterministic, window, softcap);
   });
   // Private (bench.py --variants): day50_attention.ops.bwd_variant() is the way to use it.
   m.def("_set_bwd_variant", [](int v) {

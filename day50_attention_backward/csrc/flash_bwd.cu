@@ -1,7 +1,8 @@
 // flash_bwd.cu: the fused backward's small kernels and its launcher.
 //
 //   1. bwd_preprocess_kernel: D = rowsum(dO * O) - grad_lse (fp32), and dq_accum = 0.
-//      One warp per query row; any strides for O and dO.
+//      One warp per query row; any strides for O and dO. Packed sequences: the grid covers
+//      max_seqlen_q rows of each sequence, and a warp past its sequence's end leaves.
 //   2. the main kernel: dK, dV, and dQ accumulated by fp32 atomics. Version 2
 //      (hopper_bwd.cu) where it applies, else flash_bwd_dkdv_kernel (flash_bwd.cuh).
 //   3. dq_convert_kernel: dQ = scale * dq_accum, stored as T in q's layout.
@@ -44,31 +45,46 @@ namespace {
 
 constexpr int kPreWarps = 8;
 
+// Dense attention (no window beyond plain causal, no softcap, no packed sequences): what
+// version 2's main kernel (hopper_bwd.cu) runs.
+bool dense_masking(const FusedParams& p) {
+  return p.window_left < 0 && p.window_right <= 0 && !p.bottom_right && p.softcap <= 0 &&
+         p.cu_seqlens_q == nullptr && (p.window_right < 0) != p.causal;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kPreWarps * 32) bwd_preprocess_kernel(const FusedParams p) {
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kPreWarps + threadIdx.x / 32;
   if (row >= p.B * p.H * p.Nq) return;  // whole warps leave together
-  const int64_t bh = row / p.Nq, q = row % p.Nq, b = bh / p.H, h = bh % p.H;
+  const int64_t bh = row / p.Nq, i = row % p.Nq, b = bh / p.H, h = bh % p.H;
+  const SeqSpan sp = seq_span(p, b);
+  if (i >= sp.nq) return;
+  const int64_t q = sp.q0 + i, r = b * p.row_sb + h * p.row_sh + q;  // r: the row's index in dsum, lse
   const T* o = static_cast<const T*>(p.out.ptr) + b * p.out.sb + h * p.out.sh + q * p.out.sr;
   const T* go = static_cast<const T*>(p.dout.ptr) + b * p.dout.sb + h * p.dout.sh + q * p.dout.sr;
   float acc = 0.f;
   for (int64_t c = lane; c < p.d; c += 32) acc += kc::to_float(o[c * p.out.sc]) * kc::to_float(go[c * p.dout.sc]);
   acc = kc::warp_reduce_sum(acc);
-  if (lane == 0) p.dsum[row] = acc - (p.grad_lse != nullptr ? p.grad_lse[row] : 0.f);
-  float* dqa = p.dq_accum + row * p.d;
+  if (lane == 0) p.dsum[r] = acc - (p.grad_lse != nullptr ? p.grad_lse[r] : 0.f);
+  float* dqa = p.dq_accum + r * p.d;
   for (int64_t c = lane; c < p.d; c += 32) dqa[c] = 0.f;
 }
 
-// dq (p.dq with p's dq strides) = scale * dq_accum (contiguous (B, H, Nq, d)). n is a
-// multiple of 4 (d % 8 == 0), so four consecutive elements share a row; dq_accum is
-// 16-byte aligned (cudaMalloc'd by torch), dq's rows 8-byte aligned (strides multiples of 8).
+// dq (p.dq with p's dq strides) = scale * dq_accum (rows numbered as lse's). i runs over
+// (b, h, row < Nq, col); n is a multiple of 4 (d % 8 == 0), so four consecutive elements share
+// a row; dq_accum is 16-byte aligned (cudaMalloc'd by torch), dq's rows 8-byte aligned (strides
+// multiples of 8). Packed sequences: rows past a sequence's end are skipped.
 template <typename T>
 __global__ void dq_convert_kernel(const FusedParams p, int64_t n) {
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < n; i += int64_t(gridDim.x) * blockDim.x * 4) {
-    const float4 v = *reinterpret_cast<const float4*>(p.dq_accum + i);
-    const int64_t row = i / p.d, col = i % p.d, bh = row / p.Nq;
-    T* dst = static_cast<T*>(p.dq) + (bh / p.H) * p.dq_sb + (bh % p.H) * p.dq_sh + (row % p.Nq) * p.dq_sr + col;
+    const int64_t row = i / p.d, col = i % p.d, bh = row / p.Nq, b = bh / p.H, h = bh % p.H;
+    const SeqSpan sp = seq_span(p, b);
+    const int64_t q = row % p.Nq;
+    if (q >= sp.nq) continue;
+    const float4 v =
+        *reinterpret_cast<const float4*>(p.dq_accum + (b * p.row_sb + h * p.row_sh + sp.q0 + q) * p.d + col);
+    T* dst = static_cast<T*>(p.dq) + b * p.dq_sb + h * p.dq_sh + (sp.q0 + q) * p.dq_sr + col;
     dst[0] = kc::from_float<T>(v.x * p.scale);
     dst[1] = kc::from_float<T>(v.y * p.scale);
     dst[2] = kc::from_float<T>(v.z * p.scale);
@@ -113,12 +129,13 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     bwd_preprocess_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
     KC_CUDA_LAUNCH_TRY();
   }
-  // main kernel: version 2 (hopper_bwd.cu) where it applies, else version 1
-  const cudaError_t v2 = p.bwd_version != 1 ? hopper_attention_backward_main(p, stream) : cudaErrorNotSupported;
+  // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention), else version 1
+  const cudaError_t v2 =
+      p.bwd_version != 1 && dense_masking(p) ? hopper_attention_backward_main(p, stream) : cudaErrorNotSupported;
   if (v2 != cudaErrorNotSupported) {
     KC_CUDA_TRY(v2);
   } else {
-    if (p.bwd_version == 2 || p.deterministic) return v2;  // version 1 cannot order its adds
+    if (p.bwd_version == 2 || p.deterministic) return cudaErrorNotSupported;  // version 1 cannot order its adds
     KC_CUDA_TRY((p.d <= 64 ? launch_bwd_dkdv<T, 64>(p, stream) : launch_bwd_dkdv<T, 128>(p, stream)));
   }
   if (p.H != p.Hk && p.dkv_partial != nullptr) {
@@ -147,7 +164,12 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   int64_t hpc = 1;
   // Version 2's main kernel (hopper_bwd.cu) runs one q head per CTA; its partials need the
   // version 1 kernel's one-head plan too, should version 2 fall back at launch.
-  const bool v2 = p.bwd_version != 1 && hopper_backward_applies(p);
+  const bool v2 = p.bwd_version != 1 && flash::dense_masking(p) && hopper_backward_applies(p);
+  // Packed sequences: a whole group per CTA (the partials' layout is dense (B, Hk, Nk, d)).
+  if (p.cu_seqlens_q != nullptr) {
+    plan.heads_per_cta = G;
+    return plan;
+  }
   for (int64_t c = v2 ? 1 : G; c > 1; --c) {
     if (G % c == 0 && p.B * (p.H / c) * n_kt >= flash::kGqaMinCtas) {
       hpc = c;

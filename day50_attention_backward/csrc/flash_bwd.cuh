@@ -42,6 +42,17 @@
 //   stores fp32 partials (B, Hk, splits, Nk, d) to dkv_partial and flash_bwd.cu's
 //   dkv_reduce_kernel adds the splits in order. kGQA = false is the multi-head kernel,
 //   unchanged (heads_per_cta = 1, kv head = q head).
+// Masking (attention.h): kLocal = a window bound is set (causal is the window (-1, 0)). A
+// CTA's key block [k0, k0 + kBc) is seen only by queries i with j - off - right <= i <=
+// j - off + left for some key j of the block: the query-tile loop runs over those tiles
+// alone (N x window work), and only tiles that straddle a bound pay for the element mask.
+// A row that saw no key has lse = +inf, so its P = exp2(s - inf) = 0 with no special case.
+// kSoftcap: the scores are recomputed capped, t = tanh(scale q.k / softcap), and dS is
+// multiplied by 1 - t^2 before the dK and dQ products.
+// Packed sequences: a CTA adds its sequence's first rows (seq_span) to every index, takes the
+// sequence's own nq, nk, and stores dK, dV through the dk_s* strides; the row arrays (lse,
+// dsum, dq_accum) are indexed b * row_sb + h * row_sh + row. The plan (flash_bwd.cu) gives
+// packed sequences a whole group per CTA (no fp32 partials).
 // Assumptions: d % 8 == 0, d <= kD, fused_layout_ok for q, k, v, dout; dq_accum zeroed and
 // dsum written by the preprocess kernel on the same stream.
 #pragma once
@@ -81,7 +92,7 @@ __device__ __forceinline__ void atomic_add2(float* addr, float a, float b) {
 // one; fused_backward_plan counts CTAs with its kBc.
 constexpr int kGqaWarps = 8, kGqaBr = 64, kGqaBc = 16 * kGqaWarps;
 
-template <typename T, int kD, int kWarps, int kBr, bool kCausal, bool kGQA>
+template <typename T, int kD, int kWarps, int kBr, bool kLocal, bool kGQA, bool kSoftcap>
 __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel(const FusedParams p) {
   using Tile = BwdTile<kD, kWarps, kBr>;
   constexpr int kThreads = Tile::kThreads, kBc = Tile::kBc, kP = Tile::kP, kPs = Tile::kPs;
@@ -99,16 +110,31 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   const int64_t bh = kGQA ? int64_t(blockIdx.x) * p.heads_per_cta : int64_t(blockIdx.x), b = bh / p.H, h = bh % p.H;
   const int64_t hk = kGQA ? h / (p.H / p.Hk) : h;
   const int64_t k0 = int64_t(blockIdx.y) * kBc;
-  const T* Q = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh;
-  const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh;
-  const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh;
-  const T* dO = static_cast<const T*>(p.dout.ptr) + b * p.dout.sb + h * p.dout.sh;
-  const float* lse = p.lse + bh * p.Nq;
-  const float* dsum = p.dsum + bh * p.Nq;
-  float* dqa = p.dq_accum + bh * p.Nq * p.d;
+  const SeqSpan sp = seq_span(p, b);
+  const int64_t nq = sp.nq, nk = sp.nk;
+  if (k0 >= nk) return;  // packed sequences: this key block is past the sequence's end
+  const T* Q = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh + sp.q0 * p.q.sr;
+  const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh + sp.k0 * p.k.sr;
+  const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh + sp.k0 * p.v.sr;
+  const T* dO = static_cast<const T*>(p.dout.ptr) + b * p.dout.sb + h * p.dout.sh + sp.q0 * p.dout.sr;
+  const int64_t row0 = b * p.row_sb + h * p.row_sh + sp.q0;  // this head's row 0 in lse, dsum, dq_accum
+  const float* lse = p.lse + row0;
+  const float* dsum = p.dsum + row0;
+  float* dqa = p.dq_accum + row0 * p.d;
 
-  const int q_begin = kCausal ? int(k0 / kBr) : 0;
-  const int n_qt = int((p.Nq + kBr - 1) / kBr);
+  // Queries that see a key of this block: [qbeg, qend) (attention.h's window, off the diagonal's shift)
+  const int64_t off = p.bottom_right ? nk - nq : 0;
+  const int64_t k_last = (k0 + kBc < nk ? k0 + kBc : nk) - 1;
+  int64_t qbeg = 0, qend = nq;
+  if (kLocal) {
+    if (p.window_right >= 0) qbeg = k0 - off - p.window_right > 0 ? k0 - off - p.window_right : 0;
+    if (p.window_left >= 0) {
+      const int64_t hi = k_last - off + p.window_left + 1;
+      qend = hi < nq ? hi : nq;
+    }
+  }
+  const int q_begin = int(qbeg / kBr);
+  const int n_qt = qend > qbeg ? int((qend + kBr - 1) / kBr) : q_begin;
   // The loop runs `it` over [q_begin, it_end): query tile it for multi-head; for kGQA
   // the (head, tile) pairs of heads_per_cta heads, head-major (the launcher checks that
   // heads_per_cta * n_qt fits an int).
@@ -140,13 +166,13 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
     if constexpr (kGQA) {
       Qh += hl * p.q.sh;
       dOh += hl * p.dout.sh;
-      lseh += hl * p.Nq;
-      dsumh += hl * p.Nq;
+      lseh += hl * p.row_sh;
+      dsumh += hl * p.row_sh;
     }
-    load_tile_async<T, kBr, kD, kThreads>(sQ + buf * kBr * kP, Qh, p.q.sr, q0, p.Nq, p.d, Qh);
-    load_tile_async<T, kBr, kD, kThreads>(sdO + buf * kBr * kP, dOh, p.dout.sr, q0, p.Nq, p.d, dOh);
+    load_tile_async<T, kBr, kD, kThreads>(sQ + buf * kBr * kP, Qh, p.q.sr, q0, nq, p.d, Qh);
+    load_tile_async<T, kBr, kD, kThreads>(sdO + buf * kBr * kP, dOh, p.dout.sr, q0, nq, p.d, dOh);
     if (threadIdx.x < kBr) {
-      const bool ok = q0 + threadIdx.x < p.Nq;
+      const bool ok = q0 + threadIdx.x < nq;
       cp_async_4(smem_addr(sLse + buf * kBr + threadIdx.x), ok ? lseh + q0 + threadIdx.x : lseh, ok);
       cp_async_4(smem_addr(sD + buf * kBr + threadIdx.x), ok ? dsumh + q0 + threadIdx.x : dsumh, ok);
     }
@@ -154,12 +180,16 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   };
 
   if (q_begin < it_end) {
-    load_tile_async<T, kBc, kD, kThreads>(sK, K, p.k.sr, k0, p.Nk, p.d, K);
-    load_tile_async<T, kBc, kD, kThreads>(sV, V, p.v.sr, k0, p.Nk, p.d, V);
+    load_tile_async<T, kBc, kD, kThreads>(sK, K, p.k.sr, k0, nk, p.d, K);
+    load_tile_async<T, kBc, kD, kThreads>(sV, V, p.v.sr, k0, nk, p.d, V);
     cp_async_commit();
     load_q_tile(q_begin, 0);
   }
   const float sl2 = p.scale * kLog2eBwd;
+  const float cap_in = kSoftcap ? p.scale / p.softcap : 0.f, cap_out = kSoftcap ? p.softcap * kLog2eBwd : 0.f;
+  // Window bounds relative to the diagonal (i + off); an unbounded side never hides.
+  const int64_t wr = p.window_right >= 0 ? p.window_right : (int64_t(1) << 62);
+  const int64_t wl = p.window_left >= 0 ? p.window_left : (int64_t(1) << 62);
   const int key_w = warp * 16;  // this warp's first key row in the tile
 
   for (int it = q_begin; it < it_end; ++it) {
@@ -205,7 +235,10 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
     }
 
     // P^T = exp2(S^T * scale * log2e - lse * log2e), dS^T = P^T (dP^T - D); masked entries 0
-    const bool need_mask = (q0 + kBr > p.Nq) || (k0 + kBc > p.Nk) || (kCausal && k0 + kBc - 1 > q0);
+    // a tile straddles a bound when its last key is past the first query's hi or its first
+    // key before the last query's lo
+    const bool need_mask = (q0 + kBr > nq) || (k0 + kBc > nk) ||
+                           (kLocal && (k0 + kBc - 1 > q0 + off + wr || k0 < q0 + kBr - 1 + off - wl));
 #pragma unroll
     for (int nt = 0; nt < kBr / 8; ++nt) {
 #pragma unroll
@@ -215,13 +248,20 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int e = 2 * r + c;
-          float pv = fast_exp2(s[nt][e] * sl2 - l2);
+          float pv, dcap = 1.f;  // dcap: d(capped score) / d(scale q.k)
+          if constexpr (kSoftcap) {
+            const float th = tanhf(s[nt][e] * cap_in);
+            pv = fast_exp2(cap_out * th - l2);
+            dcap = 1.f - th * th;
+          } else {
+            pv = fast_exp2(s[nt][e] * sl2 - l2);
+          }
           if (need_mask) {
             const int64_t key = k0 + key_w + g + 8 * r, q = q0 + col;
-            if (q >= p.Nq || key >= p.Nk || (kCausal && key > q)) pv = 0.f;
+            if (q >= nq || key >= nk || (kLocal && (key > q + off + wr || key < q + off - wl))) pv = 0.f;
           }
           s[nt][e] = pv;
-          dp[nt][e] = pv * (dp[nt][e] - dd);
+          dp[nt][e] = pv * (dp[nt][e] - dd) * dcap;
         }
       }
     }
@@ -281,11 +321,11 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int64_t q = q0 + wm * 16 + g + 8 * r;
-        if (q >= p.Nq) continue;
+        if (q >= nq) continue;
 #pragma unroll
         for (int nt = 0; nt < kNq / 8; ++nt) {
           const int col = wn * kNq + nt * 8 + 2 * t;
-          if (col < p.d) atomic_add2(dqa + (hl * p.Nq + q) * p.d + col, acc[nt][2 * r], acc[nt][2 * r + 1]);
+          if (col < p.d) atomic_add2(dqa + (hl * p.row_sh + q) * p.d + col, acc[nt][2 * r], acc[nt][2 * r + 1]);
         }
       }
     }
@@ -313,20 +353,20 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
       return;
     }
   }
-  const int64_t bhk = kGQA ? b * p.Hk + hk : bh;  // the kv head's (b, h) index
-  T* dK = static_cast<T*>(p.dk) + bhk * p.Nk * p.d;
-  T* dV = static_cast<T*>(p.dv) + bhk * p.Nk * p.d;
+  const int64_t dkv0 = b * p.dk_sb + hk * p.dk_sh + sp.k0 * p.dk_sr;  // the kv head's key 0
+  T* dK = static_cast<T*>(p.dk) + dkv0;
+  T* dV = static_cast<T*>(p.dv) + dkv0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t key = k0 + key_w + g + 8 * r;
-    if (key >= p.Nk) continue;
+    if (key >= nk) continue;
 #pragma unroll
     for (int nt = 0; nt < kD / 8; ++nt) {
       const int col = nt * 8 + 2 * t;
       if (col >= p.d) continue;
-      *reinterpret_cast<uint32_t*>(dK + key * p.d + col) =
+      *reinterpret_cast<uint32_t*>(dK + key * p.dk_sr + col) =
           pack2<T>(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dV + key * p.d + col) = pack2<T>(dv[nt][2 * r], dv[nt][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dV + key * p.dk_sr + col) = pack2<T>(dv[nt][2 * r], dv[nt][2 * r + 1]);
     }
   }
 }
@@ -341,16 +381,17 @@ cudaError_t launch_bwd_dkdv_cfg(const FusedParams& p, cudaStream_t stream) {
   if (n_kt > 65535 || ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if (kGQA && ((p.Nq + kBr - 1) / kBr) * p.heads_per_cta > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(n_kt));
-  if (p.causal) {
-    auto kernel = flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, true, kGQA>;
+  auto launch = [&](auto kernel) -> cudaError_t {
     KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
-  } else {
-    auto kernel = flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, false, kGQA>;
-    KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
-  }
-  return cudaGetLastError();
+    return cudaGetLastError();
+  };
+  const bool local = p.window_left >= 0 || p.window_right >= 0;
+  if (p.softcap > 0)
+    return local ? launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, true, kGQA, true>)
+                 : launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, false, kGQA, true>);
+  return local ? launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, true, kGQA, false>)
+               : launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, false, kGQA, false>);
 }
 
 // Grouped-query attention (H > Hk): the default tiling only (the variants are

@@ -16,10 +16,19 @@
 // Grouped-query attention (kGQA, H > Hk): q head h reads K, V of kv head h / (H / Hk);
 // consecutive CTAs (blockIdx.x = b * H + h) of a group read the same K, V, which stay
 // in L2. A template flag so that the multi-head kernel stays exactly what it was.
+// Masking (attention.h, FusedParams): kLocal = a window bound is set (causal is the window
+// (-1, 0)); the CTA's key loop runs only over the tiles its rows' windows reach
+// ([lo(first row), hi(last row)]), so a windowed call costs N x window, not N^2, and only the
+// tiles that straddle a bound (or the sequence end) pay for the per-element mask. A row may
+// see no key of a tile (or of any): the running max is then -inf and the exponentials use 0
+// in its place (no inf - inf); a row that saw nothing stores out 0, lse +inf.
+// kSoftcap: s = softcap * tanh(scale q.k / softcap) before the mask and the softmax.
+// Packed sequences (cu_seqlens_q != nullptr): grid.x = b * H + h over the B sequences, grid.y
+// over max_seqlen_q; a CTA adds its sequence's first rows (seq_span) and leaves when its tile
+// starts past the sequence's end.
 // Assumptions (checked by the launcher / glue): d % 8 == 0, d <= kD, 16-byte
 // aligned rows (fused_layout_ok), Nk >= 1. Rows >= Nq and columns >= d are
-// zero-filled on load and never stored. Every valid row sees key 0 (causal is
-// top-left aligned), so the running max is finite after the first key tile.
+// zero-filled on load and never stored.
 #include "attention.h"
 
 #include <cmath>
@@ -41,7 +50,7 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <typename T, int kD, int kWarps, int kBc, bool kCausal, bool kGQA>
+template <typename T, int kD, int kWarps, int kBc, bool kLocal, bool kGQA, bool kSoftcap>
 __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParams p) {
   constexpr int kThreads = kWarps * 32, kBr = 16 * kWarps, kP = kD + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -53,15 +62,43 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
   const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
   const int64_t hk = kGQA ? h / (p.H / p.Hk) : h;  // kv head
   const int64_t q0 = int64_t(gridDim.y - 1 - blockIdx.y) * kBr;
-  const T* Q = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh;
-  const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh;
-  const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh;
-  const int64_t kend = kCausal ? (p.Nk < q0 + kBr ? p.Nk : q0 + kBr) : p.Nk;
-  const int n_kt = int((kend + kBc - 1) / kBc);
+  const SeqSpan sp = seq_span(p, b);
+  const int64_t nq = sp.nq, nk = sp.nk;
+  if (q0 >= nq) return;  // packed sequences: this tile is past the sequence's end
+  const T* Q = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh + sp.q0 * p.q.sr;
+  const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh + sp.k0 * p.k.sr;
+  const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh + sp.k0 * p.v.sr;
+  T* O = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh + sp.q0 * p.o_sr;
+  float* lse_row = p.lse + b * p.row_sb + h * p.row_sh + sp.q0;  // + row
+  // Keys this tile's rows may see: [kbeg, kend) (attention.h: lo(i) <= j <= hi(i), i + off the diagonal)
+  const int64_t off = p.bottom_right ? nk - nq : 0;
+  const int64_t q_last = (q0 + kBr < nq ? q0 + kBr : nq) - 1;
+  int64_t kbeg = 0, kend = nk;
+  if (kLocal) {
+    if (p.window_left >= 0) kbeg = q0 + off - p.window_left > 0 ? q0 + off - p.window_left : 0;
+    if (p.window_right >= 0) {
+      const int64_t hi = q_last + off + p.window_right + 1;
+      kend = hi < nk ? hi : nk;
+    }
+  }
+  const int kt_begin = int(kbeg / kBc);
+  const int kt_end = kend > kbeg ? int((kend + kBc - 1) / kBc) : kt_begin;
+  const int n_kt = kt_end - kt_begin;
+  const int64_t qrow0 = q0 + warp * 16 + g;  // rows qrow0 and qrow0 + 8 of this thread
+  if (n_kt <= 0) {  // no row of this tile sees a key: out 0, lse +inf (attention.h)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t qr = qrow0 + 8 * r;
+      if (qr >= nq) continue;
+      for (int col = 2 * t; col < p.d; col += 8) *reinterpret_cast<uint32_t*>(O + qr * p.o_sr + col) = 0u;
+      if (t == 0) lse_row[qr] = INFINITY;
+    }
+    return;
+  }
 
-  load_tile_async<T, kBr, kD, kThreads>(sQ, Q, p.q.sr, q0, p.Nq, p.d, Q);
-  load_tile_async<T, kBc, kD, kThreads>(sK, K, p.k.sr, 0, p.Nk, p.d, K);
-  load_tile_async<T, kBc, kD, kThreads>(sV, V, p.v.sr, 0, p.Nk, p.d, V);
+  load_tile_async<T, kBr, kD, kThreads>(sQ, Q, p.q.sr, q0, nq, p.d, Q);
+  load_tile_async<T, kBc, kD, kThreads>(sK, K, p.k.sr, int64_t(kt_begin) * kBc, nk, p.d, K);
+  load_tile_async<T, kBc, kD, kThreads>(sV, V, p.v.sr, int64_t(kt_begin) * kBc, nk, p.d, V);
   cp_async_commit();
 
   uint32_t qf[kD / 16][4];
@@ -70,20 +107,25 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
   for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const float sl2 = p.scale * kLog2e;
-  const int64_t qrow0 = q0 + warp * 16 + g;  // rows qrow0 and qrow0 + 8 of this thread
+  // softcap: x = softcap * tanh(scale s / softcap), in the log2 domain cap_out * tanh(cap_in * s)
+  const float cap_in = kSoftcap ? p.scale / p.softcap : 0.f, cap_out = kSoftcap ? p.softcap * kLog2e : 0.f;
+  // Window bounds relative to the diagonal (i + off): key j is hidden when j > i + off + wr or
+  // j < i + off - wl; an unbounded side never hides.
+  const int64_t wr = p.window_right >= 0 ? p.window_right : (int64_t(1) << 62);
+  const int64_t wl = p.window_left >= 0 ? p.window_left : (int64_t(1) << 62);
 
-  for (int kt = 0; kt < n_kt; ++kt) {
-    const int buf = kt & 1;
-    if (kt + 1 < n_kt) {
-      load_tile_async<T, kBc, kD, kThreads>(sK + (buf ^ 1) * kBc * kP, K, p.k.sr, int64_t(kt + 1) * kBc, p.Nk, p.d, K);
-      load_tile_async<T, kBc, kD, kThreads>(sV + (buf ^ 1) * kBc * kP, V, p.v.sr, int64_t(kt + 1) * kBc, p.Nk, p.d, V);
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    const int buf = (kt - kt_begin) & 1;
+    if (kt + 1 < kt_end) {
+      load_tile_async<T, kBc, kD, kThreads>(sK + (buf ^ 1) * kBc * kP, K, p.k.sr, int64_t(kt + 1) * kBc, nk, p.d, K);
+      load_tile_async<T, kBc, kD, kThreads>(sV + (buf ^ 1) * kBc * kP, V, p.v.sr, int64_t(kt + 1) * kBc, nk, p.d, V);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (kt == 0) {
+    if (kt == kt_begin) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         ldmatrix_x4(qf[kk], smem_addr(sQ + (warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kP + kk * 16 +
@@ -109,21 +151,29 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
     }
     // scale (log2 domain) and mask
     const int64_t k0 = int64_t(kt) * kBc;
-    const bool need_mask = (k0 + kBc > p.Nk) || (kCausal && k0 + kBc - 1 > q0);
+    // a tile straddles a bound when its last key is past the first row's hi or its first
+    // key before the last row's lo
+    const bool need_mask =
+        (k0 + kBc > nk) || (kLocal && (k0 + kBc - 1 > q0 + off + wr || k0 < q0 + kBr - 1 + off - wl));
 #pragma unroll
     for (int nt = 0; nt < kBc / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * sl2;
+        float x;
+        if constexpr (kSoftcap) {
+          x = cap_out * tanhf(s[nt][e] * cap_in);
+        } else {
+          x = s[nt][e] * sl2;
+        }
         if (need_mask) {
-          const int64_t key = k0 + nt * 8 + 2 * t + (e & 1), qr = qrow0 + 8 * (e >> 1);
-          if (key >= p.Nk || (kCausal && key > qr)) x = -INFINITY;
+          const int64_t key = k0 + nt * 8 + 2 * t + (e & 1), diag = qrow0 + 8 * (e >> 1) + off;
+          if (key >= nk || (kLocal && (key > diag + wr || key < diag - wl))) x = -INFINITY;
         }
         s[nt][e] = x;
       }
     }
     // online softmax
-    float mx[2] = {m[0], m[1]};
+    float mx[2] = {m[0], m[1]}, mu[2];
 #pragma unroll
     for (int nt = 0; nt < kBc / 8; ++nt) {
       mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
@@ -133,7 +183,10 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float corr = fast_exp2(m[r] - mx[r]);  // m = -inf on the first tile: 0
+      // a row that has seen no key yet keeps max -inf; 0 stands in for it in the exponentials
+      // (exp2(-inf - 0) = 0, where exp2(-inf + inf) would be NaN)
+      mu[r] = kLocal && mx[r] == -INFINITY ? 0.f : mx[r];
+      const float corr = fast_exp2(m[r] - mu[r]);  // m = -inf on the first tile: 0
       m[r] = mx[r];
       l[r] *= corr;
 #pragma unroll
@@ -146,7 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
     for (int nt = 0; nt < kBc / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[nt][e] = fast_exp2(s[nt][e] - m[e >> 1]);
+        s[nt][e] = fast_exp2(s[nt][e] - mu[e >> 1]);
         l[e >> 1] += s[nt][e];
       }
     }
@@ -168,30 +221,29 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
     __syncthreads();  // the next iteration's cp.async overwrites the buffer just read
   }
 
-  // epilogue: O / l, lse = (m + log2 l) ln 2
-  T* O = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
+  // epilogue: O / l, lse = (m + log2 l) ln 2; a row that saw no key (l = 0): O = 0, lse = +inf
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int64_t qr = qrow0 + 8 * r;
-    if (qr >= p.Nq) continue;
-    const float inv = 1.f / l[r];
+    if (qr >= nq) continue;
+    const float inv = kLocal && l[r] == 0.f ? 0.f : 1.f / l[r];
 #pragma unroll
     for (int nt = 0; nt < kD / 8; ++nt) {
       const int col = nt * 8 + 2 * t;
       if (col < p.d)
         *reinterpret_cast<uint32_t*>(O + qr * p.o_sr + col) = pack2<T>(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
     }
-    if (t == 0) p.lse[bh * p.Nq + qr] = (m[r] + __log2f(l[r])) * kLn2;
+    if (t == 0) lse_row[qr] = kLocal && l[r] == 0.f ? INFINITY : (m[r] + __log2f(l[r])) * kLn2;
   }
 }
 
-template <typename T, int kD, bool kCausal, bool kGQA>
+template <typename T, int kD, bool kLocal, bool kGQA, bool kSoftcap>
 cudaError_t launch_fwd(const FusedParams& p, cudaStream_t stream) {
   constexpr int kWarps = 4, kBc = kD > 64 ? 32 : 64, kBr = 16 * kWarps;
   constexpr int smem = (kBr + 4 * kBc) * (kD + 8) * int(sizeof(T));
-  auto kernel = flash_fwd_kernel<T, kD, kWarps, kBc, kCausal, kGQA>;
+  auto kernel = flash_fwd_kernel<T, kD, kWarps, kBc, kLocal, kGQA, kSoftcap>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int64_t n_qt = (p.Nq + kBr - 1) / kBr;
   if (n_qt > 65535 || p.B * p.H > 0x7fffffff) return cudaErrorInvalidConfiguration;
@@ -199,16 +251,22 @@ cudaError_t launch_fwd(const FusedParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, bool kGQA>
+template <typename T, int kD, bool kGQA, bool kSoftcap>
 cudaError_t dispatch_fwd(const FusedParams& p, cudaStream_t stream) {
-  if (p.d <= 64)
-    return p.causal ? launch_fwd<T, 64, true, kGQA>(p, stream) : launch_fwd<T, 64, false, kGQA>(p, stream);
-  return p.causal ? launch_fwd<T, 128, true, kGQA>(p, stream) : launch_fwd<T, 128, false, kGQA>(p, stream);
+  const bool local = p.window_left >= 0 || p.window_right >= 0;
+  return local ? launch_fwd<T, kD, true, kGQA, kSoftcap>(p, stream) : launch_fwd<T, kD, false, kGQA, kSoftcap>(p, stream);
+}
+
+template <typename T, int kD>
+cudaError_t dispatch_fwd(const FusedParams& p, cudaStream_t stream) {
+  if (p.softcap > 0)
+    return p.H != p.Hk ? dispatch_fwd<T, kD, true, true>(p, stream) : dispatch_fwd<T, kD, false, true>(p, stream);
+  return p.H != p.Hk ? dispatch_fwd<T, kD, true, false>(p, stream) : dispatch_fwd<T, kD, false, false>(p, stream);
 }
 
 template <typename T>
 cudaError_t dispatch_fwd(const FusedParams& p, cudaStream_t stream) {
-  return p.H != p.Hk ? dispatch_fwd<T, true>(p, stream) : dispatch_fwd<T, false>(p, stream);
+  return p.d <= 64 ? dispatch_fwd<T, 64>(p, stream) : dispatch_fwd<T, 128>(p, stream);
 }
 
 }  // namespace
@@ -219,7 +277,12 @@ cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream) {
   if (!fused_layout_ok(p.q) || !fused_layout_ok(p.k) || !fused_layout_ok(p.v)) return cudaErrorMisalignedAddress;
   if (p.B * p.H == 0 || p.Nq == 0) return cudaSuccess;
   if (p.Hk <= 0 || p.H % p.Hk != 0) return cudaErrorInvalidValue;
-  if (p.fwd_version != 1) {
+  // Version 2 (Hopper) runs dense attention, plain causal included; a window, a softcap and
+  // packed sequences run version 1.
+  const bool dense = p.window_left < 0 && p.window_right <= 0 && !p.bottom_right && p.softcap <= 0 &&
+                     p.cu_seqlens_q == nullptr && (p.window_right < 0) != p.causal;
+  if (!dense && p.fwd_version == 2) return cudaErrorNotSupported;
+  if (p.fwd_version != 1 && dense) {
     const cudaError_t e = hopper_attention_forward(p, stream);
     if (e != cudaErrorNotSupported || p.fwd_version == 2) return e;
   }

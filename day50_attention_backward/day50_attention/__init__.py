@@ -6,9 +6,11 @@
 
 See ops.py for the backends ("auto", "fused", "naive").
 """
-from .ops import BACKENDS, attention, attention_backward, attention_forward, matmul
-
+from .ops import (BACKENDS, attention, attention_backward, attention_forward, attention_varlen,
+                  attention_varlen_backward, attention_varlen_forward, matmul)
 from .hf import register_transformers
 from .ops import kernel_versions
 
-__all__ = ["BACKENDS", "attention", "attention_forward", "attention_backward", "matmul", "kernel_versions", "register_transformers"]
+__all__ = ["BACKENDS", "attention", "attention_forward", "attention_backward", "attention_varlen",
+           "attention_varlen_forward", "attention_varlen_backward", "matmul", "kernel_versions",
+           "register_transformers"]

@@ -1,10 +1,17 @@
 """Python API of the day-50 attention ops.
 
-    attention(q, k, v, causal=False, scale=None, backend="auto") -> out
+    attention(q, k, v, causal=False, scale=None, backend="auto", deterministic=False,
+              window=(-1, -1), softcap=0.0) -> out
+    attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                     scale=None, window=(-1, -1), softcap=0.0, deterministic=False) -> out
 
 q (B, H, Nq, d), k and v (B, Hkv, Nk, d) with Hkv dividing H (grouped-query
 attention when Hkv < H), the semantics of
 F.scaled_dot_product_attention (causal aligned top-left when Nq != Nk).
+window=(left, right): query i sees keys i - left .. i + right (-1: unbounded; flash-attn's
+window_size; causal=True is right = 0); softcap > 0: scores become softcap * tanh(scores / softcap).
+A query that sees no key gets out 0 (lse +inf) and no gradient. attention_varlen takes packed
+sequences as flash-attn's varlen functions do (causal and window aligned bottom-right).
 Differentiable in q, k, v through a C++ autograd Function (csrc/attention_autograd.cpp); fake
 implementations make the ops traceable by torch.compile(fullgraph=True).
 
@@ -42,22 +49,33 @@ BACKENDS = ("auto", "fused", "simt", "naive")
 _fwd = fastpath.entry(torch.ops.day50.attention_forward.default, _C.attention_forward, 3)
 
 
+def _window(window) -> list[int]:
+    w = [int(x) for x in window]
+    if len(w) != 2:
+        raise ValueError(f"window must be (left, right), got {window!r}")
+    return w
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              scale: float | None = None, backend: str = "auto", deterministic: bool = False) -> torch.Tensor:
-    """softmax(scale * q k^T [causal mask]) v, differentiable in q, k, v. deterministic=True: the
-    gradients are bitwise the same from run to run (see attention_backward)."""
-    return _fwd(q, k, v, causal, scale, backend, deterministic)[0]
+              scale: float | None = None, backend: str = "auto", deterministic: bool = False,
+              window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> torch.Tensor:
+    """softmax(scale * q k^T [causal / window mask, softcap]) v, differentiable in q, k, v.
+    deterministic=True: the gradients are bitwise the same from run to run (see
+    attention_backward). window, softcap: the module docstring."""
+    return _fwd(q, k, v, causal, scale, backend, deterministic, _window(window), float(softcap))[0]
 
 
 def attention_forward(q, k, v, causal: bool = False, scale: float | None = None, backend: str = "auto",
-                      deterministic: bool = False):
-    """(out, lse): the output and the row logsumexp of scale * q k^T (float32, float64 for float64 q).
-    deterministic is carried to the backward that autograd runs."""
-    return _fwd(q, k, v, causal, scale, backend, deterministic)
+                      deterministic: bool = False, window: tuple[int, int] = (-1, -1), softcap: float = 0.0):
+    """(out, lse): the output and the row logsumexp of the (capped, masked) scores (float32,
+    float64 for float64 q; +inf for a row that sees no key). deterministic is carried to the
+    backward that autograd runs."""
+    return _fwd(q, k, v, causal, scale, backend, deterministic, _window(window), float(softcap))
 
 
 def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool = False,
-                       scale: float | None = None, backend: str = "auto", deterministic: bool = False):
+                       scale: float | None = None, backend: str = "auto", deterministic: bool = False,
+                       window: tuple[int, int] = (-1, -1), softcap: float = 0.0):
     """(dq, dk, dv) of attention_forward, given the forward's out and lse.
 
     deterministic=True: every sum in a fixed order, so dq, dk, dv are bitwise the same from run
@@ -67,7 +85,48 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool 
     backend="auto" takes the "simt" kernels (no atomics; O(N) memory) and "fused" is an error.
     CPU and naive are deterministic anyway."""
     return torch.ops.day50.attention_backward(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend,
-                                              deterministic)
+                                              deterministic, _window(window), float(softcap))
+
+
+def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                             causal: bool = False, scale: float | None = None,
+                             window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             deterministic: bool = False):
+    """(out, lse) of attention_varlen: out (total_q, H, d), lse (H, total_q) float32 (float64
+    for float64 q), flash-attn's varlen layout."""
+    return torch.ops.day50.attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                                    int(max_seqlen_k), causal, scale, _window(window),
+                                                    float(softcap), deterministic)
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                     scale: float | None = None, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     deterministic: bool = False) -> torch.Tensor:
+    """Attention over packed sequences (flash-attn's flash_attn_varlen_func), differentiable in q, k, v.
+
+    q (total_q, H, d), k and v (total_k, Hk, d) with Hk dividing H: B sequences stored one after
+    the other; sequence b has queries cu_seqlens_q[b]:cu_seqlens_q[b + 1] and keys
+    cu_seqlens_k[b]:cu_seqlens_k[b + 1] (int32, B + 1 entries from 0, on q's device, the last
+    equal to total_q / total_k). max_seqlen_q / _k must be at least every length (they size the
+    grid: on CUDA the offsets are never read on the host, so a shorter max drops rows silently).
+    Sequences may be empty and have Nq != Nk; causal and window align bottom-right within each
+    (flash-attn's rule: the last query sees the last key). A query that sees no key gets 0.
+    CUDA, fp16 / bf16 with head dim a multiple of 8 up to 128: the fused kernels, no host
+    sync, CUDA-graph capturable; other inputs (and deterministic=True) run the reference math
+    per sequence after reading the offsets on the host."""
+    return attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                                    window, softcap, deterministic)[0]
+
+
+def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                              scale: float | None = None, window: tuple[int, int] = (-1, -1),
+                              softcap: float = 0.0, deterministic: bool = False):
+    """(dq, dk, dv) of attention_varlen_forward, given its out and lse."""
+    return torch.ops.day50.attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q,
+                                                     cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
+                                                     scale, _window(window), float(softcap), deterministic)
 
 
 def matmul(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0):
@@ -156,7 +215,8 @@ def _check_one_device(op: str, **tensors):
 
 
 @torch.library.register_fake("day50::attention_forward")
-def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto", deterministic=False):
+def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto", deterministic=False,
+                            window=(-1, -1), softcap=0.0):
     _check_one_device("attention", q=q, k=k, v=v)
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, lambda: "attention: q, k, v must be 4-D")
     out = q.new_empty_strided(q.shape, _layout_strides(q))
@@ -166,11 +226,29 @@ def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto", d
 
 @torch.library.register_fake("day50::attention_backward")
 def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, causal=False, scale=None,
-                             backend="auto", deterministic=False):
+                             backend="auto", deterministic=False, window=(-1, -1), softcap=0.0):
     _check_one_device("attention_backward", grad_out=grad_out, q=q, k=k, v=v, out=out, lse=lse, grad_lse=grad_lse)
     return (q.new_empty_strided(q.shape, _layout_strides(q)),
             k.new_empty(k.shape),
             v.new_empty(v.shape))
+
+
+@torch.library.register_fake("day50::attention_varlen_forward")
+def _attention_varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                                   scale=None, window=(-1, -1), softcap=0.0, deterministic=False):
+    _check_one_device("attention_varlen", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    torch._check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3,
+                 lambda: "attention_varlen: q, k, v must be 3-D (total, heads, d)")
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.register_fake("day50::attention_varlen_backward")
+def _attention_varlen_backward_fake(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, causal=False, scale=None, window=(-1, -1), softcap=0.0,
+                                    deterministic=False):
+    _check_one_device("attention_varlen_backward", grad_out=grad_out, q=q, k=k, v=v, out=out, lse=lse,
+                      grad_lse=grad_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 @torch.library.register_fake("day50::matmul")

@@ -1,0 +1,395 @@
+"""Tests of sliding windows, softcap and packed sequences (attention_varlen) in day50_attention.
+
+    python -m pytest test_varlen.py        (test.py imports these too)
+
+References: a plain-PyTorch masked softmax in float64 on the CPU with the window / softcap /
+bottom-right rules (attention_math.h), and for packed sequences the same per sequence.
+fp16/bf16: at most 2x the error of the same plain-PyTorch math run in the inputs' dtype on
+their device (flash-attention's rule for features SDPA does not have) plus a small floor.
+"""
+import math
+import os
+import sys
+
+from kernel_common import testing  # noqa: E402  (sets KC_POISON_OUTPUTS=1 first)
+from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import day50_attention as da  # noqa: E402
+
+LOWP_V = [torch.float16, torch.bfloat16]
+HOPPER_V = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+
+def masked_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, bottom_right=False):
+    """Plain PyTorch in q's dtype and device: (out, lse) for q (..., H, Nq, d), k, v (..., Hk, Nk, d).
+    Rows that see no key: out 0, lse +inf (the contract), without NaN in any gradient."""
+    H, Hk, d = q.shape[-3], k.shape[-3], q.shape[-1]
+    kr, vr = (t.repeat_interleave(H // Hk, -3) for t in (k, v))
+    sc = scale if scale is not None else 1 / math.sqrt(d)
+    s = (q @ kr.transpose(-2, -1)) * sc
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    nq, nk = s.shape[-2:]
+    left, right = window[0], 0 if causal else window[1]
+    diag = torch.arange(nq, device=q.device)[:, None] + (nk - nq if bottom_right else 0)
+    j = torch.arange(nk, device=q.device)[None]
+    hide = torch.zeros(nq, nk, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        hide |= j > diag + right
+    if left >= 0:
+        hide |= j < diag - left
+    empty = hide.all(-1)  # (nq,)
+    s = s.masked_fill(hide, -math.inf).masked_fill(empty[:, None], 0.0)  # a finite row where nothing is seen
+    p = torch.softmax(s, -1) * (~empty)[:, None]
+    lse = torch.logsumexp(s.float() if s.dtype in LOWP_V else s, -1).masked_fill(empty, math.inf)
+    return p @ vr, lse
+
+
+def dense_ref(q, k, v, do, glse=None, **kw):
+    """float64 (out, lse, dq, dk, dv) on the CPU."""
+    q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
+    out, lse = masked_attention(q64, k64, v64, **kw)
+    outs, grads = [out], [do.detach().cpu().double()]
+    if glse is not None:
+        outs.append(lse)
+        grads.append(glse.detach().cpu().double())
+    torch.autograd.backward(outs, grads)
+    return out.detach(), lse.detach(), q64.grad, k64.grad, v64.grad
+
+
+def dense_same_precision(q, k, v, do, **kw):
+    """The same plain-PyTorch math in q's dtype on q's device: (out, dq, dk, dv)."""
+    qt, kt, vt = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out, _ = masked_attention(qt, kt, vt, **kw)
+    out.backward(do)
+    return out.detach(), qt.grad, kt.grad, vt.grad
+
+
+def check_all(got, ref, theirs, dtype, prefix):
+    """got (out, lse, dq, dk, dv); ref the float64 reference; theirs the same-precision one."""
+    names = ["out", "lse", "dq", "dk", "dv"]
+    if dtype in (torch.float32, torch.float64):
+        for n, a, r in zip(names, got, ref):
+            sc = max(r[torch.isfinite(r)].abs().max().item() if r.numel() else 0.0, 1.0)
+            tol = (1e-10 * sc, 1e-9) if dtype == torch.float64 else (2e-5 * sc, 1e-4)
+            _close_inf(a, r, *tol, prefix + n)
+        return
+    _close_inf(got[1], ref[1], 2e-4, 2e-4, prefix + "lse")
+    for n, a, r, t in zip(["out", "dq", "dk", "dv"], [got[0], *got[2:]], [ref[0], *ref[2:]], theirs):
+        floor = torch.finfo(dtype).eps * max(r.abs().max().item() if r.numel() else 0.0, 1.0)
+        testing.assert_lowp_close(a, r, t, name=prefix + n, floor=floor)
+
+
+def _close_inf(a, r, atol, rtol, name):
+    """assert_close where +inf must match +inf exactly (lse of rows that see no key)."""
+    a, r = a.detach().double().cpu(), r.detach().double().cpu()
+    inf = torch.isinf(r)
+    assert torch.equal(torch.isinf(a), inf), f"{name}: +inf rows differ"
+    testing.assert_close(a.masked_fill(inf, 0), r.masked_fill(inf, 0), atol, rtol, name)
+
+
+def rand(*shape, dtype, device, gen):
+    return testing.fresh(*shape, dtype=dtype, device=device, gen=gen)
+
+
+# ------------------------------------------------------------------- dense: window, softcap
+# (B, H, Hk, Nq, Nk, d), causal, window, softcap
+DENSE_CASES = [
+    ((1, 2, 2, 70, 70, 64), False, (0, 0), 0.0),      # window 0: the diagonal alone
+    ((2, 2, 1, 77, 130, 64), False, (5, 3), 0.0),     # small window, Nq < Nk, multi-query
+    ((1, 4, 2, 130, 77, 128), True, (9, -1), 0.0),    # causal + window; rows past Nk + 9 see nothing
+    ((1, 2, 2, 100, 100, 64), False, (500, 500), 0.0),  # window larger than N: full attention
+    ((1, 2, 2, 65, 97, 64), False, (-1, -1), 5.0),    # softcap alone
+    ((1, 4, 1, 129, 129, 128), True, (-1, -1), 2.0),  # softcap + causal
+    ((2, 2, 2, 90, 60, 40), False, (7, 2), 10.0),     # softcap + window, odd head dim
+    ((1, 2, 2, 300, 300, 64), False, (-1, 0), 0.0),   # (-1, 0) is plain causal
+]
+
+
+def case_id(c):
+    (B, H, Hk, Nq, Nk, d), causal, w, cap = c
+    return f"{B}x{H}/{Hk}x{Nq}x{Nk}x{d}{'_causal' if causal else ''}_w{w[0]}.{w[1]}_cap{cap:g}"
+
+
+def dense_inputs(shape, dtype, device, seed):
+    B, H, Hk, Nq, Nk, d = shape
+    g = torch.Generator().manual_seed(seed)
+    return (rand(B, H, Nq, d, dtype=dtype, device=device, gen=g), rand(B, Hk, Nk, d, dtype=dtype, device=device, gen=g),
+            rand(B, Hk, Nk, d, dtype=dtype, device=device, gen=g), rand(B, H, Nq, d, dtype=dtype, device=device, gen=g))
+
+
+def run_dense(q, k, v, do, causal, window, softcap, backend="auto", glse=None):
+    out, lse = da.attention_forward(q, k, v, causal, None, backend, False, window, softcap)
+    dq, dk, dv = da.attention_backward(do, q, k, v, out, lse, glse, causal, None, backend, False, window, softcap)
+    return out, lse, dq, dk, dv
+
+
+@pytest.mark.parametrize("case", DENSE_CASES, ids=case_id)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16],
+                         ids=["f64", "f32", "f16", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_window_softcap(device, dtype, case):
+    shape, causal, window, softcap = case
+    if device == "cpu" and dtype == torch.float64 and shape[3] * shape[4] > 20000:
+        pytest.skip("float64 on the CPU: the smaller cases and gradcheck cover it")
+    q, k, v, do = dense_inputs(shape, dtype, device, seed=shape[3])
+    kw = dict(causal=causal, window=window, softcap=softcap)
+    ref = dense_ref(q, k, v, do, **kw)
+    theirs = dense_same_precision(q, k, v, do, **kw) if dtype in LOWP_V else None
+    backends = ["auto"] if device == "cpu" else (["auto", "fused"] if dtype in LOWP_V and shape[5] % 8 == 0
+                                                  else ["auto"])
+    for be in backends:
+        check_all(run_dense(q, k, v, do, causal, window, softcap, be), ref, theirs, dtype, f"{be}:")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_window_rows_without_keys(device):
+    """Rows that see no key: out 0, lse +inf, and no gradient through them (a grad_lse too)."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v, do = dense_inputs((1, 2, 2, 100, 40, 64), dtype, device, seed=3)
+    glse = testing.fresh(1, 2, 100, dtype=torch.float32, device=device)
+    out, lse, dq, dk, dv = run_dense(q, k, v, do, False, (0, 0), 0.0, glse=glse)  # rows 40.. see nothing
+    assert torch.all(out[:, :, 40:] == 0) and torch.all(torch.isposinf(lse[:, :, 40:]))
+    assert torch.all(dq[:, :, 40:] == 0)
+    assert torch.isfinite(lse[:, :, :40]).all() and not torch.isnan(dk).any()
+
+
+# ------------------------------------------------------------------------ packed sequences
+def cu(lengths, device):
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
+
+
+def varlen_inputs(lq, lk, H, Hk, d, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    tq, tk = sum(lq), sum(lk)
+    return (rand(tq, H, d, dtype=dtype, device=device, gen=g), rand(tk, Hk, d, dtype=dtype, device=device, gen=g),
+            rand(tk, Hk, d, dtype=dtype, device=device, gen=g), rand(tq, H, d, dtype=dtype, device=device, gen=g))
+
+
+def varlen_ref(q, k, v, do, lq, lk, same_precision=False, **kw):
+    """Per-sequence dense attention (bottom-right aligned): float64 on the CPU (out, lse, dq, dk,
+    dv), or with same_precision the math in q's dtype and device (out, dq, dk, dv)."""
+    if same_precision:
+        qt, kt, vt = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    else:
+        qt, kt, vt = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
+    outs, lses, q0, k0 = [], [], 0, 0
+    for nq, nk in zip(lq, lk):
+        qs, ks, vs = (t[a:a + n].transpose(0, 1) for t, a, n in ((qt, q0, nq), (kt, k0, nk), (vt, k0, nk)))
+        if nk == 0:
+            o = qs.new_zeros(qs.shape) * qs
+            lse = torch.full((qs.shape[0], nq), math.inf, dtype=torch.float64 if not same_precision else torch.float32)
+        else:
+            o, lse = masked_attention(qs, ks, vs, bottom_right=True, **kw)
+        outs.append(o.transpose(0, 1))
+        lses.append(lse)
+        q0, k0 = q0 + nq, k0 + nk
+    out = torch.cat(outs)
+    out.backward(do if same_precision else do.detach().cpu().double())
+    if same_precision:
+        return out.detach(), qt.grad, kt.grad, vt.grad
+    return out.detach(), torch.cat(lses, -1), qt.grad, kt.grad, vt.grad
+
+
+# (lengths q, lengths k, H, Hk, d), causal, window, softcap
+VARLEN_CASES = [
+    (([5, 0, 130, 64, 1], [5, 0, 130, 64, 1], 2, 2, 64), False, (-1, -1), 0.0),   # empty, odd, one
+    (([17, 100, 3], [40, 100, 0], 4, 2, 64), True, (-1, -1), 0.0),                # Nq != Nk, a seq with no keys
+    (([77, 200], [129, 64], 4, 1, 128), True, (-1, -1), 0.0),                      # bottom-right both ways, MQA
+    (([150, 33, 70], [150, 50, 20], 2, 2, 64), False, (16, 4), 0.0),             # small window
+    (([90, 0, 45], [120, 10, 45], 4, 2, 128), True, (8, -1), 5.0),               # causal + window + softcap
+    (([60, 61], [62, 59], 2, 2, 40), False, (1000, 1000), 3.0),                  # window > N, softcap, d 40
+]
+
+
+def vcase_id(c):
+    (lq, lk, H, Hk, d), causal, w, cap = c
+    return (f"q{'.'.join(map(str, lq))}_k{'.'.join(map(str, lk))}_{H}/{Hk}_d{d}{'_causal' if causal else ''}"
+            f"_w{w[0]}.{w[1]}_cap{cap:g}")
+
+
+def run_varlen(q, k, v, do, lq, lk, causal, window, softcap, deterministic=False):
+    cq, ck = cu(lq, q.device), cu(lk, q.device)
+    out, lse = da.attention_varlen_forward(q, k, v, cq, ck, max(lq), max(lk), causal, None, window, softcap,
+                                           deterministic)
+    dq, dk, dv = da.attention_varlen_backward(do, q, k, v, out, lse, None, cq, ck, max(lq), max(lk), causal, None,
+                                              window, softcap, deterministic)
+    return out, lse, dq, dk, dv
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=vcase_id)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16],
+                         ids=["f64", "f32", "f16", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen(device, dtype, case):
+    (lq, lk, H, Hk, d), causal, window, softcap = case
+    q, k, v, do = varlen_inputs(lq, lk, H, Hk, d, dtype, device, seed=sum(lq))
+    kw = dict(causal=causal, window=window, softcap=softcap)
+    ref = varlen_ref(q, k, v, do, lq, lk, **kw)
+    theirs = varlen_ref(q, k, v, do, lq, lk, same_precision=True, **kw) if dtype in LOWP_V else None
+    check_all(run_varlen(q, k, v, do, lq, lk, causal, window, softcap), ref, theirs, dtype, "varlen:")
+    if device == "cuda" and dtype in LOWP_V:  # deterministic=True: the reference path, the same answers
+        check_all(run_varlen(q, k, v, do, lq, lk, causal, window, softcap, True), ref, theirs, dtype, "det:")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_matches_dense(device):
+    """One sequence packed is dense attention with bottom-right alignment: Nq == Nk makes it the
+    same as attention()'s top-left causal, and the outputs agree to rounding."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v, _ = dense_inputs((1, 4, 2, 200, 200, 64), dtype, device, seed=9)
+    dense = da.attention(q, k, v, causal=True, window=(31, -1))
+    c = cu([200], device)
+    packed = da.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), c, c, 200, 200,
+                                 causal=True, window=(31, -1))
+    testing.assert_close(packed.transpose(0, 1)[None], dense, 1e-2, 1e-2, "varlen vs dense")
+
+
+def test_gradcheck_window_softcap_float64():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 6, 4, dtype=torch.float64, generator=g).requires_grad_()
+    k = torch.randn(1, 1, 5, 4, dtype=torch.float64, generator=g).requires_grad_()
+    v = torch.randn(1, 1, 5, 4, dtype=torch.float64, generator=g).requires_grad_()
+
+    def fn(a, b, c):
+        out, lse = da.attention_forward(a, b, c, True, None, "auto", False, (2, -1), 1.5)
+        return out, lse
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_gradcheck_varlen_float64():
+    g = torch.Generator().manual_seed(4)
+    lq, lk = [3, 0, 4], [3, 3, 5]  # every row sees a key (lse +inf has no finite difference)
+    q = torch.randn(7, 2, 4, dtype=torch.float64, generator=g).requires_grad_()
+    k = torch.randn(11, 1, 4, dtype=torch.float64, generator=g).requires_grad_()
+    v = torch.randn(11, 1, 4, dtype=torch.float64, generator=g).requires_grad_()
+    cq, ck = cu(lq, "cpu"), cu(lk, "cpu")
+
+    def fn(a, b, c):
+        return da.attention_varlen_forward(a, b, c, cq, ck, 4, 5, True, 0.7, (1, -1), 2.0)
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_varlen_window(device):
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    lq, lk = [5, 0, 19], [7, 3, 19]
+    q, k, v, do = varlen_inputs(lq, lk, 4, 2, 64, dtype, device, seed=1)
+    cq, ck = cu(lq, device), cu(lk, device)
+    args = (q, k, v, cq, ck, 19, 19, True, None, [4, -1], 3.0, False)
+    torch.library.opcheck(torch.ops.day50.attention_varlen_forward.default, args)
+    out, lse = torch.ops.day50.attention_varlen_forward(*args)
+    torch.library.opcheck(torch.ops.day50.attention_varlen_backward.default,
+                          (do, q, k, v, out, lse, None, cq, ck, 19, 19, True, None, [4, -1], 3.0, False))
+    qd, kd, vd, _ = dense_inputs((1, 2, 2, 33, 40, 64), dtype, device, seed=2)
+    torch.library.opcheck(torch.ops.day50.attention_forward.default,
+                          (qd, kd, vd, False, None, "auto", False, [3, 2], 4.0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_torch_compile_fullgraph(device):
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    lq, lk = [9, 30], [12, 30]
+    q, k, v, do = varlen_inputs(lq, lk, 2, 1, 64, dtype, device, seed=6)
+    cq, ck = cu(lq, device), cu(lk, device)
+
+    def loss(a, b, c):
+        o = da.attention_varlen(a, b, c, cq, ck, 30, 30, causal=True, window=(5, -1), softcap=4.0)
+        return (o.float() * do.float()).sum()
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    grads = []
+    for f in (loss, compiled):
+        xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        f(*xs).backward()
+        grads.append([x.grad for x in xs])
+    for a, b in zip(*grads):
+        testing.assert_close(a, b, 1e-6, 1e-6, "compiled grad")
+
+
+@requires_cuda
+def test_varlen_cuda_graph_capture():
+    """fp16 varlen forward + backward captured in a CUDA graph (no host read of the offsets), then
+    replayed with new lengths written into the same offset buffers."""
+    H, Hk, d = 4, 2, 64
+    lq, lk = [50, 0, 77], [60, 5, 77]
+    q, k, v, do = varlen_inputs(lq, lk, H, Hk, d, torch.float16, "cuda", seed=8)
+    cq, ck = cu(lq, "cuda"), cu(lk, "cuda")
+    xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def step():
+        out = da.attention_varlen(*xs, cq, ck, 100, 100, causal=True, window=(20, -1))
+        out.backward(do)
+        return out
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up outside the graph
+        for x in xs:
+            x.grad = None
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    lq2, lk2 = [100, 20, 7], [90, 20, 32]  # same totals, other lengths, within the max
+    cq.copy_(cu(lq2, "cuda"))
+    ck.copy_(cu(lk2, "cuda"))
+    for x in xs:
+        x.grad.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = varlen_ref(q, k, v, do, lq2, lk2, causal=True, window=(20, -1))
+    theirs = varlen_ref(q, k, v, do, lq2, lk2, same_precision=True, causal=True, window=(20, -1))
+    got = [out, ref[1], xs[0].grad, xs[1].grad, xs[2].grad]  # lse is not an output of the graph: skip it
+    check_all(got, ref, theirs, torch.float16, "graph:")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_bad_input(device):
+    lq, lk = [3, 4], [3, 4]
+    q, k, v, _ = varlen_inputs(lq, lk, 2, 2, 16, torch.float32, device, seed=0)
+    good_q, good_k = cu(lq, device), cu(lk, device)
+    f = da.attention_varlen
+    with pytest.raises(RuntimeError, match="int32"):
+        f(q, k, v, good_q.long(), good_k, 4, 4)
+    with pytest.raises(RuntimeError, match="1-D"):
+        f(q, k, v, good_q[None], good_k, 4, 4)
+    with pytest.raises(RuntimeError, match="same length"):
+        f(q, k, v, good_q[:2], good_k, 4, 4)
+    with pytest.raises(RuntimeError, match="3-D"):
+        f(q[None], k, v, good_q, good_k, 4, 4)
+    with pytest.raises(RuntimeError, match="window"):
+        f(q, k, v, good_q, good_k, 4, 4, window=(-2, 3))
+    with pytest.raises(RuntimeError, match="softcap"):
+        f(q, k, v, good_q, good_k, 4, 4, softcap=-1.0)
+    with pytest.raises(RuntimeError, match="max_seqlen"):
+        f(q, k, v, good_q, good_k, -1, 4)
+    if device == "cpu":  # the offsets' values are checked where they are read on the host
+        with pytest.raises(RuntimeError, match="nondecreasing"):
+            f(q, k, v, torch.tensor([0, 4, 3], dtype=torch.int32), good_k, 4, 4)
+        with pytest.raises(RuntimeError, match="max_seqlen"):
+            f(q, k, v, good_q, good_k, 3, 4)
+    else:
+        with pytest.raises(RuntimeError, match="device"):
+            f(q, k, v, good_q.cpu(), good_k, 4, 4)
+    with pytest.raises(ValueError, match="window"):
+        da.attention(q[None], k[None], v[None], window=(1, 2, 3))
+    out = f(q, k, v, good_q, good_k, 4, 4)  # still usable
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.skipif(not HOPPER_V, reason="version 2 needs a compute capability 9.0 GPU")
+def test_version2_pin_with_window_is_an_error():
+    q, k, v, do = dense_inputs((1, 2, 2, 64, 64, 64), torch.bfloat16, "cuda", seed=0)
+    with da.ops.fwd_version(2), pytest.raises(RuntimeError, match="version 2"):
+        da.attention(q, k, v, window=(8, 8))
+    out = da.attention(q, k, v, window=(8, 8))  # auto: version 1
+    assert torch.isfinite(out).all()
+
+
+if __name__ == "__main__":
+    sys.exit(testing.main(__file__))
