@@ -1,6 +1,6 @@
 """Benchmark of day50_attention on the GPU: forward and backward, bf16, B=4, H=16.
 
-    python bench.py --out STEM [--quick] [--variants]
+    python bench.py --out STEM [--quick]
     python bench.py --llm [--quick] [--out STEM]      # packed sequences and a sliding window (STEM_llm.*)
     python bench.py --forward --backward [--quick] [--out STEM]   # the version ladders, bf16 and fp16
                                                       # (writes STEM_fwd.* and STEM_bwd.*: md, json, png)
@@ -13,7 +13,6 @@ TFLOP/s of our fused and naive paths and of SDPA's flash, cuDNN, efficient and
 math backends. FLOPs: forward 4*B*H*Nq*Nk*d, backward 2.5x that, halved when
 causal (the issue's convention). The floor is the backward's FLOPs over the
 measured dense bf16 matmul rate. Writes STEM.md (tables), STEM.json, STEM.png.
---variants also times every tiling variant of the fused backward (the private knob ops.bwd_variant).
 --forward / --backward: the Hopper issues' grid (bf16 and fp16, B=4, H=16, N 1024-8192, d 64 and
 128, causal and not) for each version of our fused forward (ops.fwd_version) or backward main
 kernel (ops.bwd_version): 1 mma.sync, 2 Hopper; beside SDPA's flash and cuDNN backends, plus
@@ -31,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import day50_attention as da  # noqa: E402
-from day50_attention.ops import bwd_variant, bwd_version, fwd_version  # noqa: E402
+from day50_attention.ops import bwd_version, fwd_version  # noqa: E402
 from kernel_common import bench, models  # noqa: E402
 
 B, H = 4, 16
@@ -273,7 +272,6 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_out/day50_attention")
     p.add_argument("--quick", action="store_true", help="fewer repeats, naive and math at small N only")
-    p.add_argument("--variants", action="store_true", help="also time every fused-backward tiling variant")
     p.add_argument("--forward", action="store_true", help="only the forward's version ladder (bf16 and fp16)")
     p.add_argument("--backward", action="store_true", help="only the backward's version ladder (bf16 and fp16)")
     p.add_argument("--llm", action="store_true", help="only the packed-sequence and sliding-window rows")
@@ -299,7 +297,7 @@ def main():
     mm = bench.matmul_tflops(torch.bfloat16)
     meta["bf16_matmul_tflops"] = round(mm, 1)
     print(f"== {meta['device']} {meta['date']} torch {meta['torch']}: bf16 matmul {mm:.0f} TFLOP/s", flush=True)
-    rows, vrows = [], []
+    rows = []
     for n in (1024, 2048, 4096, 8192):
         for d in (64, 128):
             for causal in (False, True):
@@ -339,12 +337,6 @@ def main():
                     r["bnhd strided bwd ms"] = None if tb_s is None else tb_s / 1e3
                     tcp = timed(copy_then_bwd, args)
                     r["bnhd copy+bwd ms"] = None if tcp is None else tcp / 1e3
-                if args.variants:
-                    for var in (0, 1, 2):
-                        with bwd_variant(var):
-                            _, t_b = ours(q, k, v, do, causal, "fused", args)
-                        vrows.append({"shape": r["shape"], "variant": var, "bwd ms": t_b / 1e3,
-                                      "bwd TF/s": tf(fb, t_b), "flash bwd TF/s": r.get("flash bwd TF/s")})
                 rows.append(r)
                 print(f"   {r['shape']}: fused bwd {r.get('fused bwd TF/s') or 0:.0f} TF/s, "
                       f"flash {r.get('flash bwd TF/s') or 0:.0f}, ratio {r.get('fused/flash bwd') or 0:.2f}",
@@ -363,14 +355,10 @@ def main():
     parts = [head, "## Backward\n", bench.format_table(rows, bwd_cols), "\n## Forward\n",
              bench.format_table(rows, fwd_cols), "\n## Layout: q, k, v, dout as (B, N, H, d).transpose(1, 2)\n",
              bench.format_table([r for r in rows if "bnhd strided bwd ms" in r], lay_cols)]
-    if vrows:
-        parts += ["\n## Fused backward tiling variants\n",
-                  bench.format_table(vrows, ["shape", "variant", "bwd ms", "bwd TF/s", "flash bwd TF/s"])]
     text = "\n".join(parts) + "\n"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".md", "w") as f:
         f.write(text)
-    meta["variants"] = vrows
     bench.write_report(rows, sorted({c for r in rows for c in r}), args.out, "day50 attention TFLOP/s", meta)
     bench.plot_attention(rows, args.out + ".png", f"day50 attention, bf16, B={B}, H={H}", meta)
     print(text)

@@ -88,7 +88,6 @@ struct FusedParams {
                         // (flash_bwd.cuh), 2 Hopper TMA + wgmma (hopper_bwd.cu: multi-head, d 64 / 128)
   bool deterministic = false;  // backward: dq's adds in a fixed order (version 2 only; dq_sem below)
   int* dq_sem = nullptr;       // deterministic: B * H * hopper_bwd_query_tiles(Nq) * 2 ints, zeroed
-  int variant = 0;  // backward tiling variant (0 = default); see flash_bwd.cu
   // Masking, every fused kernel, forward and backward. Query i of a sequence of nq queries sees
   // key j of its nk keys when lo(i) <= j <= hi(i), around the diagonal i + off, where
   // off = bottom_right ? nk - nq : 0:

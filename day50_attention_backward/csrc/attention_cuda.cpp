@@ -317,7 +317,6 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
       dq_sem = at::zeros({B * H * day50::hopper_bwd_query_tiles(Nq) * 2}, q.options().dtype(at::kInt));
       p.dq_sem = dq_sem.data_ptr<int>();
     }
-    p.variant = day50::fused_bwd_variant();  // 0 unless a benchmark set the private knob
     // Grouped-query attention: how the group's dk, dv are summed (flash_bwd.cu); an
     // fp32 workspace of partial sums only when the group is split over CTAs.
     const day50::FusedBwdPlan plan = day50::fused_backward_plan(p);

@@ -50,10 +50,6 @@ TORCH_LIBRARY(day50, m) {
 // torch.ops.day50.attention_forward called from C++ (the host fast path that
 // kernel_common.fastpath.entry takes for plain tensors; same op, same autograd).
 namespace day50 {
-int& fused_bwd_variant() {
-  static int variant = 0;
-  return variant;
-}
 int& fused_fwd_version() {
   static int version = 0;
   return version;
@@ -70,11 +66,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                 std::optional<double> scale, const std::string& backend, bool deterministic,
                                 const std::vector<int64_t>& window, double softcap) {
     return day50::call_attention_forward(q, k, v, causal, scale, backend, deterministic, window, softcap);
-  });
-  // Private (bench.py --variants): day50_attention.ops.bwd_variant() is the way to use it.
-  m.def("_set_bwd_variant", [](int v) {
-    TORCH_CHECK(v >= 0 && v <= 2, "day50: fused backward variant must be 0, 1 or 2");
-    day50::fused_bwd_variant() = v;
   });
   // Private: day50_attention.kernel_versions() (ops.py), a scoped context, is the way to use
   // these. Each returns the version it replaces, so the context restores it on exit.

@@ -160,7 +160,7 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
 FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   FusedBwdPlan plan;
   if (p.Hk <= 0 || p.H <= p.Hk || p.H % p.Hk != 0) return plan;  // multi-head (or invalid: the launcher says)
-  const int64_t G = p.H / p.Hk, n_kt = (p.Nk + flash::kGqaBc - 1) / flash::kGqaBc;
+  const int64_t G = p.H / p.Hk, n_kt = (p.Nk + flash::kBwdBc - 1) / flash::kBwdBc;
   int64_t hpc = 1;
   // Version 2's main kernel (hopper_bwd.cu) runs one q head per CTA; its partials need the
   // version 1 kernel's one-head plan too, should version 2 fall back at launch.

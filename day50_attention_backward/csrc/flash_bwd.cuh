@@ -88,9 +88,9 @@ __device__ __forceinline__ void atomic_add2(float* addr, float a, float b) {
 #endif
 }
 
-// The tiling grouped-query attention runs with (instantiated for it alone): the default
-// one; fused_backward_plan counts CTAs with its kBc.
-constexpr int kGqaWarps = 8, kGqaBr = 64, kGqaBc = 16 * kGqaWarps;
+// The main kernel's one tiling (multi-head and grouped-query): 8 warps own 128 keys, query
+// tiles of 64 rows; fused_backward_plan counts CTAs with its kBc.
+constexpr int kBwdWarps = 8, kBwdBr = 64, kBwdBc = 16 * kBwdWarps;
 
 template <typename T, int kD, int kWarps, int kBr, bool kLocal, bool kGQA, bool kSoftcap>
 __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel(const FusedParams p) {
@@ -394,15 +394,7 @@ cudaError_t launch_bwd_dkdv_cfg(const FusedParams& p, cudaStream_t stream) {
                : launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, false, kGQA, false>);
 }
 
-// Grouped-query attention (H > Hk): the default tiling only (the variants are
-// multi-head re-measuring knobs).
-template <typename T, int kD>
-cudaError_t launch_bwd_dkdv_gqa(const FusedParams& p, cudaStream_t stream) {
-  return launch_bwd_dkdv_cfg<T, kD, kGqaWarps, kGqaBr, true>(p, stream);
-}
-
-// Defined once per (T, kD) in flash_bwd_<dtype>_hd<kD>.cu; p.variant picks the tiling
-// (multi-head), grouped-query attention runs launch_bwd_dkdv_gqa.
+// Defined once per (T, kD) in flash_bwd_<dtype>_hd<kD>.cu.
 template <typename T, int kD> cudaError_t launch_bwd_dkdv(const FusedParams& p, cudaStream_t stream);
 
 }  // namespace flash

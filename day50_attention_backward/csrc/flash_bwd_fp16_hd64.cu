@@ -1,21 +1,15 @@
-// Fused backward main kernel for __half, head dims up to 64 (see flash_bwd.cuh).
-// Tiling variants (FusedParams::variant, the private knob ops.bwd_variant; see README "version log"):
-//   0 (default): 8 warps (128 keys per block), 64-query tiles   -- fastest measured
-//   1          : 4 warps (64 keys per block), 64-query tiles   -- the first version
-//   2          : 8 warps, 32-query tiles
-// Grouped-query attention (H > Hk) always runs the default tiling (launch_bwd_dkdv_gqa).
+// Fused backward main kernel for __half, head dims up to 64 (see flash_bwd.cuh): one
+// translation unit per (dtype, head dim) so that the heavy kernels compile in parallel.
+// One tiling, 8 warps (128 keys per block) and 64-query tiles, for multi-head and
+// grouped-query attention alike (the README's version log has the tilings it beat).
 #include "flash_bwd.cuh"
 
 namespace day50 {
 namespace flash {
 
 template <> cudaError_t launch_bwd_dkdv<__half, 64>(const FusedParams& p, cudaStream_t stream) {
-  if (p.H != p.Hk) return launch_bwd_dkdv_gqa<__half, 64>(p, stream);  // grouped-query attention
-  switch (p.variant) {
-    case 1: return launch_bwd_dkdv_cfg<__half, 64, 4, 64>(p, stream);
-    case 2: return launch_bwd_dkdv_cfg<__half, 64, 8, 32>(p, stream);
-    default: return launch_bwd_dkdv_cfg<__half, 64, 8, 64>(p, stream);
-  }
+  if (p.H != p.Hk) return launch_bwd_dkdv_cfg<__half, 64, kBwdWarps, kBwdBr, true>(p, stream);
+  return launch_bwd_dkdv_cfg<__half, 64, kBwdWarps, kBwdBr, false>(p, stream);
 }
 
 }  // namespace flash

@@ -135,23 +135,6 @@ def matmul(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.
 
 
 @contextlib.contextmanager
-def _pinned(setter, value: int):
-    """Set one of the extension's private knobs for the duration of a with-block (back to 0,
-    the default, after). Not thread-safe, not for models: for bench.py and the tests."""
-    setter(int(value))
-    try:
-        yield
-    finally:
-        setter(0)
-
-
-def bwd_variant(variant: int):
-    """Private (bench.py --variants): the tiling variant of the fused backward's version 1 kernel
-    (0 = the default tiling, 1 and 2 the earlier ones; csrc/flash_bwd_*.cu)."""
-    return _pinned(_C._set_bwd_variant, variant)
-
-
-@contextlib.contextmanager
 def kernel_versions(fwd: int | None = None, bwd: int | None = None):
     """Pin the fused kernels' versions for the calls inside a with-block; outside one the plan
     (0 = auto: version 2 where it applies, else 1) chooses, as it does for every model.
