@@ -5,7 +5,8 @@
 #
 #   bash day50_attention_backward/tools/gpu_llm.sh [ROOT]     (ROOT: the repo, default this one)
 #
-# KC_LLM_TESTS="-k expr" replaces the regression subset; KC_LLM_BENCH=0 skips the bench rows.
+# KC_LLM_K="expr" replaces the features' -k expression, KC_LLM_TESTS="-k expr" the regression
+# subset; KC_LLM_BENCH=0 skips the bench rows.
 # Logs go to $OUT (set by the device tool) when it is set.
 set -uo pipefail
 ROOT=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -22,7 +23,7 @@ t0=$(date +%s)
 echo "build: $(( $(date +%s) - t0 )) s"
 cd "$ROOT/day50_attention_backward"
 t0=$(date +%s)
-timeout 150 python3 -m pytest test.py -q -rf -n 8 -p no:cacheprovider -k "varlen or window or softcap" \
+timeout 150 python3 -m pytest test.py -q -rf -n 8 -p no:cacheprovider -k "${KC_LLM_K:-varlen or window or softcap}" \
   >"$OUT/test_llm_features.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/test_llm_features.log" | cut -c1-300 | head -40
 echo "tests (varlen/window/softcap): $(( $(date +%s) - t0 )) s"
@@ -32,4 +33,4 @@ timeout 120 python3 -m pytest test.py -q -rf -x -n 8 -p no:cacheprovider \
 grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/test_fused_regression.log" | cut -c1-300 | head -20
 echo "tests (dense fused regression): $(( $(date +%s) - t0 )) s"
 [[ ${KC_LLM_BENCH:-1} == 1 ]] || exit 0
-timeout 150 python3 bench.py --llm --quick --out "$OUT/day50" 2>&1 | tail -25
+timeout 170 python3 bench.py --llm --quick --out "$OUT/day50" 2>&1 | grep -v Warning | tail -25
