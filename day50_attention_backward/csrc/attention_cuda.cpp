@@ -368,6 +368,19 @@ bool varlen_fused(const Tensor& q, bool deterministic) {
          q.size(2) % 8 == 0 && q.size(2) <= day50::kFusedMaxHeadDim;
 }
 
+// Where version 1 does not run packed sequences (float32, head dims it refuses, deterministic=True):
+// the SIMT kernels up to d = 256 (O(N) memory, no atomics; fp16 / bf16 there warned once, as the
+// dense path does). float64 and larger head dims run the reference sequence by sequence.
+bool varlen_simt(const Tensor& q, bool deterministic) {
+  if (varlen_fused(q, deterministic) || q.scalar_type() == at::kDouble || q.size(2) > day50::kSimtMaxHeadDim)
+    return false;
+  if (q.scalar_type() != at::kFloat)
+    TORCH_WARN_ONCE("attention_varlen: q ", kc::fmt(q.sizes()), " (", q.scalar_type(), ") runs the fused kernels "
+                    "on CUDA cores (", deterministic ? "deterministic=True" : "a head dim not a multiple of 8 up to 128",
+                    "), several times slower than on tensor cores");
+  return true;
+}
+
 std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
                                                          int64_t max_k, bool causal, std::optional<double> scale_opt,
@@ -377,7 +390,8 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
   const day50::Window w = day50::make_window(window, causal, true, op);
   day50::check_softcap(softcap, op);
   const c10::cuda::CUDAGuard guard(q.device());
-  if (!varlen_fused(q, deterministic))
+  const bool simt = varlen_simt(q, deterministic);
+  if (!simt && !varlen_fused(q, deterministic))
     return day50::reference_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, w, softcap);
   const int64_t H = q.size(1), total_q = q.size(0);
   Tensor out = kc::new_output(q.sizes(), q.options());
@@ -388,7 +402,7 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
     lse.fill_(std::numeric_limits<float>::infinity());
     return {out, lse};
   }
-  const Tensor qq = fused_ready3(q), kk = fused_ready3(k), vv = fused_ready3(v);
+  const Tensor qq = simt ? q : fused_ready3(q), kk = simt ? k : fused_ready3(k), vv = simt ? v : fused_ready3(v);
   const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
   day50::FusedParams p = varlen_params(qq, kk, vv, cq, ck, max_q, max_k, scale, w, softcap);
   p.o = out.data_ptr();
@@ -396,6 +410,10 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
   p.o_sh = out.stride(1);
   p.o_sr = out.stride(0);
   p.lse = lse.data_ptr<float>();
+  if (simt) {  // any strides: no copies
+    KC_TORCH_CHECK_CUDA(day50::simt_attention_forward(p, c10::cuda::getCurrentCUDAStream()));
+    return {out, lse};
+  }
   check_version1(p, day50::fused_fwd_version(), "forward");
   KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, c10::cuda::getCurrentCUDAStream()));
   return {out, lse};
@@ -411,7 +429,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   const day50::Window w = day50::make_window(window, causal, true, op);
   day50::check_softcap(softcap, op);
   const c10::cuda::CUDAGuard guard(q.device());
-  if (!varlen_fused(q, deterministic))
+  const bool simt = varlen_simt(q, deterministic);
+  if (!simt && !varlen_fused(q, deterministic))
     return day50::reference_varlen_backward(grad_out, q, k, v, out, lse_, grad_lse_, cu_q, cu_k, max_q, max_k, scale,
                                             w, softcap);
   const int64_t H = q.size(1), total_q = q.size(0), d = q.size(2);
@@ -426,7 +445,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   }
   const Tensor lse = lse_.contiguous();
   const Tensor grad_lse = grad_lse_.has_value() ? grad_lse_->contiguous() : Tensor();
-  const Tensor qq = fused_ready3(q), kk = fused_ready3(k), vv = fused_ready3(v), go = fused_ready3(grad_out);
+  const Tensor qq = simt ? q : fused_ready3(q), kk = simt ? k : fused_ready3(k), vv = simt ? v : fused_ready3(v),
+               go = simt ? grad_out : fused_ready3(grad_out);
   const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
   day50::FusedParams p = varlen_params(qq, kk, vv, cq, ck, max_q, max_k, scale, w, softcap);
   p.out = view3(out);
@@ -441,8 +461,12 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   p.dv = dv.data_ptr();
   // Workspaces: O(H total_q d), in the (H, total_q) row layout.
   Tensor dsum = at::empty({H * total_q}, q.options().dtype(at::kFloat));
-  Tensor dq_accum = at::empty({H * total_q * d}, q.options().dtype(at::kFloat));
   p.dsum = dsum.data_ptr<float>();
+  if (simt) {  // any strides: no copies; D is its only workspace
+    KC_TORCH_CHECK_CUDA(day50::simt_attention_backward(p, c10::cuda::getCurrentCUDAStream()));
+    return {dq, dk, dv};
+  }
+  Tensor dq_accum = at::empty({H * total_q * d}, q.options().dtype(at::kFloat));
   p.dq_accum = dq_accum.data_ptr<float>();
   check_version1(p, day50::fused_bwd_version(), "backward");
   const day50::FusedBwdPlan plan = day50::fused_backward_plan(p);  // packed: a whole group per CTA
