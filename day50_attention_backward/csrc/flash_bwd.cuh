@@ -49,7 +49,8 @@
 // A row that saw no key has lse = +inf, so its P = exp2(s - inf) = 0 with no special case.
 // kSoftcap: the scores are recomputed capped, t = tanh(scale q.k / softcap), and dS is
 // multiplied by 1 - t^2 before the dK and dQ products.
-// Packed sequences: a CTA adds its sequence's first rows (seq_span) to every index, takes the
+// Packed sequences (kVarlen; dense kernels read sizes and window as parameters, flash_fwd.cu
+// says why): a CTA adds its sequence's first rows (seq_span) to every index, takes the
 // sequence's own nq, nk, and stores dK, dV through the dk_s* strides; the row arrays (lse,
 // dsum, dq_accum) are indexed b * row_sb + h * row_sh + row. The plan (flash_bwd.cu) gives
 // packed sequences a whole group per CTA (no fp32 partials).
@@ -60,6 +61,7 @@
 #include "attention.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "flash_common.cuh"
 #include "kc/check.cuh"
@@ -92,7 +94,7 @@ __device__ __forceinline__ void atomic_add2(float* addr, float a, float b) {
 // tiles of 64 rows; fused_backward_plan counts CTAs with its kBc.
 constexpr int kBwdWarps = 8, kBwdBr = 64, kBwdBc = 16 * kBwdWarps;
 
-template <typename T, int kD, int kWarps, int kBr, bool kLocal, bool kGQA, bool kSoftcap>
+template <typename T, int kD, int kWarps, int kBr, bool kLocal, bool kGQA, bool kSoftcap, bool kVarlen>
 __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel(const FusedParams p) {
   using Tile = BwdTile<kD, kWarps, kBr>;
   constexpr int kThreads = Tile::kThreads, kBc = Tile::kBc, kP = Tile::kP, kPs = Tile::kPs;
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   const int64_t bh = kGQA ? int64_t(blockIdx.x) * p.heads_per_cta : int64_t(blockIdx.x), b = bh / p.H, h = bh % p.H;
   const int64_t hk = kGQA ? h / (p.H / p.Hk) : h;
   const int64_t k0 = int64_t(blockIdx.y) * kBc;
-  const SeqSpan sp = seq_span(p, b);
+  const SeqSpan sp = kVarlen ? seq_span(p, b) : SeqSpan{0, 0, p.Nq, p.Nk};
   const int64_t nq = sp.nq, nk = sp.nk;
   if (k0 >= nk) return;  // packed sequences: this key block is past the sequence's end
   const T* Q = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh + sp.q0 * p.q.sr;
@@ -123,15 +125,13 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   float* dqa = p.dq_accum + row0 * p.d;
 
   // Queries that see a key of this block: [qbeg, qend) (attention.h's window, off the diagonal's shift)
-  const int64_t off = p.bottom_right ? nk - nq : 0;
+  const int64_t off = kVarlen && p.bottom_right ? nk - nq : 0;  // dense: folded (kernel_masking)
   const int64_t k_last = (k0 + kBc < nk ? k0 + kBc : nk) - 1;
   int64_t qbeg = 0, qend = nq;
-  if (kLocal) {
-    if (p.window_right >= 0) qbeg = k0 - off - p.window_right > 0 ? k0 - off - p.window_right : 0;
-    if (p.window_left >= 0) {
-      const int64_t hi = k_last - off + p.window_left + 1;
-      qend = hi < nq ? hi : nq;
-    }
+  if (kLocal) {  // p's window bounds are kernel_masking's (never negative for "unbounded")
+    qbeg = k0 - off - p.window_right > 0 ? k0 - off - p.window_right : 0;
+    const int64_t hi = k_last - off + p.window_left + 1;
+    qend = hi < nq ? hi : nq;
   }
   const int q_begin = int(qbeg / kBr);
   const int n_qt = qend > qbeg ? int((qend + kBr - 1) / kBr) : q_begin;
@@ -187,9 +187,8 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   }
   const float sl2 = p.scale * kLog2eBwd;
   const float cap_in = kSoftcap ? p.scale / p.softcap : 0.f, cap_out = kSoftcap ? p.softcap * kLog2eBwd : 0.f;
-  // Window bounds relative to the diagonal (i + off); an unbounded side never hides.
-  const int64_t wr = p.window_right >= 0 ? p.window_right : (int64_t(1) << 62);
-  const int64_t wl = p.window_left >= 0 ? p.window_left : (int64_t(1) << 62);
+  // Window bounds relative to the diagonal (i + off); kernel_masking made an unbounded side kNoBound.
+  const int64_t wr = p.window_right, wl = p.window_left;
   const int key_w = warp * 16;  // this warp's first key row in the tile
 
   for (int it = q_begin; it < it_end; ++it) {
@@ -381,17 +380,22 @@ cudaError_t launch_bwd_dkdv_cfg(const FusedParams& p, cudaStream_t stream) {
   if (n_kt > 65535 || ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if (kGQA && ((p.Nq + kBr - 1) / kBr) * p.heads_per_cta > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(n_kt));
+  const FusedParams kp = kernel_masking(p);
   auto launch = [&](auto kernel) -> cudaError_t {
     KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
+    kernel<<<grid, Tile::kThreads, smem, stream>>>(kp);
     return cudaGetLastError();
   };
   const bool local = p.window_left >= 0 || p.window_right >= 0;
-  if (p.softcap > 0)
-    return local ? launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, true, kGQA, true>)
-                 : launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, false, kGQA, true>);
-  return local ? launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, true, kGQA, false>)
-               : launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, false, kGQA, false>);
+  auto by_varlen = [&](auto local_c, auto softcap_c) -> cudaError_t {
+    constexpr bool kL = decltype(local_c)::value, kS = decltype(softcap_c)::value;
+    return p.cu_seqlens_q != nullptr ? launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, kL, kGQA, kS, true>)
+                                     : launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, kL, kGQA, kS, false>);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (p.softcap > 0) return local ? by_varlen(Yes{}, Yes{}) : by_varlen(No{}, Yes{});
+  return local ? by_varlen(Yes{}, No{}) : by_varlen(No{}, No{});
 }
 
 // Defined once per (T, kD) in flash_bwd_<dtype>_hd<kD>.cu.

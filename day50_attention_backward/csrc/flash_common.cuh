@@ -104,6 +104,21 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The masking fields as the version 1 kernels read them (a launcher's copy of FusedParams): an
+// unbounded side becomes a bound no index reaches, and for dense attention the bottom-right
+// shift is folded into the bounds. The kernels then test plain parameters against the
+// diagonal (shifted per sequence only for packed sequences) and hold no registers for them.
+constexpr int64_t kNoBound = int64_t(1) << 62;
+inline FusedParams kernel_masking(const FusedParams& p) {
+  FusedParams k = p;
+  const bool dense = p.cu_seqlens_q == nullptr;
+  const int64_t off = dense && p.bottom_right ? p.Nk - p.Nq : 0;
+  k.window_right = p.window_right >= 0 ? p.window_right + off : kNoBound;
+  k.window_left = p.window_left >= 0 ? p.window_left - off : kNoBound;
+  if (dense) k.bottom_right = false;
+  return k;
+}
+
 // Load a (kRows x kD) tile of a (rows x d) matrix (row stride `ld`, unit column
 // stride) into shared memory with pitch kD + 8, zero-filling rows >= rows and
 // columns >= d. d is a multiple of 8, ld and the base 16-byte aligned.

@@ -23,9 +23,10 @@
 // see no key of a tile (or of any): the running max is then -inf and the exponentials use 0
 // in its place (no inf - inf); a row that saw nothing stores out 0, lse +inf.
 // kSoftcap: s = softcap * tanh(scale q.k / softcap) before the mask and the softmax.
-// Packed sequences (cu_seqlens_q != nullptr): grid.x = b * H + h over the B sequences, grid.y
-// over max_seqlen_q; a CTA adds its sequence's first rows (seq_span) and leaves when its tile
-// starts past the sequence's end.
+// Packed sequences (kVarlen, cu_seqlens_q != nullptr): grid.x = b * H + h over the B sequences,
+// grid.y over max_seqlen_q; a CTA adds its sequence's first rows (seq_span) and leaves when its
+// tile starts past the sequence's end. A template flag so that dense kernels read Nq, Nk and
+// the window (kernel_masking) as parameters: held in registers, they cost the backward spills.
 // Assumptions (checked by the launcher / glue): d % 8 == 0, d <= kD, 16-byte
 // aligned rows (fused_layout_ok), Nk >= 1. Rows >= Nq and columns >= d are
 // zero-filled on load and never stored.
@@ -50,7 +51,7 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <typename T, int kD, int kWarps, int kBc, bool kLocal, bool kGQA, bool kSoftcap>
+template <typename T, int kD, int kWarps, int kBc, bool kLocal, bool kGQA, bool kSoftcap, bool kVarlen>
 __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParams p) {
   constexpr int kThreads = kWarps * 32, kBr = 16 * kWarps, kP = kD + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -62,30 +63,28 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
   const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
   const int64_t hk = kGQA ? h / (p.H / p.Hk) : h;  // kv head
   const int64_t q0 = int64_t(gridDim.y - 1 - blockIdx.y) * kBr;
-  const SeqSpan sp = seq_span(p, b);
+  const SeqSpan sp = kVarlen ? seq_span(p, b) : SeqSpan{0, 0, p.Nq, p.Nk};
   const int64_t nq = sp.nq, nk = sp.nk;
   if (q0 >= nq) return;  // packed sequences: this tile is past the sequence's end
   const T* Q = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh + sp.q0 * p.q.sr;
   const T* K = static_cast<const T*>(p.k.ptr) + b * p.k.sb + hk * p.k.sh + sp.k0 * p.k.sr;
   const T* V = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh + sp.k0 * p.v.sr;
-  T* O = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh + sp.q0 * p.o_sr;
-  float* lse_row = p.lse + b * p.row_sb + h * p.row_sh + sp.q0;  // + row
   // Keys this tile's rows may see: [kbeg, kend) (attention.h: lo(i) <= j <= hi(i), i + off the diagonal)
-  const int64_t off = p.bottom_right ? nk - nq : 0;
+  const int64_t off = kVarlen && p.bottom_right ? nk - nq : 0;  // dense: folded (kernel_masking)
   const int64_t q_last = (q0 + kBr < nq ? q0 + kBr : nq) - 1;
   int64_t kbeg = 0, kend = nk;
-  if (kLocal) {
-    if (p.window_left >= 0) kbeg = q0 + off - p.window_left > 0 ? q0 + off - p.window_left : 0;
-    if (p.window_right >= 0) {
-      const int64_t hi = q_last + off + p.window_right + 1;
-      kend = hi < nk ? hi : nk;
-    }
+  if (kLocal) {  // p's window bounds are kernel_masking's (never negative for "unbounded")
+    kbeg = q0 + off - p.window_left > 0 ? q0 + off - p.window_left : 0;
+    const int64_t hi = q_last + off + p.window_right + 1;
+    kend = hi < nk ? hi : nk;
   }
   const int kt_begin = int(kbeg / kBc);
   const int kt_end = kend > kbeg ? int((kend + kBc - 1) / kBc) : kt_begin;
   const int n_kt = kt_end - kt_begin;
   const int64_t qrow0 = q0 + warp * 16 + g;  // rows qrow0 and qrow0 + 8 of this thread
   if (n_kt <= 0) {  // no row of this tile sees a key: out 0, lse +inf (attention.h)
+    T* O = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh + sp.q0 * p.o_sr;
+    float* lse_row = p.lse + b * p.row_sb + h * p.row_sh + sp.q0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t qr = qrow0 + 8 * r;
@@ -110,9 +109,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
   // softcap: x = softcap * tanh(scale s / softcap), in the log2 domain cap_out * tanh(cap_in * s)
   const float cap_in = kSoftcap ? p.scale / p.softcap : 0.f, cap_out = kSoftcap ? p.softcap * kLog2e : 0.f;
   // Window bounds relative to the diagonal (i + off): key j is hidden when j > i + off + wr or
-  // j < i + off - wl; an unbounded side never hides.
-  const int64_t wr = p.window_right >= 0 ? p.window_right : (int64_t(1) << 62);
-  const int64_t wl = p.window_left >= 0 ? p.window_left : (int64_t(1) << 62);
+  // j < i + off - wl (kernel_masking made an unbounded side kNoBound).
+  const int64_t wr = p.window_right, wl = p.window_left;
 
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     const int buf = (kt - kt_begin) & 1;
@@ -222,6 +220,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
   }
 
   // epilogue: O / l, lse = (m + log2 l) ln 2; a row that saw no key (l = 0): O = 0, lse = +inf
+  T* O = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh + sp.q0 * p.o_sr;
+  float* lse_row = p.lse + b * p.row_sb + h * p.row_sh + sp.q0;  // + row
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -239,22 +239,26 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
   }
 }
 
-template <typename T, int kD, bool kLocal, bool kGQA, bool kSoftcap>
+template <typename T, int kD, bool kLocal, bool kGQA, bool kSoftcap, bool kVarlen>
 cudaError_t launch_fwd(const FusedParams& p, cudaStream_t stream) {
   constexpr int kWarps = 4, kBc = kD > 64 ? 32 : 64, kBr = 16 * kWarps;
   constexpr int smem = (kBr + 4 * kBc) * (kD + 8) * int(sizeof(T));
-  auto kernel = flash_fwd_kernel<T, kD, kWarps, kBc, kLocal, kGQA, kSoftcap>;
+  auto kernel = flash_fwd_kernel<T, kD, kWarps, kBc, kLocal, kGQA, kSoftcap, kVarlen>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int64_t n_qt = (p.Nq + kBr - 1) / kBr;
   if (n_qt > 65535 || p.B * p.H > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  kernel<<<dim3(unsigned(p.B * p.H), unsigned(n_qt)), kWarps * 32, smem, stream>>>(p);
+  kernel<<<dim3(unsigned(p.B * p.H), unsigned(n_qt)), kWarps * 32, smem, stream>>>(kernel_masking(p));
   return cudaGetLastError();
 }
 
 template <typename T, int kD, bool kGQA, bool kSoftcap>
 cudaError_t dispatch_fwd(const FusedParams& p, cudaStream_t stream) {
   const bool local = p.window_left >= 0 || p.window_right >= 0;
-  return local ? launch_fwd<T, kD, true, kGQA, kSoftcap>(p, stream) : launch_fwd<T, kD, false, kGQA, kSoftcap>(p, stream);
+  if (p.cu_seqlens_q != nullptr)
+    return local ? launch_fwd<T, kD, true, kGQA, kSoftcap, true>(p, stream)
+                 : launch_fwd<T, kD, false, kGQA, kSoftcap, true>(p, stream);
+  return local ? launch_fwd<T, kD, true, kGQA, kSoftcap, false>(p, stream)
+               : launch_fwd<T, kD, false, kGQA, kSoftcap, false>(p, stream);
 }
 
 template <typename T, int kD>
