@@ -382,6 +382,46 @@ def test_varlen_bad_input(device):
     assert torch.isfinite(out).all()
 
 
+_BAD_OFFSETS_SCRIPT = """
+import sys, torch
+import day50_attention as da
+lq, cu_q = int(sys.argv[1]), [int(x) for x in sys.argv[2].split(",")]
+q = torch.randn(lq, 2, 16, device="cuda", dtype=torch.bfloat16)
+cq = torch.tensor(cu_q, dtype=torch.int32, device="cuda")
+ck = torch.tensor([0, 3, lq], dtype=torch.int32, device="cuda")
+try:
+    da.attention_varlen(q, q, q, cq, ck, int(sys.argv[3]), lq)
+    torch.cuda.synchronize()
+except RuntimeError as e:  # the context is gone: leave without tearing it down
+    print("RAISED", e, flush=True)
+    import os
+    os._exit(3)
+print("NO ERROR")
+"""
+
+
+@requires_cuda
+@pytest.mark.skipif(os.environ.get("KC_SANITIZE", "0") == "1", reason="a deliberate trap under the sanitizer")
+@pytest.mark.parametrize("cu_q,max_q,bad", [("0,3,8", 8, False),    # the control: valid offsets run
+                                            ("0,3,6", 8, True),     # rows 6, 7 belong to no sequence
+                                            ("0,5,8", 4, True),     # a length above max_seqlen_q
+                                            ("0,5,3,8", 8, True)],  # decreasing offsets
+                         ids=["valid", "tail", "over_max", "decreasing"])
+def test_varlen_cuda_bad_offsets_raise(cu_q, max_q, bad):
+    """The CUDA path never reads the offsets on the host (graph capture), so a device kernel checks
+    them (varlen_check.cu) and traps, as a bad index in a PyTorch kernel does; the trap ends the
+    CUDA context, hence a child process. Bad offsets must raise, never return rows nobody wrote;
+    valid ones must not."""
+    import subprocess
+    script = _BAD_OFFSETS_SCRIPT
+    if cu_q.count(",") == 3:  # three sequences: the k offsets need as many
+        script = script.replace("[0, 3, lq]", "[0, 3, 5, lq]")
+    r = subprocess.run([sys.executable, "-c", script, "8", cu_q, str(max_q)], capture_output=True, text=True,
+                       timeout=120, cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert r.returncode == (3 if bad else 0), (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert ("RAISED" in r.stdout) == bad
+
+
 @pytest.mark.skipif(not HOPPER_V, reason="version 2 needs a compute capability 9.0 GPU")
 def test_version2_pin_with_window_is_an_error():
     q, k, v, do = dense_inputs((1, 2, 2, 64, 64, 64), torch.bfloat16, "cuda", seed=0)

@@ -184,4 +184,11 @@ constexpr int kSimtMaxHeadDim = 256;
 cudaError_t simt_attention_forward(const FusedParams& p, cudaStream_t stream);
 cudaError_t simt_attention_backward(const FusedParams& p, cudaStream_t stream);
 
+// ------------------------------------------------------------------ packed sequences (varlen_check.cu)
+// Checks the offsets on the device (cu[0] == 0, nondecreasing, cu[nseq] == total, every length
+// <= max): a violation prints the rule it broke and traps, so the next CUDA call raises, as a
+// bad index in a PyTorch kernel does. The host never reads the offsets (graph capture).
+cudaError_t varlen_offsets_check(const int* cu_q, const int* cu_k, int64_t nseq, int64_t total_q, int64_t total_k,
+                                 int64_t max_q, int64_t max_k, cudaStream_t stream);
+
 }  // namespace day50

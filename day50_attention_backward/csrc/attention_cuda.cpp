@@ -397,13 +397,15 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
   Tensor out = kc::new_output(q.sizes(), q.options());
   Tensor lse = kc::new_output({H, total_q}, q.options().dtype(at::kFloat));
   if (total_q == 0 || cu_q.size(0) == 1) return {out, lse};
+  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
+  KC_TORCH_CHECK_CUDA(day50::varlen_offsets_check(cq.data_ptr<int>(), ck.data_ptr<int>(), cq.size(0) - 1, q.size(0),
+                                                  k.size(0), max_q, max_k, c10::cuda::getCurrentCUDAStream()));
   if (max_k == 0 || max_q == 0) {  // no sequence has a key (or a query): every row sees nothing
     out.zero_();
     lse.fill_(std::numeric_limits<float>::infinity());
     return {out, lse};
   }
   const Tensor qq = simt ? q : fused_ready3(q), kk = simt ? k : fused_ready3(k), vv = simt ? v : fused_ready3(v);
-  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
   day50::FusedParams p = varlen_params(qq, kk, vv, cq, ck, max_q, max_k, scale, w, softcap);
   p.o = out.data_ptr();
   p.o_sb = 0;
@@ -437,6 +439,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   Tensor dq = kc::new_output(q.sizes(), q.options());
   Tensor dk = kc::new_output(k.sizes(), q.options());
   Tensor dv = kc::new_output(v.sizes(), q.options());
+  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
+  if (cu_q.size(0) > 1 && (total_q > 0 || k.size(0) > 0))
+    KC_TORCH_CHECK_CUDA(day50::varlen_offsets_check(cq.data_ptr<int>(), ck.data_ptr<int>(), cq.size(0) - 1, q.size(0),
+                                                    k.size(0), max_q, max_k, c10::cuda::getCurrentCUDAStream()));
   if (max_k == 0 || max_q == 0 || cu_q.size(0) == 1) {  // no pair of queries and keys interacts
     dq.zero_();
     dk.zero_();
@@ -447,7 +453,6 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   const Tensor grad_lse = grad_lse_.has_value() ? grad_lse_->contiguous() : Tensor();
   const Tensor qq = simt ? q : fused_ready3(q), kk = simt ? k : fused_ready3(k), vv = simt ? v : fused_ready3(v),
                go = simt ? grad_out : fused_ready3(grad_out);
-  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
   day50::FusedParams p = varlen_params(qq, kk, vv, cq, ck, max_q, max_k, scale, w, softcap);
   p.out = view3(out);
   p.dout = view3(go);
