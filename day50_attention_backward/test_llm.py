@@ -21,11 +21,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import day50_attention as da  # noqa: E402
-from day50_attention import hf  # noqa: E402
 
 HAS_TRANSFORMERS, _why = testing.optional_available("transformers")
 requires_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason=f"transformers: {_why}")
-requires_varlen = pytest.mark.skipif(not hf._HAS_VARLEN, reason="this build has no attention_varlen")
 
 
 def _llama_inputs(device, b=2, hq=4, hk=2, n=33, d=64, seed=0):
@@ -179,7 +177,6 @@ def test_transformers_llama_matches_sdpa(device):
 
 
 @requires_transformers
-@requires_varlen
 @pytest.mark.parametrize("device", DEVICES)
 def test_transformers_padding_mask_matches_sdpa(device):
     name = da.register_transformers()
@@ -195,7 +192,6 @@ def test_transformers_padding_mask_matches_sdpa(device):
 
 
 @requires_transformers
-@requires_varlen
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("with_cu", [True, False], ids=["cu_seq_lens", "position_ids"])
 def test_transformers_packed_rows_match_separate_rows(device, with_cu):
@@ -217,20 +213,13 @@ def test_transformers_packed_rows_match_separate_rows(device, with_cu):
 
 
 @requires_transformers
-def test_transformers_without_varlen_or_with_a_custom_mask_raises(monkeypatch):
+def test_transformers_custom_mask_raises():
     name = da.register_transformers()
     model = _tiny_llama("cpu", name)
     ids = torch.randint(1, 97, (2, 12), generator=torch.Generator().manual_seed(4))
     mask4d = torch.ones(2, 1, 12, 12, dtype=torch.bool).tril()
     with pytest.raises(NotImplementedError, match="custom mask"):
         model(input_ids=ids, attention_mask=mask4d, use_cache=False)
-    monkeypatch.setattr(hf, "_HAS_VARLEN", False)
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[0, 9:] = 0
-    with pytest.raises(NotImplementedError, match="attention_varlen"):
-        model(input_ids=ids, attention_mask=mask, use_cache=False)
-    with pytest.raises(NotImplementedError, match="attention_varlen"):
-        model(input_ids=ids[:1], position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]]), use_cache=False)
     # no padding: the mask is dropped by the mask function, and the dense path runs
     model(input_ids=ids, attention_mask=torch.ones(2, 12, dtype=torch.long), use_cache=False)
 

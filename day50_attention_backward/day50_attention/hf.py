@@ -17,12 +17,10 @@ are never repeated):
   - Nq != Nk with causal or a window (chunked prefill, decoding with a cache): attention_varlen,
     whose causal mask aligns bottom-right like flash-attn's;
   - sliding_window and softcap (Mistral, Gemma 2) become window and softcap.
-Anything it cannot honour raises (a 4-D or block mask, dropout, attention sinks, packed or
-padded input without attention_varlen): a mask is never ignored.
+Anything it cannot honour raises (a 4-D or block mask, dropout, attention sinks): a mask is
+never ignored.
 """
 from __future__ import annotations
-
-import inspect
 
 import torch
 
@@ -31,36 +29,17 @@ from . import ops
 NAME = "day50"
 
 
-def _accepts(fn, arg: str) -> bool:
-    return arg in inspect.signature(fn).parameters
-
-
-_HAS_VARLEN = hasattr(ops, "attention_varlen")
-_HAS_WINDOW = _accepts(ops.attention, "window")
-
-
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def _need_varlen(what: str):
-    if not _HAS_VARLEN:
-        raise NotImplementedError(f"day50 attention in transformers: {what} needs day50_attention.attention_varlen, "
-                                  "which this build of day50_attention does not have")
 
 
 def _extras(sliding_window, softcap) -> dict:
     """window / softcap keyword arguments of attention() and attention_varlen()."""
     kw = {}
     if sliding_window is not None:
-        if not _HAS_WINDOW:
-            raise NotImplementedError("day50 attention in transformers: sliding_window needs the window argument, "
-                                      "which this build of day50_attention does not have")
         w = int(sliding_window)
         kw["window"] = (w - 1, w - 1)  # transformers' rule for flash-attn: w keys back, the query's own included
     if softcap:
-        if not _HAS_WINDOW:
-            raise NotImplementedError("day50 attention in transformers: softcap is not in this build of day50_attention")
         kw["softcap"] = float(softcap)
     return kw
 
@@ -101,7 +80,6 @@ def _is_packed(position_ids, batch: int) -> bool:
 
 def _padded(query, key, value, mask: torch.Tensor, causal: bool, scale, extras: dict):
     """Rows with padding (mask (B, Nk), True = token): unpack the tokens, attend per row, pack back."""
-    _need_varlen("a padding mask")
     if _capturing():
         raise RuntimeError("day50 attention in transformers: padding masks are read on the host; "
                            "not under CUDA-graph capture")
@@ -146,7 +124,6 @@ def attention_hf(module, query: torch.Tensor, key: torch.Tensor, value: torch.Te
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None or cu_k is not None or _is_packed(kwargs.get("position_ids"), b):
-        _need_varlen("packed sequences")
         if b != 1:
             raise ValueError(f"day50 attention in transformers: packed sequences come as one row, got batch {b}")
         if cu_q is not None and cu_k is not None:
@@ -164,14 +141,12 @@ def attention_hf(module, query: torch.Tensor, key: torch.Tensor, value: torch.Te
 
     if nq != nk and nq > 1 and (causal or extras.get("window")):
         # the causal or window mask must align bottom-right (the last query sees the last key)
-        _need_varlen(f"{'causal' if causal else 'windowed'} attention with {nq} queries over {nk} keys")
         cu_q = torch.arange(0, (b + 1) * nq, nq, dtype=torch.int32, device=query.device)
         cu_k = torch.arange(0, (b + 1) * nk, nk, dtype=torch.int32, device=query.device)
         o = _varlen(query.transpose(1, 2).reshape(b * nq, h, d), key.transpose(1, 2).reshape(b * nk, -1, d),
                     value.transpose(1, 2).reshape(b * nk, -1, d), cu_q, cu_k, nq, nk, causal, scaling, extras)
         return o.view(b, nq, h, d), None
     if nq == 1 and extras.get("window") and nk > 1:
-        _need_varlen("a window over a cache")  # one query: a window must count back from the last key
         cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=query.device)
         cu_k = torch.arange(0, (b + 1) * nk, nk, dtype=torch.int32, device=query.device)
         o = _varlen(query.transpose(1, 2).reshape(b, h, d), key.transpose(1, 2).reshape(b * nk, -1, d),
