@@ -22,6 +22,7 @@ Policy:
 """
 from __future__ import annotations
 
+import functools
 import glob
 import importlib
 import os
@@ -105,14 +106,37 @@ def arch_macros(gencode: list[str]) -> list[str]:
     return ["-DKC_HAS_SM90A"] if any("code=sm_90a" in f for f in gencode) else []
 
 
+@functools.lru_cache(maxsize=None)
+def torch_cxx_std() -> str:
+    """The C++ standard of the installed torch ("c++20"): the newer of what its headers
+    demand (ATen.h's `__cplusplus < ...` guard) and what its cpp_extension passes when a
+    build names none. Every compile here uses it, so the nvcc check compiles what
+    setup.py and the JIT build compile; torch 2.14 headers reject C++17, older ones
+    accept it while cpp_extension already defaults to C++20."""
+    import re
+
+    import torch
+    from torch.utils import cpp_extension
+
+    years = {14: 2014, 17: 2017, 20: 2020, 23: 2023, 26: 2026}
+    found = [17]  # the oldest standard any torch >= 2.11 accepts
+    aten = Path(torch.__file__).resolve().parent / "include" / "ATen" / "ATen.h"
+    if aten.exists():
+        for value in re.findall(r"__cplusplus\s*<\s*(\d{4})\d\dL", aten.read_text()):
+            found += [k for k, y in years.items() if y == int(value)]
+    source = Path(cpp_extension.__file__).read_text()
+    found += [int(n) for n in re.findall(r"['\"](?:-std=)?c\+\+(\d\d)['\"]", source) if int(n) in years]
+    return f"c++{max(found)}"
+
+
 def cxx_flags() -> list[str]:
-    flags = ["-std=c++17"]
+    flags = [f"-std={torch_cxx_std()}"]
     flags += ["-O0", "-g", "-DKC_DEBUG"] if debug_enabled() else ["-O3"]
     return flags
 
 
 def nvcc_flags() -> list[str]:
-    flags = ["-std=c++17", "-lineinfo"]
+    flags = [f"-std={torch_cxx_std()}", "-lineinfo"]
     flags += ["-O0", "-g", "-DKC_DEBUG"] if debug_enabled() else ["-O3"]
     return flags
 
@@ -321,7 +345,7 @@ def check_cuda_sources(root: str | os.PathLike, archs=CHECK_ARCHS, log=print, jo
                    *_torch_nvcc_flags(), *args["nvcc"], *arch_macros(gencode), *incs]
             tasks.append((f"nvcc sm_{arch} {cu.relative_to(root)}", cu, cmd, obj.with_suffix(".key"), version))
     for cpp in sorted((root / "csrc").glob("*_cuda.cpp")):
-        cmd = [cxx, "-fsyntax-only", "-std=c++17", str(cpp), "-DKC_WITH_CUDA", *incs, *torch_incs,
+        cmd = [cxx, "-fsyntax-only", f"-std={torch_cxx_std()}", str(cpp), "-DKC_WITH_CUDA", *incs, *torch_incs,
                f"-I{cuda_home / 'include'}", "-I/usr/local/cuda/include",
                f"-I{sysconfig_include()}", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
         tasks.append((f"c++ -fsyntax-only {cpp.relative_to(root)}", cpp, cmd,
