@@ -10,4 +10,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from kernel_common.build import setup_day  # noqa: E402
 
 setup_day("se_module", Path(__file__).resolve().parent,
-          "Squeeze-and-Excitation: the seed's stage kernels and a fused block, forward + backward")
+          "Squeeze-and-Excitation: the seed's stage kernels and a fused block, forward + backward",
+          # torchvision: bench.py compares with its SqueezeExcitation (pinned to the torch installed)
+          extras={"test": ["pytest"], "bench": ["matplotlib", "torchvision"]})

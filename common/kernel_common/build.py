@@ -186,16 +186,60 @@ NEEDS_NO_ISOLATION = (
 )
 
 
-def setup_day(pkg: str, root: str | os.PathLike, description: str, version: str = "0.1.0"):
+DEFAULT_EXTRAS = {"test": ["pytest"], "bench": ["matplotlib"]}
+# Packages built against one torch release: an extra naming one gets the release that
+# matches the installed torch (see matched_requirement), so pip never swaps torch for it.
+TORCH_BOUND = ("torchvision",)
+
+
+def matched_requirement(name: str, torch_version: str) -> str | None:
+    """The requirement for `name` (a TORCH_BOUND package) that matches torch_version, or
+    None where no release is known to (a pre-release or a torch outside 2.x).
+    torchvision 0.(N+15) is built for torch 2.N, and each release pins its torch, so
+    `torchvision==0.(N+15).*` beside the exact torch pin resolves to the one for this torch."""
+    import re
+
+    m = re.fullmatch(r"2\.(\d+)\.(\d+)(\+[\w.]+)?", torch_version)
+    if name == "torchvision" and m:
+        return f"torchvision==0.{int(m.group(1)) + 15}.*"
+    return None
+
+
+def extras_for_installed_torch(extras: dict[str, list[str]], torch_version: str,
+                               log=lambda msg: sys.stderr.write(msg + "\n")) -> dict[str, list[str]]:
+    """Extras that install alongside torch `torch_version`, never replacing it: every extra
+    pins torch to it (pip then fails rather than swap torch), and TORCH_BOUND packages
+    become their matching release or, where none is known, are left out with a message
+    naming the command that installs one by hand."""
+    out = {}
+    for extra, reqs in extras.items():
+        resolved = []
+        for req in reqs:
+            if req in TORCH_BOUND:
+                matched = matched_requirement(req, torch_version)
+                if matched is None:
+                    log(f"[{extra}] leaves out {req}: no release is known to match torch {torch_version}. "
+                        f"Install the build for it without touching torch: pip install --no-deps {req}")
+                    continue
+                req = matched
+            resolved.append(req)
+        out[extra] = resolved + [f"torch=={torch_version}"]
+    return out
+
+
+def setup_day(pkg: str, root: str | os.PathLike, description: str, version: str = "0.1.0",
+              extras: dict[str, list[str]] | None = None):
     """Everything a day's setup.py needs: `setup_day("day26_layernorm", __file__-dir, "...")`.
 
     Metadata lives in the day's pyproject.toml; this adds the extension and the
     dependencies: torch and kernel_common, the latter by path to ../common when the
     day sits in this repo, so one `pip install --no-build-isolation .` installs both.
-    Without torch (a plain `pip install .` builds in an isolated env) it stops at once,
-    saying what to type."""
+    `extras` ({"bench": ["matplotlib", "torchvision"]}, default DEFAULT_EXTRAS) become
+    the optional dependencies, resolved against the installed torch
+    (extras_for_installed_torch). Without torch (a plain `pip install .` builds in an
+    isolated env) it stops at once, saying what to type."""
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         sys.stderr.write("\n" + NEEDS_NO_ISOLATION + "\n")
         raise SystemExit(1)
@@ -214,7 +258,23 @@ def setup_day(pkg: str, root: str | os.PathLike, description: str, version: str 
         ext_modules=[make_extension(pkg, root)],
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
         install_requires=["torch>=2.11", kc_req],
+        extras_require=extras_for_installed_torch(extras if extras is not None else DEFAULT_EXTRAS,
+                                                  installed_torch_version()),
     )
+
+
+def installed_torch_version() -> str:
+    """torch's version as pip knows it (its distribution's metadata), which is what a
+    `torch==` pin is checked against: PyPI's CUDA wheel reports torch.__version__
+    "2.15.0+cu132" while its metadata says "2.15.0"."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:  # a source build pip does not know
+        import torch
+
+        return torch.__version__
 
 
 def load_jit(pkg: str, root: str | os.PathLike, verbose: bool = False):
