@@ -227,6 +227,26 @@ def extras_for_installed_torch(extras: dict[str, list[str]], torch_version: str,
     return out
 
 
+BUILD_INFO = "_build_info.py"
+
+
+def write_build_info(pkg_dir: Path, root: Path) -> None:
+    """Record, inside the package, which torch the extension is built against and where
+    its sources are, so a failed load can say so (import_extension). Generated, not in git."""
+    import torch
+
+    text = (
+        "# Written by kernel_common.build.setup_day at build time: the torch this package's\n"
+        "# extension was compiled against, and the sources that rebuild it.\n"
+        f"TORCH_VERSION = {torch.__version__!r}\n"
+        f"TORCH_CUDA = {torch.version.cuda!r}\n"
+        f"SOURCE_DIR = {str(root)!r}\n"
+    )
+    target = pkg_dir / BUILD_INFO
+    if not target.exists() or target.read_text() != text:
+        target.write_text(text)
+
+
 def setup_day(pkg: str, root: str | os.PathLike, description: str, version: str = "0.1.0",
               extras: dict[str, list[str]] | None = None):
     """Everything a day's setup.py needs: `setup_day("day26_layernorm", __file__-dir, "...")`.
@@ -248,6 +268,7 @@ def setup_day(pkg: str, root: str | os.PathLike, description: str, version: str 
 
     root = Path(root).resolve()
     os.chdir(root)
+    write_build_info(root / pkg, root)
     common = (root.parent / "common").resolve()
     kc_req = f"kernel_common @ {common.as_uri()}" if (common / "kernel_common").is_dir() else "kernel_common"
     meta = {} if (root / "pyproject.toml").exists() else dict(
@@ -323,10 +344,36 @@ def import_extension(pkg: str, root: str | os.PathLike | None = None):
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        raise ImportError(
-            f"{name} is not built. Run `pip install --no-build-isolation .` in the day's folder, "
-            f"or set KC_JIT=1 (python test.py --jit) to compile it on import. ({e})"
-        ) from e
+        raise ImportError(load_error_message(pkg, root, e)) from e
+
+
+def load_error_message(pkg: str, root: str | os.PathLike | None, error: ImportError) -> str:
+    """Why `<pkg>_C` did not load, from the build record write_build_info left: not built
+    at all, built against another torch (its symbols then do not resolve), or built
+    against this one and broken otherwise; each with the command that rebuilds it."""
+    import torch
+
+    name = f"{pkg}_C"
+    try:
+        info = importlib.import_module(f"{pkg}.{BUILD_INFO[:-3]}")
+    except ImportError:
+        info = None
+    source = getattr(info, "SOURCE_DIR", None) or (str(Path(root).resolve()) if root is not None else None)
+    where = f"cd {source} && " if source else "in the day's folder: "
+    rebuild = f"{where}{sys.executable} -m pip install --no-build-isolation ."
+    def describe(version, cuda):
+        return f"torch {version} ({f'CUDA {cuda}' if cuda else 'CPU only'})"
+
+    running = describe(torch.__version__, torch.version.cuda)
+    if info is None:
+        return (f"{name} is not built. Build it: {rebuild}  "
+                f"(or set KC_JIT=1, as `python test.py --jit` does, to compile it on import). ({error})")
+    built = describe(info.TORCH_VERSION, info.TORCH_CUDA)
+    if info.TORCH_VERSION != torch.__version__ or info.TORCH_CUDA != torch.version.cuda:
+        return (f"{name} failed to load: it was built against {built}, and {running} is running; "
+                f"an extension loads only with the torch it was built against. Rebuild it for this "
+                f"torch: {rebuild}  (or reinstall torch {info.TORCH_VERSION}). ({error})")
+    return f"{name} failed to load (built against {built}, the one running). Rebuild it: {rebuild}  ({error})"
 
 
 # ----------------------------------------------------------------------------
