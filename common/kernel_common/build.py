@@ -365,7 +365,8 @@ def load_error_message(pkg: str, root: str | os.PathLike | None, error: ImportEr
         return f"torch {version} ({f'CUDA {cuda}' if cuda else 'CPU only'})"
 
     running = describe(torch.__version__, torch.version.cuda)
-    if info is None:
+    missing = isinstance(error, ModuleNotFoundError) and error.name == name
+    if info is None or missing:  # the record outlives a build that failed after setup.py began
         return (f"{name} is not built. Build it: {rebuild}  "
                 f"(or set KC_JIT=1, as `python test.py --jit` does, to compile it on import). ({error})")
     built = describe(info.TORCH_VERSION, info.TORCH_CUDA)
