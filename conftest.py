@@ -12,12 +12,13 @@ for _d in sorted(_ROOT.iterdir()):
 
 # A package named like its folder (se_module/se_module): importlib mode names that
 # folder's test.py "se_module.test" and would stand an empty module in for the parent
-# "se_module" unless the real package is imported first. kernel_common.testing first:
-# it sets KC_POISON_OUTPUTS before any extension loads. A package that cannot load
+# "se_module" unless the real package is imported first. A package that cannot load
 # (not built) is left for its test.py to report.
 import importlib  # noqa: E402
 
-import kernel_common.testing  # noqa: E402,F401
+import pytest  # noqa: E402
+
+from kernel_common import testing  # noqa: E402
 
 for _d in sorted(_ROOT.iterdir()):
     if (_d / "test.py").is_file() and (_d / _d.name / "__init__.py").is_file():
@@ -25,3 +26,12 @@ for _d in sorted(_ROOT.iterdir()):
             importlib.import_module(_d.name)
         except Exception:  # noqa: BLE001
             pass
+testing.poison_outputs(True)  # before any fixture of any scope runs a kernel
+
+
+@pytest.fixture(autouse=True)
+def _poison_outputs():
+    """Every test runs with NaN-filled outputs in every day extension loaded so far
+    (one a test.py imports late included): kernel_common.testing.poison_outputs."""
+    testing.poison_outputs(True)
+    yield

@@ -4,7 +4,7 @@
 The reduction kernels are JIT-built from reduce_test/ on first use (GPU only).
 """
 import math
-import os
+import re
 import sys
 from pathlib import Path
 
@@ -179,8 +179,69 @@ def test_views_keep_values():
     assert torch.equal(s, t) and not s.is_contiguous()
 
 
-def test_poison_env_is_set():
-    assert os.environ.get("KC_POISON_OUTPUTS") == "1"
+def test_poison_outputs_calls_every_extension_hook(monkeypatch):
+    """testing.poison_outputs switches the private hook of every loaded extension,
+    once per module while on, and switches it back off on request."""
+    import types
+
+    calls = []
+    fake = types.ModuleType("kc_fake_day_C")
+    fake._set_poison_outputs = lambda on: calls.append(on)
+    monkeypatch.setitem(sys.modules, "kc_fake_day_C", fake)
+    assert "kc_fake_day_C" in testing.poison_outputs(True)
+    assert "kc_fake_day_C" not in testing.poison_outputs(True)  # already on: skipped
+    assert "kc_fake_day_C" in testing.poison_outputs(False)
+    assert calls == [True, False]
+    testing._POISONED.discard("kc_fake_day_C")
+
+
+# ------------------------------------------------ no environment read in library code
+ROOT = HERE.parent
+# Build configuration, read by setup.py/pip and the JIT loader (TORCH_CUDA_ARCH_LIST,
+# DEBUG, KC_FORCE_CPU, KC_JIT, CXX): not code an op runs.
+_ENV_ALLOWED = {ROOT / "common" / "kernel_common" / "build.py"}
+_CXX_ENV = re.compile(r"\b(secure_)?getenv\b|\benviron\b")
+_PY_ENV = re.compile(r"\bgetenv\s*\(|environ\s*\.\s*(get|setdefault|copy|items|keys|values)\b"
+                     r"|\bin\s+(os\.)?environ\b|environ\s*\[[^\]]*\](?!\s*=[^=])|\bdict\(\s*(os\.)?environ\b")
+
+
+def env_reads(text: str, python: bool) -> list[str]:
+    """The lines of `text` that read the process environment (writes are not reads)."""
+    pat = _PY_ENV if python else _CXX_ENV
+    return [line.strip() for line in text.splitlines()
+            if pat.search(line.split("#")[0] if python else line.split("//")[0])]
+
+
+def library_files() -> list[Path]:
+    """csrc/ of every day, each day's Python package and common's kernel_common
+    (headers included): the code a user's process runs. tools/, scripts/, bench.py,
+    test*.py and setup.py are not library code."""
+    out = []
+    for day in sorted(p for p in ROOT.iterdir() if p.is_dir() and (p / "setup.py").is_file()):
+        pkgs = [p for p in day.iterdir() if (p / "__init__.py").is_file()]
+        for top in [day / "csrc", *pkgs]:
+            out += [f for f in top.rglob("*") if f.suffix in {".py", ".cu", ".cuh", ".h", ".cpp"}
+                    and "build" not in f.relative_to(day).parts]
+    return [f for f in out if f not in _ENV_ALLOWED]
+
+
+def test_env_read_detector():
+    assert env_reads('x = os.environ.get("A")', True) and env_reads('os.getenv("A")', True)
+    assert env_reads('if os.environ["A"] == "1":', True) and env_reads('"A" in os.environ', True)
+    assert not env_reads('os.environ["KC_JIT"] = "1"', True)  # a write
+    assert not env_reads('# reads no os.environ.get here', True)
+    assert env_reads('const char* e = std::getenv("A");', False)
+    assert not env_reads("// never getenv", False)
+
+
+def test_library_reads_no_environment():
+    """Library behaviour comes from arguments, never from the environment: no file of
+    csrc/ or package code (every day and common) reads an environment variable."""
+    files = library_files()
+    assert any(f.name == "torch_utils.h" for f in files) and any(f.suffix == ".cu" for f in files)
+    bad = {str(f.relative_to(ROOT)): hits for f in files
+           if (hits := env_reads(f.read_text(errors="replace"), f.suffix == ".py"))}
+    assert not bad, f"environment read in library code: {bad}"
 
 
 def test_build_policy(monkeypatch):

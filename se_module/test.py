@@ -15,7 +15,7 @@ if __name__ == "__main__" and "--jit" in sys.argv:
     os.environ["KC_JIT"] = "1"
     sys.argv.remove("--jit")
 
-from kernel_common import bench, testing  # noqa: E402  (testing sets KC_POISON_OUTPUTS=1 before the extension loads)
+from kernel_common import bench, testing  # noqa: E402
 from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
 
 import pytest  # noqa: E402
@@ -134,6 +134,18 @@ SHAPES = [
     (1, 4, 70, 70, 2),
     (2, 3, 7, 1, 2),
 ]
+
+
+def test_outputs_start_as_nan_in_tests():
+    """The extension's outputs are NaN-filled for every test (switched on by
+    kernel_common.testing.poison_outputs, never by the environment), so an element a
+    kernel forgets to write fails the comparisons below."""
+    import se_module_C
+
+    assert se_module_C._poison_outputs()
+    se_module_C._set_poison_outputs(False)
+    assert not se_module_C._poison_outputs()
+    se_module_C._set_poison_outputs(True)
 
 
 # --------------------------------------------------------------------------- fused block, fp32

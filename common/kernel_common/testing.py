@@ -1,16 +1,15 @@
 """Test utilities every day's test.py uses.
 
-Importing this module sets KC_POISON_OUTPUTS=1, so every output a kernel
-allocates through kc::new_output starts as NaN: an element the kernel never
-writes fails the comparison instead of passing by luck. Import it before the
-day's package.
+`poison_outputs()` (the root conftest.py calls it before every test) makes every
+output a kernel allocates through kc::new_output start as NaN, in every loaded
+day extension: an element the kernel never writes fails the comparison instead
+of passing by luck. The switch is each extension's private
+`_set_poison_outputs`; the library reads no environment variable for it.
 """
 from __future__ import annotations
 
 import os
 import sys
-
-os.environ.setdefault("KC_POISON_OUTPUTS", "1")
 
 try:
     import pytest  # noqa: E402
@@ -34,6 +33,26 @@ _TOL = {
     torch.float16: (2e-3, 2e-3),
     torch.bfloat16: (1.6e-2, 1.6e-2),
 }
+
+
+_POISONED: set[str] = set()
+
+
+def poison_outputs(on: bool = True) -> list[str]:
+    """Switch NaN-filled outputs on (or off) in every day extension loaded so far
+    (a module in sys.modules with the private `_set_poison_outputs` hook that
+    kc::bind_test_hooks binds). Cheap to call again: with `on`, a module already
+    switched is skipped. Returns the names of the modules switched by this call."""
+    done = []
+    for name, mod in list(sys.modules.items()):
+        if on and name in _POISONED:
+            continue
+        hook = getattr(mod, "_set_poison_outputs", None) if mod is not None else None
+        if callable(hook):
+            hook(on)
+            done.append(name)
+            (_POISONED.add if on else _POISONED.discard)(name)
+    return done
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:

@@ -4,6 +4,8 @@
 #include <torch/library.h>
 #include <torch/python.h>
 
+#include "kc/torch_utils.h"
+
 #include <utility>
 #include <vector>
 
@@ -62,6 +64,7 @@ int& fused_bwd_version() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "day50 attention ops (registered as torch.ops.day50.*)";
+  kc::bind_test_hooks(m);
   m.def("attention_forward", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                 std::optional<double> scale, const std::string& backend, bool deterministic,
                                 const std::vector<int64_t>& window, double softcap) {

@@ -3,6 +3,8 @@
 #include <torch/library.h>
 #include <torch/python.h>
 
+#include "kc/torch_utils.h"
+
 #include "se_dispatch.h"
 
 TORCH_LIBRARY(se_module, m) {
@@ -42,5 +44,6 @@ TORCH_LIBRARY(se_module, m) {
 // Importing the module runs the registrations above.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "se_module ops (torch.ops.se_module)";
+  kc::bind_test_hooks(m);
   m.def("se_block", &se_glue::call_se_block, "torch.ops.se_module.se_block called from C++ (host fast path)");
 }

@@ -14,13 +14,11 @@ differences say what each layer costs.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.pop("KC_POISON_OUTPUTS", None)  # no NaN fills: time what a user runs
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402

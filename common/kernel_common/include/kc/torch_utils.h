@@ -3,9 +3,9 @@
 // from kernel (.cu) files.
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -67,16 +67,26 @@ inline void check_same_device(const at::Tensor& a, const char* an, const at::Ten
               a.device(), " and ", b.device());
 }
 
-// Outputs are allocated through this. With the environment variable
-// KC_POISON_OUTPUTS=1 (the tests set it) every output starts as NaN, so an
-// element a kernel forgets to write shows up in the comparison instead of
-// passing as whatever the allocator left there.
-inline bool poison_outputs() {
-  static const bool on = [] {
-    const char* e = std::getenv("KC_POISON_OUTPUTS");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return on;
+// Outputs are allocated through this. The tests switch poisoning on (through
+// the private `_set_poison_outputs` each extension binds, see bind_test_hooks):
+// every output then starts as NaN, so an element a kernel forgets to write shows
+// up in the comparison instead of passing as whatever the allocator left there.
+// One flag per extension module; off unless a test sets it, and never read from
+// the environment, so a user's process cannot switch it on by accident.
+inline std::atomic<bool> poison_outputs_flag{false};
+
+inline bool poison_outputs() { return poison_outputs_flag.load(std::memory_order_relaxed); }
+
+inline void set_poison_outputs(bool on) { poison_outputs_flag.store(on, std::memory_order_relaxed); }
+
+// The private test hooks of an extension, bound on its pybind11 module `m`
+// (one line in each day's PYBIND11_MODULE). kernel_common.testing calls them on
+// every loaded day extension; users never need them.
+template <typename Module>
+inline void bind_test_hooks(Module& m) {
+  m.def("_set_poison_outputs", &set_poison_outputs,
+        "private (tests): fill every output with NaN before a kernel writes it");
+  m.def("_poison_outputs", &poison_outputs, "private (tests): whether outputs start as NaN");
 }
 
 inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opts) {
