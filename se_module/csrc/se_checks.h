@@ -18,7 +18,7 @@ namespace se_glue {
 
 // Numbers in error messages go through kc::fmt (kc/torch_utils.h): streaming an
 // integer into TORCH_CHECK crashed inside the extension on the GPU image
-// (2026-11-21). Strings, ScalarType and Device stream fine.
+// (torch 2.11). Strings, ScalarType and Device stream fine.
 using kc::fmt;
 
 inline bool wants_channels_last(const at::Tensor& x) {

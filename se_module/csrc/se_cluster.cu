@@ -65,15 +65,15 @@ namespace {
 constexpr int kMaxCluster = 16;
 // Where v5 runs: the table of the plan (tools/probe_v5.py, GPU time of v5 against v4 at
 // EfficientNet's small-image SE shapes, N = 1 .. 32, fp32 NCHW and bf16 CL):
-// - H100, 2026-11-24, CTAs of 256 threads: forward, N <= 16: 1.02-1.78x at 62 of 72 (shape, N,
+// - H100, CTAs of 256 threads: forward, N <= 16: 1.02-1.78x at 62 of 72 (shape, N,
 //   dtype) rows, the rest 0.95-1.0x; at N = 32 0.72-1.15x, at N = 128 (bench.py --only
 //   effnet) 0.7-0.95x: each CTA's phases run one after another, which 4 CTAs per SM do not
 //   hide, where v4's kernels each fill the GPU; backward, N <= 16 and C * S >= 16384 (the
 //   MLP, not the bytes, is most of v4's time): 1.05-1.51x but fp32 (16, 960, 12, 12) 0.98x;
 //   below that C * S, 0.75-1.2x.
-// - 2026-11-25, CTAs of 1024 / 512 threads where every cluster of the grid is resident at
+// - CTAs of 1024 / 512 threads where every cluster of the grid is resident at
 //   once (cluster_plan; then N could exceed 16, until the entry below), fc2 split over kParts threads a channel, the
-//   weights prefetched into L2 (results/*_2026-11-25_probe5.json, H100 / H200): N <= 16,
+//   weights prefetched into L2 (tools/probe_v5.py, H100 / H200): N <= 16,
 //   90 rows: forward 0.92-1.92x / 0.94-1.98x (under 0.99x at 8 / 6 rows, 0.92-0.98x: fp32
 //   at C = 240 or 336, and (16, 2688, 12, 12) fp32 at 0.99x), forward + backward 0.92-1.44x /
 //   0.93-1.49x; N = 32 .. 128, 54 rows (v5 and v4 more than 2% apart at 12 / 11 of them;
@@ -82,7 +82,7 @@ constexpr int kMaxCluster = 16;
 //   (not an EfficientNet shape). bf16 (1, 2688, 12, 12) forward 35.3 / 34.9 us (v4) against
 //   20.7 / 19.9 (CTAs of 256 threads: 37 us in ncu on the H100, 8 warps an SM stalled on
 //   each phase in turn).
-// - 2026-11-25, after version 4's channels_last reduction and weight gradients got faster
+// - After version 4's channels_last reduction and weight gradients got faster
 //   (se_kernels.cuh; bench.py --only effnet, the v4 column): at the two N = 128 EfficientNet
 //   rows whose clusters fit at once, bf16 channels_last forward + backward ran 0.95 / 0.97x
 //   v4's speed on the H100 and 0.96 / 0.98x on the H200, the forward 0.97 / 1.01x on both;
@@ -99,7 +99,7 @@ constexpr int64_t kClusterBwdMinCS = 16384;
 // CTAs of 512 or 1024 threads admit the same shares: their budget grows only by their
 // larger group-sum area (cluster_smem's `red`, 8 bytes a thread). The 2x / 4x of
 // kClusterSmemBudget that two or one of them an SM could take admitted shares of up to
-// 224 KB, and those ran slower than version 4 (H100, 2026-11-25, bench.py --only effnet, batch 1: bf16 CL (1, 32, 112,
+// 224 KB, and those ran slower than version 4 (H100, bench.py --only effnet, batch 1: bf16 CL (1, 32, 112,
 // 112) 35.5 against 15.0 us in 4 CTAs of 200 KB; (1, 144, 56, 56) 22.4 against 15.7 and
 // (1, 192, 48, 48) 20.1 against 16.2 in 16 CTAs of 100 / 73 KB; only fp32 (1, 2688, 12,
 // 12), 97 KB, was faster: 21.3 against 24.0).

@@ -69,7 +69,7 @@
 //       w2; with the saved state, Coef stages columns of w1 [S, C] (each input's run of outputs is
 //       contiguous there) and DaState columns of w2 [C, S] where its rows are whole 16-byte pieces
 //       and N <= 32 (kWtMaxTiles). So the forward reduction has no widening blocks and the backward
-//       reduction transposes w2 only where DaState does not stage it (H100, 2026-11-26: those extra
+//       reduction transposes w2 only where DaState does not stage it (H100: those extra
 //       blocks cost the reductions 1-4 us at the spread rows). Widening is exact and every sum keeps
 //       its order, so v7's products give v6's values; the reductions' split counts may differ
 //       (they leave room for extra blocks that v7 does not launch).
@@ -90,7 +90,7 @@
 // (v7 with the saved state: only where DaState / Coef do not stage columns themselves, w_t).
 // (Latency is what matters at these sizes: a product of 128 x 1152 x 48 is a few
 // MFLOP; each kernel stages its operands in one or two batched passes of loads.
-// H100, 2026-11-24, ncu: fc2 at (128, 1152, 7, 7) took 30 us as a warp per 48-long
+// H100, ncu: fc2 at (128, 1152, 7, 7) took 30 us as a warp per 48-long
 // row, and fc1 at (32, 2688, 12, 12) 34 us while its staging waited on one load per
 // (element, split).)
 #include <type_traits>
@@ -169,7 +169,7 @@ struct Weights {
 // chain writes, so it runs before grid_dependency_wait: under PDL it overlaps the
 // reduction still draining. Unstaged 16-bit parameters are read as the fp32 copies
 // the reduction's extra blocks write (m.params_late): then it waits first.
-// (H100, 2026-11-26: staging the fp32 copies after the wait added ~5 us to each MLP
+// (H100: staging the fp32 copies after the wait added ~5 us to each MLP
 // kernel at (32, 672, 24, 24) bf16, 150 KB a block.)
 __device__ __forceinline__ Weights stage_weights(const MlpArgs& m, float* sm) {
   if (!m.staged) {
@@ -324,7 +324,7 @@ cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, const MlpArgs& m, c
 // ------------------------------------------------------------------ v4: the spread MLP
 constexpr int kTileN = 4;              // samples per gemv block: each weight read once per tile
 constexpr int kWarps = kThreads / 32;  // outputs per gemv_kernel block (and warps of the other kernels)
-// gemv_kernel's threads: two warps an output, each half of the row. (H100, 2026-11-26, ncu: with
+// gemv_kernel's threads: two warps an output, each half of the row. (H100, ncu: with
 // a warp an output in 256 threads its blocks issued one instruction per ~5.8 cycles a warp, 8
 // warps an SM, 72 blocks at N = 32: issue-bound latency chains; twice the warps over the same work.)
 constexpr int kGemvThreads = 2 * kThreads;
@@ -381,7 +381,7 @@ struct GemvArgs {
 // The weight-gradient blocks of a Coef launch: true where this block was one of them.
 // Coef is the backward's last product, and dz1, p, dz2, a are final once it may start,
 // so the weight gradients run beside it instead of holding the Dx pass's slots.
-// H100, 2026-11-26, block timestamps ((32, 1632, 12, 12) bf16): 306 weight-gradient
+// H100, block timestamps ((32, 1632, 12, 12) bf16): 306 weight-gradient
 // blocks first in the Dx pass held 58% of its slots for ~7 us, 4 of them waiting for
 // Coef; the pass ended 10.6 us after Coef for 15 MB read from L2 and 15 MB written.
 template <Epi EPI>
@@ -441,7 +441,7 @@ __device__ __forceinline__ kc::Vec<TW, 4> ldg_vec4(const kc::Vec<TW, 4>* p) {
 }
 
 // DaState stages w2's columns under w_t (v7) only where at most this many sample tiles repeat it.
-// H100, 2026-11-26, timeline, bf16 CL fwd+bwd against the transposed copies: (32, 2688, 12, 12) -3 us
+// H100, timeline, bf16 CL fwd+bwd against the transposed copies: (32, 2688, 12, 12) -3 us
 // and (32, 960, 12, 12) even at 8 tiles; (128, 1152, 7, 7), 32 tiles, +1.6 us (DaState 8.9 -> 10.0).
 // (Rows of 16-bit w2 whose length is not a multiple of 16 bytes, S = 68: two loads a piece, DaState
 // 6.0 -> 10.2 us at (32, 1632, 12, 12): the copies there too.)
@@ -540,7 +540,7 @@ __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThr
   // same way, loads z2 and s of each element with its last split (4 pairs in flight then:
   // three float4 each, within kGemvMaxRegs; loaded after the sum, they cost one L2 latency
   // per element), and finishes each element as dz2 = gate_bwd(z2, s, sum).
-  // Index math in 32 bits from per-sample row pointers (H100, 2026-11-26, ncu, fc1 at
+  // Index math in 32 bits from per-sample row pointers (H100, ncu, fc1 at
   // (32, 1632, 12, 12), 256 threads then: the staging was ~1.4k of a warp's ~2k instructions
   // with 64-bit indices per (element, split, sample); 32-bit ones took 10% of the kernel's
   // instructions off, and 11.0 -> 9.5-10.0 us).

@@ -127,7 +127,7 @@ __device__ __forceinline__ void store_f(T* p, const float (&f)[VEC], bool stream
 // one batch of kCastUnroll units, all loads in flight before any store. They come first
 // in the grid, and plan_reduce leaves room for them in the reduction's wave: their
 // loads queue behind the reduction's, so each takes about as long as a reduction block.
-// (H100, 2026-11-26, per-block timestamps, (32, 1632, 12, 12) bf16: 219 blocks of one
+// (H100, per-block timestamps, (32, 1632, 12, 12) bf16: 219 blocks of one
 // element a thread took 5-7 us each and held the slots that 139 of the 448 reduction
 // blocks waited for; those started at 5.6 us and ended the pass at 10.4.)
 struct ParamCast {
@@ -399,16 +399,16 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T
 // column), so the column step is written out here.
 // Loads: cols_batch(kSumGX) rows per thread in flight, held as raw vectors until
 // they are summed; at most 64 registers (kColsMinBlocks blocks of kThreads per SM).
-// H100, 2026-11-25: with 4 rows in flight and no register cap the bf16 kernels took
+// H100: with 4 rows in flight and no register cap the bf16 kernels took
 // 70 / 116 registers (3 / 2 blocks per SM), and the plan's blocks each did about one
 // round trip of loads: (128, 1152, 7, 7) read x at 1.0 TB/s (13.9 us of a graph replay).
 // The backward's x loads carry the streaming hint (nothing after this pass reads x):
-// H100, 2026-11-26, graph replays, bf16 channels_last: this pass 11.8 -> 10.9 us at
+// H100, graph replays, bf16 channels_last: this pass 11.8 -> 10.9 us at
 // (128, 240, 14, 14), 29.2 -> 27.5 us at (32, 672, 24, 24); the Dx pass after it unchanged.
 constexpr int kColsMinBlocks = 4;
 // The plan's wave: kColsPlanBlocks blocks an SM (half the resident ones), so fewer splits
 // whose partials the MLP's staging adds. With the cp.async pipeline each thread keeps 12 rows
-// in flight, and half as many blocks still stream at the same rate. (H100, 2026-11-26,
+// in flight, and half as many blocks still stream at the same rate. (H100,
 // timeline, bf16 CL fwd+bwd, 4 -> 2 an SM: (32, 1632, 12, 12) 64.7 -> 63.1/63.4 us,
 // (32, 960, 12, 12) 47.2 -> 43.8/44.2, (128, 480, 14, 14) 79.3 -> 73.9/74.0, (32, 336, 24, 24)
 // 45.0 -> 43.5, (128, 672, 7, 7) 55.5 -> 54.5/54.6, (128, 240, 14, 14) 41.8 -> 41.6/41.7;
@@ -419,7 +419,7 @@ __host__ __device__ constexpr int cols_batch(bool sum_gx) { return sum_gx ? 4 : 
 // of register batches: kColsStages stages of cols_stage_rows() rows (x, and g in the
 // backward) a thread, 12 rows (forward) / 6 rows of x and g (backward) in flight, 48 KB
 // of shared memory a block (still 4 blocks an SM), each stage consumed as it lands.
-// H100, 2026-11-26, per-block timestamps, (32, 1632, 12, 12) bf16: with the register
+// H100, per-block timestamps, (32, 1632, 12, 12) bf16: with the register
 // batches a thread waited for its whole batch before it asked for the next, so the
 // backward's 9 rows a thread (4 + 4 + 1) cost three round trips under load and the
 // pass read x and g at 1.8 TB/s (16.9 us); pipelined, 12.4 us. Timeline, fwd + bwd:
@@ -701,9 +701,10 @@ enum class Ew : int { Scale = 0, Dx = 1, Bcast = 2 };
 // (rows t / 32 + 8 k, column t % 32), n ascending, over the batch staged kWgTile
 // samples at a time in shared memory (so each A and B element is read once per
 // tile, not once per output). Used by v5's wgrad_tile_kernel and by the extra
-// blocks of v4's Dx pass. (H100, 2026-11-25: v4's earlier one-output-per-thread
+// blocks of v4's Dx pass. (H100: v4's earlier one-output-per-thread
 // dot over n, 8 loads in flight, added ~15 us to the Dx pass at (128, 1152, 7, 7);
-// this tiled product's own load order, below, still cost it about 8 us until 2026-11-26.)
+// this tiled product's own load order, below, cost it about 8 us before it
+// fetched the chunks into registers with every load in flight.)
 constexpr int kWgTile = 32;
 struct WgradProduct {
   const float *a, *b;
@@ -741,7 +742,7 @@ __host__ __device__ inline int64_t wgrad_blocks(const WgradTileArgs& w) { return
 // in flight at once, while the previous chunk's products run; then stored to shared
 // memory. (Loading straight into shared memory serialised the 8 loads: the compiler
 // kept each global load before the next shared store, 32 L2 round trips a tile at
-// N = 128; H100 2026-11-26, the Dx pass at (128, 240, 14, 14) bf16 channels_last
+// N = 128; H100, the Dx pass at (128, 240, 14, 14) bf16 channels_last
 // added 15.6 us to a graph replay with these blocks, 8.1 without them, 9.3 as below.)
 // kThreads threads (tid 0 .. kThreads - 1) take part; `sync` is their barrier, and
 // as / bs are kWgTile x kWgTile floats of shared memory each.

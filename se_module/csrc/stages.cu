@@ -50,8 +50,8 @@ ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms, int extra_block
     // kColsPlanBlocks of reduce_cols_kernel's blocks an SM (half its resident ones)
     // beside the kernel's extra_blocks (the parameter-widening ones), each thread with
     // at least 4 rows where L allows; where N * tiles fill that already, one split: each
-    // block walks the sample's whole L. (Two waves of short blocks before 2026-11-25,
-    // a whole wave until 2026-11-26: see reduce_cols_kernel and kColsPlanBlocks.)
+    // block walks the sample's whole L. (Why half a wave: see
+    // reduce_cols_kernel and kColsPlanBlocks.)
     int tc, tiles;
     dev::nhwc_tiles(d.c, vec, &tc, &tiles);
     const int rows_par = kThreads / tc;
