@@ -260,7 +260,7 @@ def effnet_table(bw, quick=False, rep=15, rounds=3):
     rows = []
     shapes = effnet_bench_shapes(("b0",), batches=(128,)) if quick else effnet_bench_shapes()
     # the first shape runs twice and its first rows are dropped: the first timings of a
-    # run came out 3-4x slow on the H100 (2026-11-24: 53 us for a 14 us forward)
+    # run came out 3-4x slow on the H100 (53 us for a 14 us forward)
     for k, (model, shape) in enumerate([shapes[0], *shapes]):
         if k == 1:
             rows.clear()
@@ -283,7 +283,7 @@ def effnet_table(bw, quick=False, rep=15, rounds=3):
                     if shape[0] == 1:  # inference
                         fns[name] = lambda f=f: f(x.detach())  # noqa: E731
                 # interleaved rounds, median of the rounds' medians: one pass of each
-                # read 2-3x slow rows at random on the H100 (2026-11-24)
+                # read 2-3x slow rows at random on the H100
                 times = {k: [] for k in ("fused_gpu_us", "fused_us", "eager_gpu_us", "eager_us", "v4_gpu_us")}
                 for _ in range(rounds):
                     for name, fn in fns.items():

@@ -38,7 +38,7 @@ inline DType to_kc_dtype(const at::Tensor& t, const char* name) {
 }
 
 // Numbers and shapes for error messages, formatted without std::ostream.
-// Seen on the GPU image (torch 2.11, 2026-11-21): streaming an integer
+// Seen on the GPU image (torch 2.11): streaming an integer
 // (`c10::str(..., int64_t)`, so also an IntArrayRef) from an extension crashed
 // the process inside ostream's number formatting, while strings streamed fine.
 // TORCH_CHECK messages in this repo therefore pass numbers through kc::fmt.
