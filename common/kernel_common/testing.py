@@ -47,7 +47,10 @@ def poison_outputs(on: bool = True) -> list[str]:
     for name, mod in list(sys.modules.items()):
         if on and name in _POISONED:
             continue
-        hook = getattr(mod, "_set_poison_outputs", None) if mod is not None else None
+        try:
+            hook = getattr(mod, "_set_poison_outputs", None) if mod is not None else None
+        except Exception:  # noqa: BLE001  a lazy module's __getattr__ may raise anything
+            continue
         if callable(hook):
             hook(on)
             done.append(name)
