@@ -809,6 +809,359 @@ def test_cuda_forward_version_5_runs_4():
         assert torch.equal(a, c)
 
 
+# ------------------------------------------------------------------ RMSNorm
+# The LayerNorm kernels and plan without centring or bias (csrc/layernorm.h: a
+# null mean); references: F.rms_norm in float64 and its autograd.
+
+def rms_ref(x, shape, w, eps, dy):
+    """float64 F.rms_norm: (y, dx, dw)."""
+    xd = x.detach().double().requires_grad_()
+    wd = None if w is None else w.detach().double().requires_grad_()
+    y = F.rms_norm(xd, shape, wd, eps)
+    y.backward(dy.double())
+    return y.detach(), xd.grad, None if wd is None else wd.grad
+
+
+def rms_torch_same_dtype(x, shape, w, eps, dy):
+    """PyTorch's own F.rms_norm in the test dtype (fp32 weight with 16-bit x: in fp32, rounded)."""
+    if w is not None and w.dtype != x.dtype:
+        y, dx, dw = rms_torch_same_dtype(x.float(), shape, w, eps, dy.float())
+        return y.to(x.dtype), dx.to(x.dtype), dw
+    xs = x.detach().clone().requires_grad_()
+    ws = None if w is None else w.detach().clone().requires_grad_()
+    y = F.rms_norm(xs, shape, ws, eps)
+    y.backward(dy)
+    return y.detach(), xs.grad, None if ws is None else ws.grad
+
+
+def run_rms_and_check(x, w, dy, shape, eps=1e-5, version=0):
+    from day26_layernorm import rms_norm_backward, rms_norm_forward
+
+    y, rstd = rms_norm_forward(x, shape, w, eps, version)
+    y_r, dx_r, dw_r = rms_ref(x, shape, w, eps, dy)
+    y_t, dx_t, dw_t = rms_torch_same_dtype(x, shape, w, eps, dy)
+    check(y, y_r, y_t, "rms y")
+    xd = x.double()
+    dims = tuple(range(x.dim() - len(shape), x.dim()))
+    rstd_d = ((xd * xd).mean(dims, keepdim=True) + eps).rsqrt()
+    testing.assert_close(rstd, rstd_d.reshape(rstd.shape), atol=1e-5, rtol=1e-4, name="rms rstd")
+    dx, dw = rms_norm_backward(dy, x, shape, rstd, w, (True, True), version)
+    g = dy.double() * (1.0 if w is None else w.double())
+    xhat = xd * rstd_d
+    dx_terms = rstd_d * (g.abs() + xhat.abs() * (g * xhat).mean(dims, keepdim=True).abs())
+    # natural: dx's terms, not dx, set the fp32 rounding where they cancel; at D = 1,
+    # dx = rstd * g * eps / (x^2 + eps) comes from 1 - xhat^2 (seen: fp32, version 3,
+    # an error of 1.3e-6 on dx = 1.8e-3 from terms near 33, H100 2026-11-26)
+    check(dx, dx_r, dx_t, "rms dx", natural=dx_terms.max().item() if dx.numel() else 0.0,
+          natural_norm=dx_terms.norm().item() if dx.numel() else 0.0)
+    if w is not None:
+        rows_dims = tuple(range(x.dim() - len(shape)))
+        check(dw, dw_r, dw_t, "rms dweight", natural_norm=(dy.double() * xhat).abs().sum(rows_dims).norm().item())
+    else:
+        assert dw.numel() == 0
+    return y, dx, dw
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+@pytest.mark.parametrize("cols", COLS)
+def test_rms_forward_backward_shapes(device, dtype, cols):
+    x, w, _, dy = make(rows_for(cols), cols, dtype, device, affine=(True, False))
+    run_rms_and_check(x, w, dy, (cols,))
+
+
+@requires_cuda
+@pytest.mark.parametrize("version", CUDA_VERSIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_rms_every_version(version, dtype):
+    """Every kernel family (and its fallbacks) runs RMSNorm, fp32 or same-dtype weights."""
+    for cols in [1, 33, 513, 768, 4099, 8192, 16385, 65536]:
+        for wdtype in ("same", torch.float32):
+            x, w, _, dy = make(rows_for(cols), cols, dtype, "cuda", wdtype=wdtype, affine=(True, False))
+            run_rms_and_check(x, w, dy, (cols,), version=version)
+
+
+@requires_cuda
+@pytest.mark.parametrize("cluster", ["2", "4"])
+def test_cuda_rms_cluster(cluster, knob):
+    """RMSNorm with rows split across a cluster (forward and backward): the shares'
+    exchange combines (0, sum of squares) pairs; bitwise reproducible."""
+    from day26_layernorm import rms_norm_backward, rms_norm_forward
+
+    knob.set("cluster", cluster)
+    knob.set("grid", "8")
+    for cols in CLUSTER_COLS[cluster]:
+        for dtype in testing.FLOAT_DTYPES:
+            x, w, _, dy = make(40, cols, dtype, "cuda", affine=(True, False))
+            y, dx, dw = run_rms_and_check(x, w, dy, (cols,), version=6)
+            y2, rstd = rms_norm_forward(x, cols, w, 1e-5, 6)
+            assert torch.equal(y, y2)
+            for a, c in zip((dx, dw), rms_norm_backward(dy, x, cols, rstd, w, version=6)):
+                assert torch.equal(a, c), "cluster RMSNorm backward is not bitwise reproducible"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rms_float64_and_no_weight(device):
+    dtypes = [torch.float32] + ([torch.float64] if device == "cpu" else [])
+    for dtype in dtypes:
+        x, _, _, dy = make(9, 100, dtype, device)
+        run_rms_and_check(x, None, dy, (100,))
+        x, w, _, dy = make(9, 100, dtype, device, affine=(True, False))
+        run_rms_and_check(x, w, dy, (100,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_fp32_weight_with_low_precision_input(device, dtype):
+    x, w, _, dy = make(64, 1000, dtype, device, wdtype=torch.float32, affine=(True, False))
+    run_rms_and_check(x, w, dy, (1000,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rms_strided_and_multi_dim(device):
+    base = testing.fresh(6, 5, 130, device=device, scale=2.0)
+    x = base[:, :, 1:129]  # rows not contiguous with each other
+    w = testing.fresh(128, device=device, offset=1.0)
+    dy = testing.fresh(6, 5, 128, device=device)
+    run_rms_and_check(x, w, dy, (128,))
+    x = testing.fresh(3, 4, 8, 16, device=device).transpose(0, 1)
+    w = testing.fresh(8, 16, device=device, offset=1.0)
+    run_rms_and_check(x, w, testing.fresh(4, 3, 8, 16, device=device), (8, 16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rms_eps_none_follows_torch(device, dtype):
+    """eps=None is F.rms_norm's: float32's epsilon for 16-bit and fp32 input (rows of
+    1e-3, where the eps dominates the mean square, tell the rules apart)."""
+    from day26_layernorm import rms_norm
+
+    x = torch.full((4, 64), 1e-3, dtype=dtype, device=device)
+    torch.testing.assert_close(rms_norm(x, 64).float(), F.rms_norm(x, (64,)).float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(rms_norm(x, 64, eps=0.1).float(), F.rms_norm(x, (64,), eps=0.1).float(),
+                               rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rms_under_autocast_keeps_torch_dtypes(device):
+    """F.rms_norm is on no autocast list (CUDA, torch 2.11, H100 2026-11-26: fp32 x stays
+    fp32, fp16 x with fp32 weight gives fp16): our op, registered without an autocast
+    kernel, falls through the same way."""
+    from day26_layernorm import rms_norm
+
+    low = torch.bfloat16 if device == "cpu" else torch.float16
+    x = testing.fresh(4, 64, device=device)
+    w = testing.fresh(64, device=device, offset=1.0)
+    with torch.autocast(device, dtype=low):
+        for xi in (x, x.to(low)):
+            assert rms_norm(xi, 64, w).dtype == F.rms_norm(xi, (64,), w).dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rms_autograd_and_each_gradient(device):
+    from day26_layernorm import rms_norm
+
+    x, w, _, dy = make(7, 96, torch.float32, device, affine=(True, False))
+    for wants in [(True, True), (True, False), (False, True)]:
+        xs = x.clone().requires_grad_(wants[0])
+        ws = w.clone().requires_grad_(wants[1])
+        rms_norm(xs, 96, ws, 1e-5).backward(dy)
+        _, dx_r, dw_r = rms_ref(x, (96,), w, 1e-5, dy)
+        if wants[0]:
+            testing.assert_close(xs.grad, dx_r, atol=1e-5, rtol=1e-4, name="dx")
+        if wants[1]:
+            testing.assert_close(ws.grad, dw_r, atol=1e-4, rtol=1e-4, name="dw")
+    xs = x.clone().requires_grad_()
+    y = rms_norm(xs, 96, w)
+    g, = torch.autograd.grad(y.sum(), xs, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cols", [768, 4096, 8191])
+def test_rms_deterministic(device, cols):
+    from day26_layernorm import rms_norm_backward, rms_norm_forward
+
+    x, w, _, dy = make(2000, cols, torch.bfloat16, device, affine=(True, False))
+    _, rstd = rms_norm_forward(x, cols, w)
+    first = rms_norm_backward(dy, x, cols, rstd, w)
+    for _ in range(2):
+        for a, c in zip(first, rms_norm_backward(dy, x, cols, rstd, w)):
+            assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rms_opcheck_and_compile(device):
+    from day26_layernorm import RMSNorm, rms_norm_forward
+
+    x, w, _, dy = make(5, 96, torch.float32, device, affine=(True, False))
+    torch.library.opcheck(torch.ops.day26.rms_norm_fwd, (x.clone().requires_grad_(), [96], w.clone().requires_grad_(),
+                                                         1e-5, 0))
+    torch.library.opcheck(torch.ops.day26.rms_norm_fwd, (x, [96], None, 1e-6, 2))
+    _, rstd = rms_norm_forward(x, 96, w)
+    torch.library.opcheck(torch.ops.day26.rms_norm_bwd, (dy, x, [96], rstd, w, [True, True], 0))
+    torch.library.opcheck(torch.ops.day26.rms_norm_bwd, (dy, x, [96], rstd, None, [True, False], 3))
+    torch._dynamo.reset()
+    m = RMSNorm(64).to(device)
+    cf = torch.compile(lambda t: m(t * 2.0).sum(), fullgraph=True,
+                       backend="aot_eager" if device == "cpu" else "inductor")
+    xa = testing.fresh(8, 64, device=device).requires_grad_()
+    out = cf(xa)
+    out.backward()
+    xb = xa.detach().clone().requires_grad_()
+    ref = F.rms_norm(xb * 2.0, (64,), m.weight).sum()
+    ref.backward()
+    testing.assert_close(out, ref, 1e-4, 1e-5, "compiled output")
+    testing.assert_close(xa.grad, xb.grad, 1e-5, 1e-4, "compiled grad")
+
+
+def test_rms_gradcheck_float64_cpu():
+    from day26_layernorm import rms_norm
+
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm(x, 7, w, 1e-5), (x, w))
+    assert torch.autograd.gradcheck(lambda x: rms_norm(x, 7), (x,))
+
+
+@requires_cuda
+@pytest.mark.skipif(SANITIZE, reason="KC_SANITIZE=1: sanitize.sh turns the caching allocator off, which graph capture needs")
+def test_cuda_rms_in_a_cuda_graph():
+    from kernel_common import bench
+    from day26_layernorm import rms_norm_backward, rms_norm_forward
+
+    for rows, cols, dtype in [(4096, 1024, torch.bfloat16), (300, 16384, torch.bfloat16), (1000, 768, torch.float32)]:
+        x, w, _, dy = make(rows, cols, dtype, "cuda", affine=(True, False))
+        eager = (*rms_norm_forward(x, cols, w), )
+        eager_b = rms_norm_backward(dy, x, cols, eager[1], w)
+        graph, out = bench.capture_graph(lambda: (*rms_norm_forward(x, cols, w),
+                                                  *rms_norm_backward(dy, x, cols, eager[1], w)), warmup=1)
+        for t in out:
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, c in zip((*eager, *eager_b), out):
+            assert torch.equal(a, c), f"{rows}x{cols} {dtype}: graph replay differs from eager"
+
+
+class _HFStyleRMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm math, written here (a test double): fp32 compute,
+    cast back to the input dtype before the weight."""
+
+    def __init__(self, hidden, eps=1e-6, dtype=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden, dtype=dtype))
+        self.variance_epsilon = eps
+
+    def forward(self, h):
+        dt = h.dtype
+        h = h.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(dt)
+
+
+_HFStyleRMSNorm.__name__ = "LlamaRMSNorm"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,wdtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                          (torch.bfloat16, torch.float32)])
+def test_rms_module_from_torch_and_hf(device, dtype, wdtype):
+    from day26_layernorm import RMSNorm
+
+    ref = torch.nn.RMSNorm(256, eps=1e-6, device=device, dtype=wdtype)
+    with torch.no_grad():
+        ref.weight.copy_(testing.fresh(256, device=device, offset=1.0))
+    ours = RMSNorm.from_torch(ref)
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    plain = RMSNorm(256, device=device)
+    plain.load_state_dict(torch.nn.RMSNorm(256, device=device).state_dict())
+    hf = _HFStyleRMSNorm(256, eps=1e-6, dtype=wdtype).to(device)
+    with torch.no_grad():
+        hf.weight.copy_(ref.weight)
+    hf_ours = RMSNorm.from_torch(hf)
+    x = testing.fresh(32, 256, dtype=dtype, device=device, scale=2.0)
+    dy = testing.fresh(32, 256, dtype=dtype, device=device)
+    for mod, theirs in ((ours, ref), (hf_ours, hf)):
+        xa = x.clone().requires_grad_()
+        xb = x.clone().requires_grad_()
+        ya, yb = mod(xa), theirs(xb)
+        assert ya.dtype == yb.dtype, (ya.dtype, yb.dtype)
+        ya.backward(dy.to(ya.dtype))
+        yb.backward(dy.to(yb.dtype))
+        y_r, dx_r, dw_r = rms_ref(x, (256,), ref.weight, 1e-6, dy)
+        # their result in this dtype is the yardstick (2x its error vs float64); an fp32
+        # result from 16-bit x (transformers' promotion) carries the 16-bit rounding
+        if dtype != torch.float32:
+            testing.assert_lowp_close(ya, y_r, yb.detach(), name=f"{type(theirs).__name__} y")
+        else:
+            check(ya, y_r, yb.detach(), f"{type(theirs).__name__} y")
+        check(xa.grad, dx_r, xb.grad, f"{type(theirs).__name__} dx", natural_norm=dx_r.abs().norm().item())
+        check(mod.weight.grad, dw_r, theirs.weight.grad, f"{type(theirs).__name__} dw")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_add_norm_both_outputs_and_gradients(device, kind):
+    from day26_layernorm import add_norm
+
+    x, w, b, dy = make(12, 200, torch.float32, device)
+    if kind == "rms":
+        b = None
+    r = testing.fresh(12, 200, device=device)
+    ds = testing.fresh(12, 200, device=device)
+    xa, ra, wa = x.clone().requires_grad_(), r.clone().requires_grad_(), w.clone().requires_grad_()
+    y, s = add_norm(xa, ra, wa, b, eps=1e-5, kind=kind)
+    (y * dy).sum().add_((s * ds).sum()).backward()
+    xd, rd, wd = (t.double().requires_grad_() for t in (x, r, w))
+    sd = xd + rd
+    yd = F.layer_norm(sd, (200,), wd, None if b is None else b.double(), 1e-5) if kind == "layer" \
+        else F.rms_norm(sd, (200,), wd, 1e-5)
+    (yd * dy.double()).sum().add_((sd * ds.double()).sum()).backward()
+    testing.assert_close(y, yd, atol=1e-5, rtol=1e-4, name="norm out")
+    testing.assert_close(s, sd, atol=1e-6, rtol=1e-6, name="sum out")
+    testing.assert_close(xa.grad, xd.grad, atol=1e-4, rtol=1e-4, name="dx")
+    testing.assert_close(ra.grad, rd.grad, atol=1e-4, rtol=1e-4, name="dresidual")
+    testing.assert_close(wa.grad, wd.grad, atol=1e-4, rtol=1e-4, name="dw")
+    with pytest.raises(ValueError, match="kind"):
+        add_norm(x, r, w, kind="batch")
+    with pytest.raises(ValueError, match="shape"):
+        add_norm(x, r[:, :100], w)
+    with pytest.raises(ValueError, match="bias"):
+        add_norm(x, r, w, bias=w, kind="rms")
+
+
+def test_convert_swaps_every_norm():
+    from day26_layernorm import LayerNorm as OurLN, RMSNorm as OurRMS, convert
+
+    class Odd(torch.nn.LayerNorm):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.RMSNorm(16),
+                                torch.nn.Sequential(_HFStyleRMSNorm(16), Odd(16)))
+    x = testing.fresh(4, 16)
+    before = model(x)
+    with pytest.warns(UserWarning, match="kept Odd"):
+        convert(model)
+    assert type(model[1]) is OurLN and type(model[2]) is OurRMS and type(model[3][0]) is OurRMS
+    assert type(model[3][1]) is Odd
+    testing.assert_close(model(x), before, atol=1e-5, rtol=1e-5, name="converted model")
+    assert type(convert(torch.nn.RMSNorm(8))) is OurRMS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+def test_layer_norm_dx_is_exactly_zero_at_d1(device, dtype):
+    """One column: x - mean is 0, so dx is exactly 0 for every dtype and version."""
+    x, w, b, dy = make(37, 1, dtype, device)
+    for version in (CUDA_VERSIONS if device == "cuda" else [0]):
+        _, mean, rstd = layer_norm_forward(x, 1, w, b, version=version)
+        dx, _, _ = layer_norm_backward(dy, x, 1, mean, rstd, w, version=version)
+        assert torch.equal(dx, torch.zeros_like(dx)), f"version {version}: {dx.abs().max().item()}"
+
+
 def test_cuda_tests_are_not_silently_skipped_on_a_gpu_machine():
     """On a machine with a GPU every CUDA test runs: HAS_CUDA must agree with torch."""
     assert HAS_CUDA == torch.cuda.is_available()

@@ -22,6 +22,11 @@ TORCH_LIBRARY(day26, m) {
         " -> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_bwd(Tensor dy, Tensor x, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight,"
         " bool[3] output_mask, int version=0) -> (Tensor, Tensor, Tensor)");
+  // RMSNorm on the same kernels and plan: no mean, no bias. rstd as layer_norm_fwd's.
+  m.def("rms_norm_fwd(Tensor x, int[] normalized_shape, Tensor? weight, float eps, int version=0)"
+        " -> (Tensor, Tensor)");
+  m.def("rms_norm_bwd(Tensor dy, Tensor x, int[] normalized_shape, Tensor rstd, Tensor? weight,"
+        " bool[2] output_mask, int version=0) -> (Tensor, Tensor)");
 }
 
 // Importing the module runs the registrations above. layer_norm_fwd here is

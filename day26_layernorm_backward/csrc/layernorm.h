@@ -28,7 +28,7 @@ struct LnForwardArgs {
   const void* weight;  // may be null
   const void* bias;    // may be null
   void* y;
-  float* mean;
+  float* mean;  // null: RMSNorm (the row not centred; give no bias then)
   float* rstd;
   int64_t rows, cols;
   float eps;
@@ -39,7 +39,7 @@ struct LnForwardArgs {
 struct LnBackwardArgs {
   const void* dy;
   const void* x;
-  const float* mean;
+  const float* mean;   // null: RMSNorm (mean 0, no mean(g) term; ask no dbias then)
   const float* rstd;
   const void* weight;  // may be null
   void* dx;            // may be null (not requested)

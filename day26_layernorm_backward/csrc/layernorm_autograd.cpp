@@ -95,6 +95,49 @@ Tensor3 layer_norm_fwd_autograd(const Tensor& x, at::IntArrayRef nshape, const O
   return {r[0], r[1], r[2]};
 }
 
+using Tensor2 = std::tuple<Tensor, Tensor>;
+
+// rms_norm_fwd's autograd: as LayerNormFunction, with rstd the only statistic.
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, std::vector<int64_t> nshape,
+                               const OptTensor& weight, double eps, int64_t version) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto op = kc::find_op<Tensor2(const Tensor&, at::IntArrayRef, const OptTensor&, double, int64_t)>(
+        "day26::rms_norm_fwd");
+    auto [y, rstd] = op.call(x, nshape, weight, eps, version);
+    ctx->save_for_backward({x, present(weight) ? *weight : Tensor(), rstd});
+    ctx->saved_data["nshape"] = std::move(nshape);
+    ctx->saved_data["version"] = version;
+    ctx->mark_non_differentiable({rstd});
+    return {y, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor& x = saved[0];
+    const Tensor& weight = saved[1];
+    const std::array<bool, 2> mask = {ctx->needs_input_grad(0), weight.defined() && ctx->needs_input_grad(1)};
+    variable_list out(5);
+    if (!grads[0].defined() || !(mask[0] || mask[1])) return out;
+    static const auto op = kc::find_op<Tensor2(const Tensor&, const Tensor&, at::IntArrayRef, const Tensor&,
+                                               const OptTensor&, std::array<bool, 2>, int64_t)>(
+        "day26::rms_norm_bwd");
+    const auto nshape = ctx->saved_data["nshape"].toIntVector();
+    auto [dx, dw] = op.call(grads[0], x, nshape, saved[2], opt(weight), mask, ctx->saved_data["version"].toInt());
+    if (mask[0]) out[0] = dx;
+    if (mask[1]) out[2] = dw;
+    return out;
+  }
+};
+
+Tensor2 rms_norm_fwd_autograd(const Tensor& x, at::IntArrayRef nshape, const OptTensor& weight, double eps,
+                              int64_t version) {
+  auto r = RmsNormFunction::apply(x, nshape.vec(), weight, eps, version);
+  return {r[0], r[1]};
+}
+
 }  // namespace
 
 Tensor3 call_layer_norm_fwd(const Tensor& x, at::IntArrayRef nshape, const OptTensor& weight,
@@ -109,4 +152,6 @@ Tensor3 call_layer_norm_fwd(const Tensor& x, at::IntArrayRef nshape, const OptTe
 TORCH_LIBRARY_IMPL(day26, Autograd, m) {
   m.impl("layer_norm_fwd", &day26::layer_norm_fwd_autograd);
   m.impl("layer_norm_bwd", torch::autograd::autogradNotImplementedFallback());
+  m.impl("rms_norm_fwd", &day26::rms_norm_fwd_autograd);
+  m.impl("rms_norm_bwd", torch::autograd::autogradNotImplementedFallback());
 }

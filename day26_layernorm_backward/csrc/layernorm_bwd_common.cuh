@@ -21,6 +21,13 @@
 
 namespace day26 {
 
+// RMSNorm runs the same kernels with the mean pointer null (LnBackwardArgs):
+// the row is not centred, so its mean is 0 and dx loses the mean(g) term.
+__device__ __forceinline__ float load_mean(const float* mean, int64_t row) { return mean ? mean[row] : 0.f; }
+__device__ __forceinline__ float row_a(float sum_g, float inv_d, const float* mean) {
+  return mean ? sum_g * inv_d : 0.f;
+}
+
 // ------------------------------------------------------------- per family
 // bwd_plan_*: the launch shape of the family's kernel for `a`, written into p
 // (p.vec and p.partials already set); false when the family cannot run the
@@ -306,10 +313,13 @@ __device__ __forceinline__ void bwd_vec_pass1(const kc::Vec<T, VEC>& xv, const k
 // k0 = -rstd * a - k1 * mean per row: 3 instructions an element instead of 6.
 // (k1 * x and k1 * mean cancel where the mean is large against the spread: an
 // fp32 rounding of k1 * x, 2^-24 of it, is still far below the 16-bit output's.)
+// RMSNorm (the backward's mean pointer null, see LnBackwardArgs): mu = 0 and the
+// mean(g) term a = 0, since the row is not centred.
 struct DxRow {
   float mu, rs, a, b, k1, k0;
-  __device__ __forceinline__ DxRow(float mu_, float rs_, const float (&sums)[2], float inv_d)
-      : mu(mu_), rs(rs_), a(sums[0] * inv_d), b(sums[1] * inv_d), k1(-(rs_ * rs_) * b), k0(fmaf(-k1, mu_, -rs_ * a)) {}
+  __device__ __forceinline__ DxRow(float mu_, float rs_, const float (&sums)[2], float inv_d, bool center)
+      : mu(mu_), rs(rs_), a(center ? sums[0] * inv_d : 0.f), b(sums[1] * inv_d), k1(-(rs_ * rs_) * b),
+        k0(fmaf(-k1, mu_, -rs_ * a)) {}
 };
 
 template <typename T, int VEC>

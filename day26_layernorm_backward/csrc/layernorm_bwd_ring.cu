@@ -134,7 +134,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   // pass 2: dx of row r (in stage s) from the whole row's sums, the row read again from the ring
   auto pass2 = [&](int s, int64_t r, float mu, float rs, const float (&sums)[2]) {
     if (!dx) return;
-    const DxRow dr(mu, rs, sums, inv_d);
+    const DxRow dr(mu, rs, sums, inv_d, mean != nullptr);
     T* dxr = dx + r * D + col0;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
@@ -184,15 +184,13 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     for (int s = 0; s < stages; ++s)
       if (row + s * stride < rows) issue(row + s * stride, s);
   float mu_next = 0.f, rs_next = 0.f;  // the statistics of the next row, loaded a row ahead
-  const float* mean_p = mean + row;
-  const float* rstd_p = rstd + row;
-  if (row < rows) mu_next = *mean_p, rs_next = *rstd_p;
+  if (row < rows) mu_next = load_mean(mean, row), rs_next = rstd[row];
 
   int stage = 0, parity = 0;
   unsigned phase = 0;  // parity of the ring's current round (every stage completes once per round)
   for (int64_t i = 0; row < rows; row += stride, ++i) {
     const float mu = mu_next, rs = rs_next;
-    if (row + stride < rows) mean_p += stride, rstd_p += stride, mu_next = *mean_p, rs_next = *rstd_p;
+    if (row + stride < rows) mu_next = load_mean(mean, row + stride), rs_next = rstd[row + stride];
     kc::mbar_wait(&bars[stage], phase);  // this row has landed
     float sums[2] = {0.f, 0.f};
     pass1(stage, mu, rs, sums);

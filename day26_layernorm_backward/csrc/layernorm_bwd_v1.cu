@@ -25,7 +25,7 @@ __global__ void ln_bwd_dx_v1(const T* __restrict__ dy, const T* __restrict__ x, 
   const int64_t row = row0 + blockIdx.x;
   const T* xr = x + row * D;
   const T* dyr = dy + row * D;
-  const float mu = mean[row], rs = rstd[row];
+  const float mu = load_mean(mean, row), rs = rstd[row];
   float sums[2] = {0.f, 0.f};  // sum(g), sum(g * xhat)
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
     const float g = kc::to_float(dyr[c]) * load_w(w, c);
@@ -33,7 +33,7 @@ __global__ void ln_bwd_dx_v1(const T* __restrict__ dy, const T* __restrict__ x, 
     sums[1] += g * (kc::to_float(xr[c]) - mu) * rs;
   }
   kc::block_reduce_sum<2>(sums, red);
-  const float a = sums[0] / float(D), b = sums[1] / float(D);
+  const float a = mean ? sums[0] / float(D) : 0.f, b = sums[1] / float(D);
   T* dxr = dx + row * D;
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
     const float g = kc::to_float(dyr[c]) * load_w(w, c);
@@ -53,7 +53,7 @@ __global__ void ln_bwd_dwdb_v1(const T* __restrict__ dy, const T* __restrict__ x
   float sw = 0.f, sb = 0.f;
   for (int64_t r = 0; r < rows; ++r) {
     const float g = kc::to_float(dy[r * D + c]);
-    sw += g * (kc::to_float(x[r * D + c]) - mean[r]) * rstd[r];
+    sw += g * (kc::to_float(x[r * D + c]) - load_mean(mean, r)) * rstd[r];
     sb += g;
   }
   if (dw) dw[c] = kc::from_float<TW>(sw);

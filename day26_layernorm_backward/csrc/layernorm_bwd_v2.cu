@@ -83,7 +83,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     if constexpr (ITERS == 0) {
       const T* xr = x + row * D;
       const T* dr = dy + row * D;
-      const float mu = mean[row], rs = rstd[row];
+      const float mu = load_mean(mean, row), rs = rstd[row];
       float sums[2] = {0.f, 0.f};
       for (int64_t c = t; c < D; c += tpr) {
         float pw[1], pb[1];
@@ -97,12 +97,12 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       if (dx)
         for (int64_t c = t; c < D; c += tpr)
           bwd_pass2<T, TW, 1>(kc::load_vec<1>(xr + c), kc::load_vec<1>(dr + c), w, w_f32, c, mu, rs,
-                              sums[0] * inv_d, sums[1] * inv_d, dx + row * D);
+                              row_a(sums[0], inv_d, mean), sums[1] * inv_d, dx + row * D);
     } else {
       RowRegs<T, VEC, ITERS> cx, cd;
       load_row(cx, x + row * D, D, tpr, t);
       load_row(cd, dy + row * D, D, tpr, t);
-      const float mu = mean[row], rs = rstd[row];
+      const float mu = load_mean(mean, row), rs = rstd[row];
       float sums[2] = {0.f, 0.f};
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
@@ -122,7 +122,7 @@ ln_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
         for (int it = 0; it < ITERS; ++it) {
           const int64_t c = (int64_t(it) * tpr + t) * VEC;
           if (c < D)
-            bwd_pass2<T, TW, VEC>(cx.v[it], cd.v[it], w, w_f32, c, mu, rs, sums[0] * inv_d, sums[1] * inv_d,
+            bwd_pass2<T, TW, VEC>(cx.v[it], cd.v[it], w, w_f32, c, mu, rs, row_a(sums[0], inv_d, mean), sums[1] * inv_d,
                                   dx + row * D);
         }
       }

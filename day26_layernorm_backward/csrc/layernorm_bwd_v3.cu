@@ -59,7 +59,7 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   int stage = 0;
   for (int64_t row = first; row < rows; row += stride) {
     issue(row + (stages - 1) * stride, stage == 0 ? stages - 1 : stage - 1);  // the stage read last iteration
-    const float mu = mean[row], rs = rstd[row];
+    const float mu = load_mean(mean, row), rs = rstd[row];
     kc::cp_async_wait(stages - 1);  // this row's group has landed
     const T* sx = sbuf + (2 * stage) * D;
     const T* sd = sx + D;
@@ -88,7 +88,7 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
           float wv[VEC];
           load_param_any<T, VEC>(w, w_f32, c, 1.f, wv);
           bwd_pass2_wv<T, VEC>(*reinterpret_cast<const kc::Vec<T, VEC>*>(sx + c),
-                               *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), wv, c, mu, rs, sums[0] * inv_d,
+                               *reinterpret_cast<const kc::Vec<T, VEC>*>(sd + c), wv, c, mu, rs, row_a(sums[0], inv_d, mean),
                                sums[1] * inv_d, dx + row * D);
         }
       }

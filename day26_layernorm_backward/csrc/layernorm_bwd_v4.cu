@@ -56,7 +56,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   if (kPrefetch && row < rows) {
     load_row(cx, x + row * D, D, tpr, t);
     load_row(cd, dy + row * D, D, tpr, t);
-    mu = mean[row], rs = rstd[row];
+    mu = load_mean(mean, row), rs = rstd[row];
   }
   for (; row < rows; row += stride) {
     RowRegs<T, VEC, ITERS> nx, nd;
@@ -66,12 +66,12 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       if (next < rows) {
         load_row(nx, x + next * D, D, tpr, t);
         load_row(nd, dy + next * D, D, tpr, t);
-        nmu = mean[next], nrs = rstd[next];
+        nmu = load_mean(mean, next), nrs = rstd[next];
       }
     } else {
       load_row(cx, x + row * D, D, tpr, t);
       load_row(cd, dy + row * D, D, tpr, t);
-      mu = mean[row], rs = rstd[row];
+      mu = load_mean(mean, row), rs = rstd[row];
     }
     // pass 1: the row sums of g = dy * w and g * xhat; dy * xhat and dy per column
     float sums[2] = {0.f, 0.f};
@@ -85,7 +85,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     slot_reduce_sum<2>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
     // pass 2: dx
     if (dx) {
-      const DxRow dr(mu, rs, sums, inv_d);
+      const DxRow dr(mu, rs, sums, inv_d, mean != nullptr);
       T* dxr = dx + row * D;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {

@@ -121,7 +121,89 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
       if (want_b) db.copy_(abt.view(nshape));
     }
   });
+  // One column: dx is exactly 0 (x - mean is 0), as on CUDA.
+  if (D == 1 && mask[0]) dx.zero_();
   return {dx, dw, db};
+}
+
+// RMSNorm: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), in double.
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cpu(const at::Tensor& x_, at::IntArrayRef nshape,
+                                                    const c10::optional<at::Tensor>& weight, double eps,
+                                                    int64_t version) {
+  const LnShape s = ln_check_inputs(x_, nshape, weight, c10::nullopt, /*allow_f64=*/true, version);
+  TORCH_CHECK(x_.device().is_cpu(), "rms_norm: input must be a CPU tensor here");
+  const at::Tensor x = x_.contiguous();
+  at::Tensor y = kc::new_output_like(x);
+  at::Tensor rstd = kc::new_output(s.lead, x.options().dtype(stat_dtype(x)));
+  const at::Tensor w = as_double_or_none(weight);
+  const int64_t D = s.cols;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm_fwd_cpu", [&] {
+    using stat_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    stat_t* rp = rstd.data_ptr<stat_t>();
+    const double* wp = w.defined() ? w.data_ptr<double>() : nullptr;
+    at::parallel_for(0, s.rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* xr = xp + r * D;
+        double q = 0;
+        for (int64_t c = 0; c < D; ++c) q += double(xr[c]) * double(xr[c]);
+        // rounded to the stored dtype first, as in layer_norm_fwd_cpu
+        const stat_t rs = stat_t(1.0 / std::sqrt(q / double(D) + eps));
+        for (int64_t c = 0; c < D; ++c) yp[r * D + c] = scalar_t(double(xr[c]) * double(rs) * (wp ? wp[c] : 1.0));
+        rp[r] = rs;
+      }
+    });
+  });
+  return {y, rstd};
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)), xhat = x * rstd, g = dy * weight;
+// dweight = sum_rows(dy * xhat).
+std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cpu(const at::Tensor& dy_, const at::Tensor& x_,
+                                                    at::IntArrayRef nshape, const at::Tensor& rstd_,
+                                                    const c10::optional<at::Tensor>& weight, std::array<bool, 2> mask,
+                                                    int64_t version) {
+  const LnShape s = ln_check_backward(dy_, x_, nshape, rstd_, rstd_, weight, /*allow_f64=*/true, version);
+  TORCH_CHECK(x_.device().is_cpu(), "rms_norm backward: input must be a CPU tensor here");
+  const at::Tensor x = x_.contiguous(), dy = dy_.contiguous();
+  const at::Tensor rstd = rstd_.to(at::kDouble).contiguous();
+  const bool has_w = weight.has_value() && weight->defined();
+  const at::Tensor w = as_double_or_none(weight);
+  const int64_t D = s.cols;
+  const auto wdt = has_w ? weight->scalar_type() : x.scalar_type();
+  at::Tensor dx = mask[0] ? kc::new_output_like(x) : at::empty({0}, x.options());
+  at::Tensor dw = mask[1] && has_w ? kc::new_output(nshape, x.options().dtype(wdt)) : at::empty({0}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm_bwd_cpu", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* dyp = dy.data_ptr<scalar_t>();
+    const double* rp = rstd.data_ptr<double>();
+    const double* wp = has_w ? w.data_ptr<double>() : nullptr;
+    if (mask[0]) {
+      scalar_t* dxp = dx.data_ptr<scalar_t>();
+      at::parallel_for(0, s.rows, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          double sgx = 0;
+          for (int64_t c = 0; c < D; ++c)
+            sgx += double(dyp[r * D + c]) * (wp ? wp[c] : 1.0) * double(xp[r * D + c]) * rp[r];
+          sgx /= double(D);
+          for (int64_t c = 0; c < D; ++c) {
+            const double g = double(dyp[r * D + c]) * (wp ? wp[c] : 1.0);
+            dxp[r * D + c] = scalar_t(rp[r] * (g - double(xp[r * D + c]) * rp[r] * sgx));
+          }
+        }
+      });
+    }
+    if (mask[1] && has_w) {
+      std::vector<double> aw(D, 0.0);
+      at::parallel_for(0, D, 256, [&](int64_t c0, int64_t c1) {
+        for (int64_t r = 0; r < s.rows; ++r)
+          for (int64_t c = c0; c < c1; ++c) aw[c] += double(dyp[r * D + c]) * double(xp[r * D + c]) * rp[r];
+      });
+      dw.copy_(at::from_blob(aw.data(), {D}, at::kDouble).view(nshape));
+    }
+  });
+  return {dx, dw};
 }
 
 }  // namespace
@@ -130,4 +212,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
 TORCH_LIBRARY_IMPL(day26, CPU, m) {
   m.impl("layer_norm_fwd", &day26::layer_norm_fwd_cpu);
   m.impl("layer_norm_bwd", &day26::layer_norm_bwd_cpu);
+  m.impl("rms_norm_fwd", &day26::rms_norm_fwd_cpu);
+  m.impl("rms_norm_bwd", &day26::rms_norm_bwd_cpu);
 }

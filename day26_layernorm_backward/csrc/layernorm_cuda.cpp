@@ -42,10 +42,11 @@ c10::optional<at::Tensor> contiguous_or_none(const c10::optional<at::Tensor>& t)
   return c10::nullopt;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& x_, at::IntArrayRef nshape,
-                                                                   const c10::optional<at::Tensor>& weight_,
-                                                                   const c10::optional<at::Tensor>& bias_,
-                                                                   double eps, int64_t version) {
+// rms: RMSNorm on the same kernels (no centring, no bias; mean comes back undefined).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda(const at::Tensor& x_, at::IntArrayRef nshape,
+                                                             const c10::optional<at::Tensor>& weight_,
+                                                             const c10::optional<at::Tensor>& bias_, double eps,
+                                                             int64_t version, bool rms) {
   const LnShape s = ln_check_inputs(x_, nshape, weight_, bias_, /*allow_f64=*/false, version);  // devices too
   TORCH_CHECK(x_.is_cuda(), "layer_norm: input must be a CUDA tensor here");
   check_knobs(s.cols, x_.scalar_type() == at::kFloat, /*forward=*/true);
@@ -53,14 +54,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
   const at::Tensor x = x_.contiguous();
   const auto weight = contiguous_or_none(weight_), bias = contiguous_or_none(bias_);
   at::Tensor y = kc::new_output_like(x);
-  at::Tensor mean = kc::new_output(s.lead, x.options().dtype(at::kFloat));
+  at::Tensor mean = rms ? at::Tensor() : kc::new_output(s.lead, x.options().dtype(at::kFloat));
   at::Tensor rstd = kc::new_output(s.lead, x.options().dtype(at::kFloat));
   LnForwardArgs a{};
   a.x = x.data_ptr();
   a.weight = ptr_or_null(weight);
   a.bias = ptr_or_null(bias);
   a.y = y.data_ptr();
-  a.mean = mean.data_ptr<float>();
+  a.mean = rms ? nullptr : mean.data_ptr<float>();
   a.rstd = rstd.data_ptr<float>();
   a.rows = s.rows;
   a.cols = s.cols;
@@ -69,6 +70,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
   a.wdt = weight ? kc::to_kc_dtype(*weight, "weight") : bias ? kc::to_kc_dtype(*bias, "bias") : a.dt;
   KC_TORCH_CHECK_CUDA(ln_forward(a, int(version), at::cuda::getCurrentCUDAStream()));
   return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& x, at::IntArrayRef nshape,
+                                                                   const c10::optional<at::Tensor>& weight,
+                                                                   const c10::optional<at::Tensor>& bias,
+                                                                   double eps, int64_t version) {
+  return norm_fwd_cuda(x, nshape, weight, bias, eps, version, /*rms=*/false);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& x, at::IntArrayRef nshape,
+                                                     const c10::optional<at::Tensor>& weight, double eps,
+                                                     int64_t version) {
+  auto [y, mean, rstd] = norm_fwd_cuda(x, nshape, weight, c10::nullopt, eps, version, /*rms=*/true);
+  return {y, rstd};
 }
 
 // A backward call's tensors (inputs made contiguous, outputs allocated), its
@@ -91,7 +106,7 @@ LnShape check_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArray
 
 BwdCall prepare_backward(const LnShape& s, const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape,
                          const at::Tensor& mean_, const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_,
-                         std::array<bool, 3> mask, int64_t version) {
+                         std::array<bool, 3> mask, int64_t version, bool rms = false) {
   BwdCall c;
   c.x = x_.contiguous();
   c.dy = dy_.contiguous();
@@ -107,7 +122,7 @@ BwdCall prepare_backward(const LnShape& s, const at::Tensor& dy_, const at::Tens
   LnBackwardArgs& a = c.a;
   a.dy = c.dy.data_ptr();
   a.x = c.x.data_ptr();
-  a.mean = c.mean.data_ptr<float>();
+  a.mean = rms ? nullptr : c.mean.data_ptr<float>();
   a.rstd = c.rstd.data_ptr<float>();
   a.weight = ptr_or_null(c.weight);
   a.dx = mask[0] ? c.dx.data_ptr() : nullptr;
@@ -132,7 +147,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
     c.a.workspace = c.ws.data_ptr<float>();
   }
   KC_TORCH_CHECK_CUDA(ln_backward(c.a, c.plan, at::cuda::getCurrentCUDAStream()));
+  // One column: x - mean is 0, so dx is exactly 0, which the 16-bit kernels'
+  // folded constants (rstd * g - rstd * mean(g), rounded apart) would miss.
+  if (s.cols == 1 && mask[0]) c.dx.zero_();
   return {c.dx, c.dw, c.db};
+}
+
+// RMSNorm's backward: the LayerNorm plan and kernels with the mean pointer null
+// (rstd stands in for mean in the shared checks; no dbias).
+std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy_, const at::Tensor& x_,
+                                                     at::IntArrayRef nshape, const at::Tensor& rstd_,
+                                                     const c10::optional<at::Tensor>& weight_, std::array<bool, 2> m,
+                                                     int64_t version) {
+  const LnShape s = check_backward(dy_, x_, nshape, rstd_, rstd_, weight_, version);
+  const at::cuda::CUDAGuard guard(x_.device());
+  const std::array<bool, 3> mask = {m[0], m[1], false};
+  BwdCall c = prepare_backward(s, dy_, x_, nshape, rstd_, rstd_, weight_, mask, version, /*rms=*/true);
+  if (c.plan.workspace_floats > 0) {
+    c.ws = at::empty({c.plan.workspace_floats}, c.x.options().dtype(at::kFloat));
+    c.a.workspace = c.ws.data_ptr<float>();
+  }
+  KC_TORCH_CHECK_CUDA(ln_backward(c.a, c.plan, at::cuda::getCurrentCUDAStream()));
+  return {c.dx, c.dw};
 }
 
 // The private _backward_plan (binding.cpp): the plan of this call, as (name, value) pairs.
@@ -163,4 +199,6 @@ const bool registered = (ln_backward_plan_query() = &backward_plan_query, true);
 TORCH_LIBRARY_IMPL(day26, CUDA, m) {
   m.impl("layer_norm_fwd", &day26::layer_norm_fwd_cuda);
   m.impl("layer_norm_bwd", &day26::layer_norm_bwd_cuda);
+  m.impl("rms_norm_fwd", &day26::rms_norm_fwd_cuda);
+  m.impl("rms_norm_bwd", &day26::rms_norm_bwd_cuda);
 }

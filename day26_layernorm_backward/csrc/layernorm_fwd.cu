@@ -75,8 +75,10 @@ __global__ void ln_fwd_v1(const T* __restrict__ x, const TW* __restrict__ w, con
   const int64_t row = row0 + blockIdx.x;
   const T* xr = x + row * D;
   float s = 0.f;
-  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) s += kc::to_float(xr[c]);
-  const float mean = kc::block_reduce_sum(s, red) / float(D);
+  const bool center = mean_out != nullptr;  // null: RMSNorm (mean taken as 0)
+  if (center)
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) s += kc::to_float(xr[c]);
+  const float mean = center ? kc::block_reduce_sum(s, red) / float(D) : 0.f;
   float q = 0.f;
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
     const float d = kc::to_float(xr[c]) - mean;
@@ -87,10 +89,13 @@ __global__ void ln_fwd_v1(const T* __restrict__ x, const TW* __restrict__ w, con
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
     yr[c] = kc::from_float<T>((kc::to_float(xr[c]) - mean) * rstd * load_w(w, c) + load_b(b, c));
   if (threadIdx.x == 0) {
-    mean_out[row] = mean;
+    if (center) mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
 }
+
+// The row's entry of a per-row output that may be absent (mean for RMSNorm).
+__device__ __forceinline__ float* row_or_null(float* p, int64_t row) { return p ? p + row : nullptr; }
 
 // The thread's share of a row in fp32 (entries past the row end: never read).
 template <typename T, int VEC, int ITERS>
@@ -136,14 +141,20 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
                                             float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d,
                                             float dn, float eps, int t, Reduce&& reduce, Exchange&& ex = {}) {
   constexpr bool kSplit = !std::is_same<std::decay_t<Exchange>, NoExchange>::value;
-  float s = 0.f;
+  // mean_out null: RMSNorm, the row not centred (its mean taken as 0; the
+  // split's exchange then combines shares of mean 0, so its m2 is the sum of squares)
+  const bool center = mean_out != nullptr;
+  float mean = 0.f;
+  if (center) {
+    float s = 0.f;
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it)
-    if (rc.has(it))
+    for (int it = 0; it < ITERS; ++it)
+      if (rc.has(it))
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s += v[it][j];
-  s = reduce(s);
-  const float mean = mean_of_sum(s, inv_d, dn);
+        for (int j = 0; j < VEC; ++j) s += v[it][j];
+    s = reduce(s);
+    mean = mean_of_sum(s, inv_d, dn);
+  }
   float q = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
@@ -183,7 +194,7 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
   bool writer = t == 0;
   if constexpr (kSplit) writer = writer && ex.writer();
   if (writer) {
-    *mean_out = row_mean;
+    if (center) *mean_out = row_mean;
     *rstd_out = rstd;
   }
 }
@@ -208,9 +219,13 @@ __device__ __forceinline__ void fwd_row_scalar(const T* __restrict__ xr, const T
                                                float* mean_out,
                                                float* rstd_out, int64_t D, int tpr, int t, float inv_d, float eps,
                                                Reduce&& reduce) {
-  float s = 0.f;
-  for (int64_t c = t; c < D; c += tpr) s += kc::to_float(xr[c]);
-  const float mean = mean_of_sum(reduce(s), inv_d, float(D));
+  const bool center = mean_out != nullptr;  // null: RMSNorm (mean taken as 0)
+  float mean = 0.f;
+  if (center) {
+    float s = 0.f;
+    for (int64_t c = t; c < D; c += tpr) s += kc::to_float(xr[c]);
+    mean = mean_of_sum(reduce(s), inv_d, float(D));
+  }
   float q = 0.f;
   for (int64_t c = t; c < D; c += tpr) {
     const float v = kc::to_float(xr[c]) - mean;
@@ -221,7 +236,7 @@ __device__ __forceinline__ void fwd_row_scalar(const T* __restrict__ xr, const T
     yr[c] = kc::from_float<T>((kc::to_float(xr[c]) - mean) * rstd * load_param1<T>(w, w_f32, c, 1.f) +
                               load_param1<T>(b, w_f32, c, 0.f));
   if (t == 0) {
-    *mean_out = mean;
+    if (center) *mean_out = mean;
     *rstd_out = rstd;
   }
 }
@@ -254,12 +269,12 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   // the block path keeps the whole block together (its reductions sync).
   for (int64_t row = blockIdx.x * rows_per_block + slot; row < rows; row += int64_t(gridDim.x) * rows_per_block) {
     if constexpr (ITERS == 0) {
-      fwd_row_scalar(x + row * D, w, b, w_f32, y + row * D, mean_out + row, rstd_out + row, D, tpr, t, inv_d, eps,
+      fwd_row_scalar(x + row * D, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, D, tpr, t, inv_d, eps,
                      reduce);
     } else {
       RowRegs<T, VEC, ITERS> cur;
       load_row(cur, x + row * D, rc);
-      fwd_row(cur, w, b, w_f32, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t, reduce);
+      fwd_row(cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_d, float(D), eps, t, reduce);
     }
   }
 }
@@ -299,7 +314,7 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 #pragma unroll
     for (int it = 0; it < ITERS; ++it)
       if (rc.has(it)) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + stage * D + rc.col(it));
-    fwd_row(cur, w, b, w_f32, y + row * D, mean_out + row, rstd_out + row, rc, inv_d, float(D), eps, t,
+    fwd_row(cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_d, float(D), eps, t,
             [&](float v) { return kc::block_reduce_sum(v, red); });
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
@@ -399,9 +414,9 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
   }
   auto one_row = [&](float (&v)[ITERS][VEC], int64_t r) {
     if constexpr (kCluster)
-      fwd_row_f32(v, w, b, w_f32, y + r * D, mean_out + r, rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce, ex);
+      fwd_row_f32(v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce, ex);
     else
-      fwd_row_f32(v, w, b, w_f32, y + r * D, mean_out + r, rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce);
+      fwd_row_f32(v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce);
   };
   if constexpr (kPrefetch) {
     // The next row is converted to fp32 at the end of the current one, before

@@ -1,7 +1,7 @@
 """Registered ops of day26 and their Python entry points.
 
-torch.ops.day26.layer_norm_fwd / layer_norm_bwd are implemented in C++ (CPU) and
-CUDA, with layer_norm_fwd's autograd in C++ too; this module adds their fake
+torch.ops.day26.layer_norm_fwd / layer_norm_bwd and rms_norm_fwd / rms_norm_bwd
+are implemented in C++ (CPU) and CUDA, with the forwards' autograd in C++ too; this module adds their fake
 (meta) implementations, so torch.compile and opcheck can trace them, and the
 Python entry points.
 """
@@ -132,3 +132,76 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, v
     (csrc/layernorm_versions.h; the README). The CPU path checks it and ignores it.
     """
     return _fwd(x, _as_shape(normalized_shape), weight, bias, float(eps), int(version))[0]
+
+
+# ----------------------------------------------------------------- RMSNorm
+# torch.ops.day26.rms_norm_fwd / rms_norm_bwd: the LayerNorm kernels and plan
+# run without centring and without bias (csrc/layernorm.h: a null mean), so
+# RMSNorm gets the same families, fallbacks and deterministic dweight.
+
+@torch.library.register_fake("day26::rms_norm_fwd")
+def _rms_fwd_fake(x, normalized_shape, weight, eps, version=DEFAULT_VERSION):
+    _check_devices("rms_norm", x, weight=weight)
+    lead = x.shape[: x.dim() - len(normalized_shape)]
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(lead, dtype=_stat_dtype(x))
+
+
+@torch.library.register_fake("day26::rms_norm_bwd")
+def _rms_bwd_fake(dy, x, normalized_shape, rstd, weight, output_mask, version=DEFAULT_VERSION):
+    _check_devices("rms_norm backward", x, grad_out=dy, rstd=rstd, weight=weight)
+    wdt = weight.dtype if weight is not None else x.dtype
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if output_mask[0] else x.new_empty((0,))
+    dw = x.new_empty(normalized_shape, dtype=wdt) if output_mask[1] and weight is not None else x.new_empty((0,))
+    return dx, dw
+
+
+def rms_eps(x: torch.Tensor, eps: float | None) -> float:
+    """F.rms_norm's rule for eps=None: the machine epsilon of the type it computes
+    in (float32 for float16/bfloat16/float32 input, float64 for float64), not of
+    x's own dtype (measured: torch 2.13, bfloat16 input, eps=None gives float32's)."""
+    if eps is not None:
+        return float(eps)
+    return torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+
+
+def rms_norm_forward(x, normalized_shape, weight=None, eps: float | None = None, version: int = DEFAULT_VERSION):
+    """(y, rstd): the RMSNorm forward op. rstd is fp32 (fp64 for fp64 input), shaped like x's leading dims."""
+    return _ops.rms_norm_fwd(x, _as_shape(normalized_shape), weight, rms_eps(x, eps), int(version))
+
+
+def rms_norm_backward(dy, x, normalized_shape, rstd, weight=None, output_mask: Sequence[bool] = (True, True),
+                      version: int = DEFAULT_VERSION):
+    """(dx, dweight): the RMSNorm backward op (empty [0] tensors where not requested)."""
+    return _ops.rms_norm_bwd(dy, x, _as_shape(normalized_shape), rstd, weight,
+                             [bool(m) for m in output_mask], int(version))
+
+
+def rms_norm(x, normalized_shape, weight=None, eps: float | None = None, version: int = DEFAULT_VERSION):
+    """RMSNorm with the semantics of torch.nn.functional.rms_norm, differentiable:
+    y = x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape) dims.
+
+    eps=None: as F.rms_norm (float32's epsilon, float64's for float64 input).
+    Dtypes, weight dtypes and versions as layer_norm's (no bias)."""
+    return _ops.rms_norm_fwd(x, _as_shape(normalized_shape), weight, rms_eps(x, eps), int(version))[0]
+
+
+def add_norm(x, residual, weight=None, bias=None, eps: float | None = 1e-5, kind: str = "layer",
+             version: int = DEFAULT_VERSION):
+    """(norm(x + residual), x + residual), kind "layer" (LayerNorm, with bias) or
+    "rms" (RMSNorm, bias must be None), differentiable through both outputs.
+
+    The sum is computed once and both outputs come from it; the add is not yet
+    fused into the norm kernel's load (one extra read of the sum)."""
+    if kind not in ("layer", "rms"):
+        raise ValueError(f"add_norm: kind must be 'layer' or 'rms', got {kind!r}")
+    if x.shape != residual.shape:
+        raise ValueError(f"add_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} must have one shape")
+    if x.dtype != residual.dtype:
+        raise ValueError(f"add_norm: x ({x.dtype}) and residual ({residual.dtype}) must have one dtype")
+    nshape = list(weight.shape) if weight is not None else ([x.shape[-1]] if bias is None else list(bias.shape))
+    s = x + residual
+    if kind == "rms":
+        if bias is not None:
+            raise ValueError("add_norm: kind='rms' takes no bias")
+        return rms_norm(s, nshape, weight, eps, version), s
+    return layer_norm(s, nshape, weight, bias, 1e-5 if eps is None else eps, version), s
