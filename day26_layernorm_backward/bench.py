@@ -3,6 +3,8 @@
     python bench.py [--out STEM] [--quick]
     python bench.py --models [--quick] [--out STEM]   # only GPT-2's training step with day26's LayerNorm
                                                       # (kernel_common.models; writes STEM_models.md/.json)
+                                                      # and Llama's with day26's RMSNorm (STEM_models_llama)
+    python bench.py --rms [--quick] [--out STEM]      # only RMSNorm forward + backward (STEM_rms.md)
 
 Columns (times in microseconds, median over repeats, L2 flushed before each):
   auto          our default (version 0: the plan's family per shape; results
@@ -84,16 +86,71 @@ def compiled_fns():
     return fwd, torch.compile(bwd_math, dynamic=True)
 
 
+def rms_table(args, meta, bw) -> str:
+    """RMSNorm forward + backward through autograd (dx and dweight), ours beside
+    eager F.rms_norm, torch.compile'd F.rms_norm and Liger's LigerRMSNorm where
+    installed; floor: 5 passes (forward: read x, write y; backward: read x, dy, write dx)."""
+    from day26_layernorm import rms_norm
+
+    try:
+        from liger_kernel.transformers.rms_norm import LigerRMSNorm
+    except ImportError:
+        LigerRMSNorm = None
+    crms = torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6), dynamic=True)
+    rows = []
+    shapes = [(4096, 4096), (8192, 4096)] if args.quick else [(4096, 768), (16384, 4096), (8192, 8192),
+                                                               (32768, 4096), (4096, 16384)]
+    for dtype in (torch.bfloat16, torch.float32):
+        for n, d in shapes:
+            x = torch.randn(n, d, device="cuda", dtype=dtype, requires_grad=True)
+            w = torch.randn(d, device="cuda", dtype=dtype, requires_grad=True)
+            dy = torch.randn(n, d, device="cuda", dtype=dtype)
+
+            def step(f):
+                return lambda: torch.autograd.grad(f(x, w), (x, w), dy)
+
+            t = {"ours": bench.time_us(step(lambda x, w: rms_norm(x, d, w, 1e-6))),
+                 "eager": bench.time_us(step(lambda x, w: F.rms_norm(x, (d,), w, 1e-6))),
+                 "compile": bench.time_us(step(crms))}
+            if LigerRMSNorm is not None:
+                lig = LigerRMSNorm(d, eps=1e-6).to(device="cuda", dtype=dtype)
+                t["liger"] = bench.time_us(lambda: torch.autograd.grad(lig(x), (x, lig.weight), dy))
+            floor = bench.floor_us(5 * n * d * x.element_size(), bw)
+            row = dict(shape=f"{n}x{d} {str(dtype).replace('torch.', '')}", **t, floor=floor,
+                       pct_floor=100 * floor / t["ours"], x_eager=t["eager"] / t["ours"],
+                       x_compile=t["compile"] / t["ours"])
+            if "liger" in t:
+                row["x_liger"] = t["liger"] / t["ours"]
+            rows.append(row)
+            del x, w, dy
+            torch.cuda.empty_cache()
+            print(f"  done rms {row['shape']}", file=sys.stderr)
+    cols = ["shape", "ours", "eager", "compile", "liger", "floor", "pct_floor", "x_eager", "x_compile", "x_liger"]
+    note = "" if LigerRMSNorm is not None else "\nLiger: not installed on this machine (no liger column).\n"
+    return (f"day26 RMSNorm forward + backward (autograd, dx and dweight) on {meta['device']} ({meta['date']}, "
+            f"torch {meta['torch']}), copy bandwidth {bw:.0f} GB/s; us, median, L2 flushed; floor: 5 passes\n\n"
+            f"{bench.format_table(rows, cols)}\n{note}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_out/day26")
     p.add_argument("--quick", action="store_true", help="two shapes only")
     p.add_argument("--sweep", action="store_true", help="also time v3 for the knob target_iters in 1, 2, 4, 8")
+    p.add_argument("--rms", action="store_true", help="only the RMSNorm table (STEM_rms.md)")
     models.add_args(p)
     args = p.parse_args()
-    if args.models:  # GPT-2 small's training step with day26's LayerNorm in every LayerNorm
+    if args.models:  # GPT-2 small's step with day26's LayerNorm; Llama's with day26's RMSNorm
         from day26_layernorm import LayerNorm
-        models.run(args, "day26", ["gpt2"], {"day26 LayerNorm": models.Swap(layer_norm=LayerNorm.from_torch)})
+        names = (args.model_names or "gpt2,llama").split(",")
+        one = argparse.Namespace(**{**vars(args), "model_names": None})  # each run below names its model
+        if "gpt2" in names:
+            models.run(one, "day26", ["gpt2"], {"day26 LayerNorm": models.Swap(layer_norm=LayerNorm.from_torch)})
+        if "llama" in names:
+            # Llama's norms are transformers' LlamaRMSNorm: convert swaps them for day26's RMSNorm
+            from day26_layernorm import convert
+            models.run(one, "day26", ["llama"], {"day26 RMSNorm": models.Swap(convert=convert)},
+                       out=args.out + "_models_llama")
         return 0
     if not torch.cuda.is_available():
         print("bench.py needs a CUDA GPU")
@@ -101,6 +158,12 @@ def main():
     meta = bench.device_meta()
     bw = bench.copy_bandwidth_gbs()
     meta["copy_gbs"] = round(bw, 1)
+    if args.rms:
+        md = rms_table(args, meta, bw)
+        with open(f"{args.out}_rms.md", "w") as f:
+            f.write(md)
+        print(md)
+        return 0
     cfwd, cbwd = compiled_fns()
     shapes = SHAPES[:2] if args.quick else SHAPES
     fwd_rows, bwd_rows, sweep_rows = [], [], []
