@@ -53,6 +53,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                              std::optional<at::Tensor> bias, double eps, int64_t version) {
     return day26::call_layer_norm_fwd(x, nshape, weight, bias, eps, version);
   });
+  m.def("rms_norm_fwd", [](const at::Tensor& x, std::vector<int64_t> nshape, std::optional<at::Tensor> weight,
+                           double eps, int64_t version) {
+    return day26::call_rms_norm_fwd(x, nshape, weight, eps, version);
+  });
   // Private (tests, tools/): day26_layernorm.ops.knobs() is the way to use these.
   m.def("_set_knob", [](int knob, int value) {
     TORCH_CHECK(knob >= 0 && knob < day26::kNumKnobs, "day26: no knob ", kc::fmt(knob));

@@ -104,9 +104,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
                                const OptTensor& weight, double eps, int64_t version) {
     ctx->set_materialize_grads(false);
     at::AutoDispatchBelowADInplaceOrView guard;
-    static const auto op = kc::find_op<Tensor2(const Tensor&, at::IntArrayRef, const OptTensor&, double, int64_t)>(
-        "day26::rms_norm_fwd");
-    auto [y, rstd] = op.call(x, nshape, weight, eps, version);
+    auto [y, rstd] = call_rms_norm_fwd(x, nshape, weight, eps, version);
     ctx->save_for_backward({x, present(weight) ? *weight : Tensor(), rstd});
     ctx->saved_data["nshape"] = std::move(nshape);
     ctx->saved_data["version"] = version;
@@ -145,6 +143,13 @@ Tensor3 call_layer_norm_fwd(const Tensor& x, at::IntArrayRef nshape, const OptTe
   static const auto op = kc::find_op<Tensor3(const Tensor&, at::IntArrayRef, const OptTensor&, const OptTensor&,
                                              double, int64_t)>("day26::layer_norm_fwd");
   return op.call(x, nshape, weight, bias, eps, version);
+}
+
+std::tuple<Tensor, Tensor> call_rms_norm_fwd(const Tensor& x, at::IntArrayRef nshape, const OptTensor& weight,
+                                             double eps, int64_t version) {
+  static const auto op = kc::find_op<std::tuple<Tensor, Tensor>(const Tensor&, at::IntArrayRef, const OptTensor&,
+                                                                double, int64_t)>("day26::rms_norm_fwd");
+  return op.call(x, nshape, weight, eps, version);
 }
 
 }  // namespace day26

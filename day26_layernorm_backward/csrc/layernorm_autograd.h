@@ -19,6 +19,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_layer_norm_fwd(const at::Ten
                                                                    const std::optional<at::Tensor>& bias, double eps,
                                                                    int64_t version);
 
+// The same for torch.ops.day26.rms_norm_fwd: (y, rstd).
+std::tuple<at::Tensor, at::Tensor> call_rms_norm_fwd(const at::Tensor& x, at::IntArrayRef nshape,
+                                                     const std::optional<at::Tensor>& weight, double eps,
+                                                     int64_t version);
+
 // The backward's plan for a call (private: tests and tools/, through the
 // module's _backward_plan), as (name, value) pairs. Set by layernorm_cuda.cpp
 // in CUDA builds; null in CPU-only builds. Defined in binding.cpp.

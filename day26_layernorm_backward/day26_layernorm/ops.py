@@ -155,18 +155,25 @@ def _rms_bwd_fake(dy, x, normalized_shape, rstd, weight, output_mask, version=DE
     return dx, dw
 
 
+# torch.ops.day26.rms_norm_fwd through the extension's C++ entry for plain tensors (as _fwd).
+_rms_fwd = fastpath.entry(_ops.rms_norm_fwd.default, _C.rms_norm_fwd, 2)
+
+
 def rms_eps(x: torch.Tensor, eps: float | None) -> float:
     """F.rms_norm's rule for eps=None: the machine epsilon of the type it computes
     in (float32 for float16/bfloat16/float32 input, float64 for float64), not of
     x's own dtype (measured: torch 2.13, bfloat16 input, eps=None gives float32's)."""
     if eps is not None:
         return float(eps)
-    return torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+    return _EPS64 if x.dtype == torch.float64 else _EPS32
+
+
+_EPS32, _EPS64 = torch.finfo(torch.float32).eps, torch.finfo(torch.float64).eps
 
 
 def rms_norm_forward(x, normalized_shape, weight=None, eps: float | None = None, version: int = DEFAULT_VERSION):
     """(y, rstd): the RMSNorm forward op. rstd is fp32 (fp64 for fp64 input), shaped like x's leading dims."""
-    return _ops.rms_norm_fwd(x, _as_shape(normalized_shape), weight, rms_eps(x, eps), int(version))
+    return _rms_fwd(x, _as_shape(normalized_shape), weight, rms_eps(x, eps), int(version))
 
 
 def rms_norm_backward(dy, x, normalized_shape, rstd, weight=None, output_mask: Sequence[bool] = (True, True),
@@ -182,7 +189,7 @@ def rms_norm(x, normalized_shape, weight=None, eps: float | None = None, version
 
     eps=None: as F.rms_norm (float32's epsilon, float64's for float64 input).
     Dtypes, weight dtypes and versions as layer_norm's (no bias)."""
-    return _ops.rms_norm_fwd(x, _as_shape(normalized_shape), weight, rms_eps(x, eps), int(version))[0]
+    return _rms_fwd(x, _as_shape(normalized_shape), weight, rms_eps(x, eps), int(version))[0]
 
 
 def add_norm(x, residual, weight=None, bias=None, eps: float | None = 1e-5, kind: str = "layer",
