@@ -44,9 +44,13 @@ if ((${#ONLY[@]})); then
   pkgs=($(printf '%s\n' "${pkgs[@]}" | awk 'NF && !seen[$0]++'))
 fi
 
+# "CUDA build" as kernel_common.build.cuda_build_enabled decides it; KC_FORCE_CPU=1 (CI's
+# newest-torch job, whose PyPI torch is a CUDA build) makes it a CPU build + compile check.
 has_cuda_torch=$($PY -c 'import torch; print(int(torch.version.cuda is not None))')
+[[ ${KC_FORCE_CPU:-0} == 1 ]] && has_cuda_torch=0
+torch_version=$($PY -c 'import torch; print(torch.__version__)')
 has_nvcc=$(command -v nvcc >/dev/null && echo 1 || echo 0)
-echo "== build_all: ${#pkgs[@]} package(s): ${pkgs[*]}  (mode=$MODE, cuda torch=$has_cuda_torch, nvcc=$has_nvcc, logs=$LOGS)"
+echo "== build_all: ${#pkgs[@]} package(s): ${pkgs[*]}  (mode=$MODE, torch $torch_version, cuda build=$has_cuda_torch, nvcc=$has_nvcc, logs=$LOGS)"
 
 declare -A R_BUILD R_TIME R_PASS R_FAIL R_SKIP R_CHECK R_BENCH
 failed=0
@@ -108,7 +112,7 @@ PYEOF
 done
 
 echo
-echo "== summary"
+echo "== summary (torch $torch_version, $PY)"
 printf '%-28s %-7s %7s %-9s %7s %7s %7s %-6s\n' package build 'time(s)' nvcc passed failed skipped bench
 for p in "${pkgs[@]}"; do
   printf '%-28s %-7s %7s %-9s %7s %7s %7s %-6s\n' "$p" "${R_BUILD[$p]}" "${R_TIME[$p]}" "${R_CHECK[$p]}" \
