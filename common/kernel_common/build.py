@@ -359,7 +359,8 @@ def load_error_message(pkg: str, root: str | os.PathLike | None, error: ImportEr
     except ImportError:
         info = None
     source = getattr(info, "SOURCE_DIR", None) or (str(Path(root).resolve()) if root is not None else None)
-    where = f"cd {source} && " if source else "in the day's folder: "
+    # a wheel built elsewhere (scripts/build_wheels.sh) records a folder this machine may lack
+    where = f"cd {source} && " if source and Path(source, "setup.py").exists() else "in the day's folder of the repo: "
     rebuild = f"{where}{sys.executable} -m pip install --no-build-isolation ."
     def describe(version, cuda):
         return f"torch {version} ({f'CUDA {cuda}' if cuda else 'CPU only'})"
