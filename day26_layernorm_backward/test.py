@@ -17,7 +17,7 @@ if __name__ == "__main__" and "--jit" in sys.argv:
     sys.argv.remove("--jit")
     os.environ["KC_JIT"] = "1"
 
-from kernel_common import testing  # noqa: E402  (sets KC_POISON_OUTPUTS before the ops load)
+from kernel_common import testing  # noqa: E402
 from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
 
 import pytest  # noqa: E402

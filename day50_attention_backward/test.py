@@ -18,7 +18,7 @@ if __name__ == "__main__" and "--jit" in sys.argv:
     os.environ["KC_JIT"] = "1"
     sys.argv.remove("--jit")
 
-from kernel_common import testing  # noqa: E402  (sets KC_POISON_OUTPUTS=1 first)
+from kernel_common import testing  # noqa: E402
 from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
 
 import pytest  # noqa: E402

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from kernel_common import testing  # noqa: E402  (sets KC_POISON_OUTPUTS=1 first)
+from kernel_common import testing  # noqa: E402
 from kernel_common.testing import requires_cuda  # noqa: E402
 
 import pytest  # noqa: E402

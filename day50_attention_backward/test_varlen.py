@@ -11,7 +11,7 @@ import math
 import os
 import sys
 
-from kernel_common import testing  # noqa: E402  (sets KC_POISON_OUTPUTS=1 first)
+from kernel_common import testing  # noqa: E402
 from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402
 
 import pytest  # noqa: E402

@@ -54,7 +54,6 @@ echo "== build_all: ${#pkgs[@]} package(s): ${pkgs[*]}  (mode=$MODE, torch $torc
 
 declare -A R_BUILD R_TIME R_PASS R_FAIL R_SKIP R_CHECK R_BENCH
 failed=0
-export KC_POISON_OUTPUTS=1
 for p in "${pkgs[@]}"; do
   echo "-- [$p]"
   t0=$(date +%s)

@@ -17,7 +17,7 @@ PY=${PYTHON:-python3}
 LOGS=${KC_LOG_DIR:-$ROOT/build/logs}
 mkdir -p "$LOGS"
 command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found" >&2; exit 2; }
-export KC_SANITIZE=1 KC_POISON_OUTPUTS=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
+export KC_SANITIZE=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
 status=0
 for tool in ${KC_SAN_TOOLS:-memcheck racecheck}; do
   log="$LOGS/$PKG.sanitize-$tool.log"
