@@ -1,7 +1,9 @@
 """Root pytest setup: each package folder goes on sys.path, as `python test.py` puts
 its own folder there, so a test.py imports its package (and kernel_common) the same
 way whether it runs alone or with every package from the root. The package's compiled
-extension (<pkg>_C) is the installed one, or JIT-built with KC_JIT=1."""
+extension (<pkg>_C) is the installed one, or JIT-built when KC_JIT=1 is set for the run
+(the test runner reads it; kernel_common.build.use_jit switches the loader)."""
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +21,10 @@ import importlib  # noqa: E402
 import pytest  # noqa: E402
 
 from kernel_common import testing  # noqa: E402
+from kernel_common.build import use_jit  # noqa: E402
+
+if os.environ.get("KC_JIT", "0") == "1":
+    use_jit(verbose=os.environ.get("KC_VERBOSE", "0") == "1")
 
 for _d in sorted(_ROOT.iterdir()):
     if (_d / "test.py").is_file() and (_d / _d.name / "__init__.py").is_file():

@@ -197,12 +197,27 @@ def test_poison_outputs_calls_every_extension_hook(monkeypatch):
 
 # ------------------------------------------------ no environment read in library code
 ROOT = HERE.parent
-# Build configuration, read by setup.py/pip and the JIT loader (TORCH_CUDA_ARCH_LIST,
-# DEBUG, KC_FORCE_CPU, KC_JIT, CXX): not code an op runs.
+# Build configuration, read by setup.py/pip and the JIT build (TORCH_CUDA_ARCH_LIST, DEBUG,
+# KC_FORCE_CPU, CXX) when something is compiled: not code an import or an op runs. Which
+# loader a run uses is set explicitly (build.use_jit), tested below.
 _ENV_ALLOWED = {ROOT / "common" / "kernel_common" / "build.py"}
 _CXX_ENV = re.compile(r"\b(secure_)?getenv\b|\benviron\b")
 _PY_ENV = re.compile(r"\bgetenv\s*\(|environ\s*\.\s*(get|setdefault|copy|items|keys|values)\b"
                      r"|\bin\s+(os\.)?environ\b|environ\s*\[[^\]]*\](?!\s*=[^=])|\bdict\(\s*(os\.)?environ\b")
+
+
+def test_import_extension_reads_no_environment(monkeypatch):
+    """KC_JIT in the environment changes nothing inside the library: only use_jit() (which the
+    test runners call) switches import_extension to a JIT build."""
+    from kernel_common import build
+
+    monkeypatch.setenv("KC_JIT", "1")
+    monkeypatch.setitem(build._JIT, "on", False)
+    with pytest.raises(ImportError, match="not built"):
+        build.import_extension("kc_no_such_day", None)
+    monkeypatch.setitem(build._JIT, "on", True)
+    with pytest.raises(RuntimeError, match="use_jit"):
+        build.import_extension("kc_no_such_day", None)
 
 
 def env_reads(text: str, python: bool) -> list[str]:

@@ -14,8 +14,10 @@ import os
 import sys
 
 if __name__ == "__main__" and "--jit" in sys.argv:
+    from kernel_common.build import use_jit
+
+    use_jit()  # before the package below is imported
     sys.argv.remove("--jit")
-    os.environ["KC_JIT"] = "1"
 
 from kernel_common import testing  # noqa: E402
 from kernel_common.testing import DEVICES, HAS_CUDA, requires_cuda  # noqa: E402

@@ -15,7 +15,9 @@ import os
 import sys
 
 if __name__ == "__main__" and "--jit" in sys.argv:
-    os.environ["KC_JIT"] = "1"
+    from kernel_common.build import use_jit
+
+    use_jit()  # before the package below is imported
     sys.argv.remove("--jit")
 
 from kernel_common import testing  # noqa: E402

@@ -328,19 +328,31 @@ def load_jit(pkg: str, root: str | os.PathLike, verbose: bool = False):
     return mod
 
 
+# Whether import_extension compiles from source (use_jit) instead of importing the installed
+# module. Switched on explicitly by the test runners (`python test.py --jit`, the root
+# conftest.py with KC_JIT=1): the library itself reads no environment when a day is imported.
+_JIT = {"on": False, "verbose": False}
+
+
+def use_jit(verbose: bool = False) -> None:
+    """From now on, import_extension builds each day's extension from its sources (JIT) instead
+    of importing the installed `<pkg>_C`. Call it before the day's package is imported."""
+    _JIT["on"], _JIT["verbose"] = True, verbose
+
+
 def import_extension(pkg: str, root: str | os.PathLike | None = None):
     """What a day's package calls to get its ops registered.
 
-    KC_JIT=1 (set by `python test.py --jit`) builds from source; otherwise the
+    After use_jit() (as `python test.py --jit` calls) it builds from source; otherwise the
     installed `<pkg>_C` is imported, with a message saying how to build it.
     """
     name = f"{pkg}_C"
     if name in sys.modules:
         return sys.modules[name]
-    if os.environ.get("KC_JIT", "0") == "1":
+    if _JIT["on"]:
         if root is None:
-            raise RuntimeError("KC_JIT=1 needs the day's source folder")
-        return load_jit(pkg, root, verbose=os.environ.get("KC_VERBOSE", "0") == "1")
+            raise RuntimeError("a JIT build (use_jit) needs the day's source folder")
+        return load_jit(pkg, root, verbose=_JIT["verbose"])
     try:
         return importlib.import_module(name)
     except ImportError as e:
@@ -369,7 +381,7 @@ def load_error_message(pkg: str, root: str | os.PathLike | None, error: ImportEr
     missing = isinstance(error, ModuleNotFoundError) and error.name == name
     if info is None or missing:  # the record outlives a build that failed after setup.py began
         return (f"{name} is not built. Build it: {rebuild}  "
-                f"(or set KC_JIT=1, as `python test.py --jit` does, to compile it on import). ({error})")
+                f"(or run `python test.py --jit` to compile it on import). ({error})")
     built = describe(info.TORCH_VERSION, info.TORCH_CUDA)
     if info.TORCH_VERSION != torch.__version__ or info.TORCH_CUDA != torch.version.cuda:
         return (f"{name} failed to load: it was built against {built}, and {running} is running; "

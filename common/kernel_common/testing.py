@@ -178,6 +178,8 @@ def main(test_file: str, argv: list[str] | None = None) -> int:
     on import) is taken out of them: the test.py acts on it before its imports."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--jit" in args:
+        from .build import use_jit
+
         args.remove("--jit")
-        os.environ["KC_JIT"] = "1"
+        use_jit()
     return pytest.main([test_file, *args])
