@@ -253,6 +253,27 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
   return {out, lse};
 }
 
+// The dense backward's parameters, the same for the tensor-core and SIMT families: inputs as
+// the family reads them, the outputs dq (q's layout), dk, dv (contiguous), lse and grad_lse.
+day50::FusedParams backward_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
+                                   const Tensor& out, const Tensor& lse, const Tensor& grad_lse, const Tensor& dq,
+                                   const Tensor& dk, const Tensor& dv, bool causal, double scale,
+                                   const day50::Window& w, double softcap) {
+  day50::FusedParams p = fused_params(q, k, v, causal, scale);
+  set_masking(p, w, softcap);
+  p.out = view4(out);
+  p.dout = view4(grad_out);
+  p.lse = const_cast<float*>(lse.data_ptr<float>());
+  p.grad_lse = grad_lse.defined() ? grad_lse.data_ptr<float>() : nullptr;
+  p.dq = dq.data_ptr();
+  p.dq_sb = dq.stride(0);
+  p.dq_sh = dq.stride(1);
+  p.dq_sr = dq.stride(2);
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  return p;
+}
+
 std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_out, const Tensor& q, const Tensor& k,
                                                            const Tensor& v, const Tensor& out, const Tensor& lse_,
                                                            const std::optional<Tensor>& grad_lse_, bool causal,
@@ -292,18 +313,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (fused) {
     const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v), go = fused_ready(grad_out);
-    day50::FusedParams p = fused_params(qq, kk, vv, causal, scale);
-    set_masking(p, w, softcap);
-    p.out = view4(out);
-    p.dout = view4(go);
-    p.lse = const_cast<float*>(lse.data_ptr<float>());
-    p.grad_lse = grad_lse.defined() ? grad_lse.data_ptr<float>() : nullptr;
-    p.dq = dq.data_ptr();
-    p.dq_sb = dq.stride(0);
-    p.dq_sh = dq.stride(1);
-    p.dq_sr = dq.stride(2);
-    p.dk = dk.data_ptr();
-    p.dv = dv.data_ptr();
+    day50::FusedParams p = backward_params(qq, kk, vv, go, out, lse, grad_lse, dq, dk, dv, causal, scale, w, softcap);
     // Workspaces: O(B H N d), never N x N.
     Tensor dsum = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));
     Tensor dq_accum = at::empty({B * H * Nq * d}, q.options().dtype(at::kFloat));
@@ -328,18 +338,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     }
     KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, stream));
   } else if (simt) {  // any strides: no copies; workspace: D, one float a query row
-    day50::FusedParams p = fused_params(q, k, v, causal, scale);
-    set_masking(p, w, softcap);
-    p.out = view4(out);
-    p.dout = view4(grad_out);
-    p.lse = const_cast<float*>(lse.data_ptr<float>());
-    p.grad_lse = grad_lse.defined() ? grad_lse.data_ptr<float>() : nullptr;
-    p.dq = dq.data_ptr();
-    p.dq_sb = dq.stride(0);
-    p.dq_sh = dq.stride(1);
-    p.dq_sr = dq.stride(2);
-    p.dk = dk.data_ptr();
-    p.dv = dv.data_ptr();
+    day50::FusedParams p =
+        backward_params(q, k, v, grad_out, out, lse, grad_lse, dq, dk, dv, causal, scale, w, softcap);
     Tensor dsum = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));
     p.dsum = dsum.data_ptr<float>();
     KC_TORCH_CHECK_CUDA(day50::simt_attention_backward(p, stream));
