@@ -1,6 +1,8 @@
 // LayerNorm launchers (torch-free); the torch glue in layernorm_cuda.cpp calls
 // these. Versions 0 (auto) and 1-6: layernorm_versions.h. Files:
-//   layernorm_fwd.cu           the forward: versions 1, 2, 3, 4, 6 and its plan
+//   layernorm_fwd_plan.cu      the forward's plan (the auto table, fallbacks) and launch
+//   layernorm_fwd_v1.cu .. _v4.cu  one file per forward family (_v4: 4 and 6); the row
+//                              math they share: layernorm_fwd_common.cuh
 //   layernorm_bwd_plan.cu      the backward's plan (the auto table, fallbacks), launch and
 //                              the dweight/dbias finalize (sum of the partial rows)
 //   layernorm_bwd_v1.cu        1: the seed's kernels

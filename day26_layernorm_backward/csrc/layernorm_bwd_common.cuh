@@ -48,25 +48,6 @@ cudaError_t bwd_launch_finalize(const LnBackwardArgs& a, const LnBwdPlan& p, cud
 // finalize kernel for rows of at most kFinNarrowMaxD columns (else the wide one)
 constexpr int kFinNarrowMaxD = 1024;
 
-// f(T{}, TW{}) for the input dtype T and the weight dtype TW (T or float).
-template <typename F>
-auto ln_typed(kc::DType dt, kc::DType wdt, F&& f) {
-  const bool w_f32 = wdt == kc::DType::F32;
-  return KC_DTYPE_SWITCH(dt, T, [&] {
-    return KC_BOOL_SWITCH(w_f32, kWF32, [&] {
-      using TW = typename std::conditional<kWF32, float, T>::type;
-      return f(T{}, TW{});
-    });
-  });
-}
-
-// f(T{}) for the input dtype T: kernels whose weight dtype is a run-time value
-// (TW = void below), one instantiation for both weight dtypes.
-template <typename F>
-auto ln_input_typed(kc::DType dt, F&& f) {
-  return KC_DTYPE_SWITCH(dt, T, [&] { return f(T{}); });
-}
-
 // Tensor arguments of every backward kernel, typed (TW = void: a weight pointer
 // whose dtype, T or fp32, the kernel gets as a run-time flag).
 template <typename T, typename TW>

@@ -1,5 +1,6 @@
-// Shared by layernorm_fwd.cu and layernorm_bwd.cu: the launch configuration
-// of the v2 kernels, chosen from the row length and the dtype.
+// Shared by the forward and backward files (layernorm_fwd_*.cu, layernorm_bwd_*.cu):
+// the launch configurations of the families, the row-slot and ring helpers,
+// and the dtype dispatch.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "kc/cluster.cuh"
 #include "kc/convert.cuh"
 #include "kc/reduce.cuh"
+#include "kc/switch.cuh"
 #include "kc/vec.cuh"
 
 namespace day26 {
@@ -90,6 +92,25 @@ R with_iters(int iters, R otherwise, F&& f) {
     case 16: if constexpr (kMax >= 16) return f(std::integral_constant<int, 16>{}); break;
   }
   return otherwise;
+}
+
+// f(T{}, TW{}) for the input dtype T and the weight dtype TW (T or float).
+template <typename F>
+auto ln_typed(kc::DType dt, kc::DType wdt, F&& f) {
+  const bool w_f32 = wdt == kc::DType::F32;
+  return KC_DTYPE_SWITCH(dt, T, [&] {
+    return KC_BOOL_SWITCH(w_f32, kWF32, [&] {
+      using TW = typename std::conditional<kWF32, float, T>::type;
+      return f(T{}, TW{});
+    });
+  });
+}
+
+// f(T{}) for the input dtype T: kernels whose weight dtype is a run-time value
+// (TW = void below), one instantiation for both weight dtypes.
+template <typename F>
+auto ln_input_typed(kc::DType dt, F&& f) {
+  return KC_DTYPE_SWITCH(dt, T, [&] { return f(T{}); });
 }
 
 // Number of multiprocessors of the current device (cached per device).

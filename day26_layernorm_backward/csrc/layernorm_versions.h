@@ -4,7 +4,7 @@
 // A version names one kernel family (1 the seed's algorithm, then each step
 // that bought something); 0 (auto, the default) is not a kernel but a plan:
 // the family per shape from the table in layernorm_bwd_plan.cu (backward) and
-// layernorm_fwd.cu's fwd_plan (forward). The README shows both tables with the
+// layernorm_fwd_plan.cu's fwd_plan (forward). The README shows both tables with the
 // measurements behind them.
 //
 //   0  auto         the plan's choice (the default; written once: binding.cpp's schema)

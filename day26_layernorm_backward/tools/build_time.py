@@ -6,7 +6,7 @@ arch_macros), and prints the seconds per file, the number of kernels in its cubi
 `.nv.info.<kernel>` sections, read with readelf from nvcc's --keep output) and the total.
 Nothing is cached: every file is compiled each run.
 
-    python tools/build_time.py [--arch 90a] [--files layernorm_fwd.cu ...] [--repeat N] [--root DIR]
+    python tools/build_time.py [--arch 90a] [--files layernorm_fwd_v4.cu ...] [--repeat N] [--root DIR]
 
 --root: another copy of this day's folder (e.g. `git archive main day26_layernorm_backward`
 unpacked somewhere), to time its sources with the same command.

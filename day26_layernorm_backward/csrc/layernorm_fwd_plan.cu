@@ -1,0 +1,104 @@
+// LayerNorm forward: the plan (which kernel family runs and its launch shape:
+// FwdPlan, layernorm_fwd_common.cuh), computed once per call, and its launch.
+// Families and fallbacks: layernorm_versions.h; each family's kernels and
+// launcher: layernorm_fwd_v1.cu .. layernorm_fwd_v4.cu (4 and 6).
+#include "layernorm_fwd_common.cuh"
+
+#include "kc/vec.cuh"
+
+namespace day26 {
+namespace {
+
+// Version 0 (auto), the forward's table (H200 measurements, README "The plan"):
+// - fp32 rows longer than 8192 on sm_90+ (16-byte vectors): split across a
+//   cluster (6), the next row prefetched: 85% of the floor at 4096 x 16384
+//   against v3's 80% (probe run 42); else 3 for rows over 8192 (v3 measured
+//   faster than v2 there), 2 below (v4 with the next row prefetched was 1-3%
+//   faster than v2 at 1024 and 8192 columns in probe runs 37-38 but 3-8% slower
+//   in bench run 39: no consistent gain).
+// - 16-bit rows: 4 (row slots, the next row prefetched); split across a cluster
+//   they measured much slower (one 512-thread slot per SM waits for every row's
+//   exchange: 110 against 77 us), so not split unless knob cluster is set.
+// Where a thread holds 4 vectors (one slot per SM), 4 and 6 also prefetch the row
+// after next into L2 (4096 x 16384: bf16 77.0 -> 73.5 us, fp32 148.2 -> 139.8,
+// probe run 49; knob l2_prefetch = 0 turns it off).
+template <typename T, typename TW>
+int fwd_auto_families(const LnForwardArgs& a, bool vec_ok, const LnDevice& dev, int (&out)[4]) {
+  int n = 0;
+  if (vec_ok && dev.sm90() && (sizeof(T) == 4 || ring_cluster_forced())) out[n++] = kClusterSplit;
+  if (sizeof(T) == 2) out[n++] = kRowSlots;
+  else if (a.cols > 8192) out[n++] = kCpAsync;
+  out[n++] = kRegisters;
+  out[n++] = kSeed;
+  return n;
+}
+
+// Whether family f can run the shape; if so, its launch shape into p.
+template <typename T, typename TW>
+bool fwd_plan_family(const LnForwardArgs& a, int f, const LnDevice& dev, FwdPlan& p) {
+  constexpr int V = kc::max_vec_elems<T>();
+  const bool vec_ok = p.vec == V;
+  switch (f) {
+    case kSeed: return true;
+    case kRegisters: p.c2 = v2_config(a.cols, p.vec); return p.c2.ok;
+    case kCpAsync: {
+      const V2Config c = v2_config(a.cols, p.vec);
+      p.stages = pipe_stages(size_t(a.cols) * sizeof(T));
+      if (!c.ok || !vec_ok || c.warp || p.stages < 2) return false;
+      p.c2 = v3_config(a.cols, V);
+      return true;
+    }
+    case kRowSlots:
+    case kClusterSplit: return fwd_plan_v4(a, f == kClusterSplit, dev, p);
+  }
+  return false;  // 5: no forward ring (layernorm_versions.h)
+}
+
+
+template <typename T, typename TW>
+FwdPlan fwd_plan(const LnForwardArgs& a, int version, const LnDevice& dev) {
+  constexpr int V = kc::max_vec_elems<T>();
+  FwdPlan base;
+  const bool vec_ok = kc::can_vectorize<T, V>(a.x, a.cols) && kc::can_vectorize<T, V>(a.y, a.cols) &&
+                      (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V)) &&
+                      (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
+  base.vec = vec_ok ? V : 1;
+  int chain[8], n = 0;
+  if (version >= kSeed && version <= kMaxVersion) {
+    for (int f = version; f != 0; f = ln_fallback(f, /*forward=*/true)) chain[n++] = f;
+  } else {
+    int first[4];
+    const int k = fwd_auto_families<T, TW>(a, vec_ok, dev, first);
+    for (int i = 0; i < k; ++i) chain[n++] = first[i];
+  }
+  for (int i = 0; i < n; ++i) {
+    FwdPlan p = base;
+    p.family = chain[i];
+    if (fwd_plan_family<T, TW>(a, p.family, dev, p)) return p;
+  }
+  return base;  // version 1
+}
+
+cudaError_t fwd_launch(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t stream) {
+  switch (p.family) {
+    case kRegisters: return fwd_launch_v2(a, p, stream);
+    case kCpAsync: return fwd_launch_v3(a, p, stream);
+    case kRowSlots:
+    case kClusterSplit: return fwd_launch_v4(a, p, stream);
+  }
+  return fwd_launch_v1(a, stream);
+}
+
+}  // namespace
+
+cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream) {
+  if (a.rows == 0) return cudaSuccess;
+  const LnDevice dev = ln_device();
+  return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
+    using T = decltype(t);
+    using TW = decltype(tw);
+    return fwd_launch(a, fwd_plan<T, TW>(a, version, dev), stream);
+  });
+}
+
+}  // namespace day26
