@@ -1104,6 +1104,30 @@ def test_rms_module_from_torch_and_hf(device, dtype, wdtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rms_bad_input_names_rms_norm(device):
+    """rms_norm's errors name rms_norm (the checks are LayerNorm's, shared)."""
+    from day26_layernorm import rms_norm, rms_norm_backward, rms_norm_forward
+
+    x, w, _, dy = make(4, 16, torch.float32, device)
+    with pytest.raises(RuntimeError, match="rms_norm: input must be float32, float16 or bfloat16"):
+        rms_norm(x.to(torch.int32), 16)
+    with pytest.raises(RuntimeError, match="rms_norm: normalized_shape .* does not match the last"):
+        rms_norm(x, 15)
+    with pytest.raises(RuntimeError, match="rms_norm: weight of shape"):
+        rms_norm(x, 16, w[:8])
+    with pytest.raises(RuntimeError, match="rms_norm: version must be 0 \\(auto\\) to 6"):
+        rms_norm(x, 16, w, version=7)
+    _, rstd = rms_norm_forward(x, 16, w)
+    with pytest.raises(RuntimeError, match="rms_norm backward: grad_out of shape"):
+        rms_norm_backward(dy[:2], x, 16, rstd, w)
+    with pytest.raises(RuntimeError, match="rms_norm backward: rstd has 2 elements"):
+        rms_norm_backward(dy, x, 16, rstd[:2], w)
+    with pytest.raises(RuntimeError, match="layer_norm: weight of shape"):
+        layer_norm(x, 16, w[:8])
+    run_rms_and_check(x, w, dy, (16,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_add_norm_both_outputs_and_gradients(device, kind):
     from day26_layernorm import add_norm

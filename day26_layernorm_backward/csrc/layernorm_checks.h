@@ -22,25 +22,26 @@ inline bool ln_dtype_ok(const at::Tensor& t, bool allow_f64) {
 }
 
 // Also the one check of the version's range (layernorm_versions.h): every op
-// (CPU, CUDA; forward through ln_check_backward too) validates it here.
+// (CPU, CUDA; forward through ln_check_backward too) validates it here. `op`
+// names the user's function in every message ("layer_norm", "rms_norm", "add_norm").
 inline LnShape ln_check_inputs(const at::Tensor& x, at::IntArrayRef normalized_shape,
                                const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
-                               bool allow_f64, int64_t version) {
-  TORCH_CHECK(ln_version_ok(version), "layer_norm: version must be ", kc::fmt(int64_t(kMinVersion)), " (auto) to ",
+                               bool allow_f64, int64_t version, const char* op = "layer_norm") {
+  TORCH_CHECK(ln_version_ok(version), op, ": version must be ", kc::fmt(int64_t(kMinVersion)), " (auto) to ",
               kc::fmt(int64_t(kMaxVersion)), ", got ", kc::fmt(version));
-  TORCH_CHECK(ln_dtype_ok(x, allow_f64), "layer_norm: input must be float32, float16 or bfloat16",
+  TORCH_CHECK(ln_dtype_ok(x, allow_f64), op, ": input must be float32, float16 or bfloat16",
               allow_f64 ? " (or float64 on CPU)" : "", ", got ", x.scalar_type());
   const int64_t k = int64_t(normalized_shape.size());
-  TORCH_CHECK(k >= 1, "layer_norm: normalized_shape must have at least one dimension");
-  TORCH_CHECK(x.dim() >= k, "layer_norm: input of shape ", kc::fmt(x.sizes()), " has fewer dims than normalized_shape ",
+  TORCH_CHECK(k >= 1, op, ": normalized_shape must have at least one dimension");
+  TORCH_CHECK(x.dim() >= k, op, ": input of shape ", kc::fmt(x.sizes()), " has fewer dims than normalized_shape ",
               kc::fmt(normalized_shape));
-  TORCH_CHECK(x.sizes().slice(x.dim() - k).equals(normalized_shape), "layer_norm: normalized_shape ",
+  TORCH_CHECK(x.sizes().slice(x.dim() - k).equals(normalized_shape), op, ": normalized_shape ",
               kc::fmt(normalized_shape), " does not match the last ", kc::fmt(k), " dims of input of shape ",
               kc::fmt(x.sizes()));
   LnShape s;
   s.cols = 1;
   for (auto d : normalized_shape) s.cols *= d;
-  TORCH_CHECK(s.cols >= 1, "layer_norm: normalized_shape must have a positive number of elements, got ",
+  TORCH_CHECK(s.cols >= 1, op, ": normalized_shape must have a positive number of elements, got ",
               kc::fmt(normalized_shape));
   s.rows = 1;
   for (int64_t i = 0; i < x.dim() - k; ++i) {
@@ -51,37 +52,40 @@ inline LnShape ln_check_inputs(const at::Tensor& x, at::IntArrayRef normalized_s
     if (!p->has_value() || !(*p)->defined()) continue;
     const at::Tensor& t = **p;
     const char* name = p == &weight ? "weight" : "bias";
-    TORCH_CHECK(t.device() == x.device(), "layer_norm: ", name, " is on ", t.device(), " but input is on ",
+    TORCH_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(), " but input is on ",
                 x.device());
-    TORCH_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, "layer_norm: ", name,
+    TORCH_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, op, ": ", name,
                 " must have the input's dtype (", x.scalar_type(), ") or float32, got ", t.scalar_type());
-    TORCH_CHECK(t.sizes().equals(normalized_shape), "layer_norm: ", name, " of shape ", kc::fmt(t.sizes()),
+    TORCH_CHECK(t.sizes().equals(normalized_shape), op, ": ", name, " of shape ", kc::fmt(t.sizes()),
                 " must have normalized_shape ", kc::fmt(normalized_shape));
   }
   if (weight.has_value() && weight->defined() && bias.has_value() && bias->defined())
-    TORCH_CHECK(weight->scalar_type() == bias->scalar_type(), "layer_norm: weight (", weight->scalar_type(),
+    TORCH_CHECK(weight->scalar_type() == bias->scalar_type(), op, ": weight (", weight->scalar_type(),
                 ") and bias (", bias->scalar_type(), ") must have the same dtype");
   return s;
 }
 
+// mean null: RMSNorm (rstd the only statistic).
 inline LnShape ln_check_backward(const at::Tensor& dy, const at::Tensor& x, at::IntArrayRef normalized_shape,
-                                 const at::Tensor& mean, const at::Tensor& rstd,
-                                 const c10::optional<at::Tensor>& weight, bool allow_f64, int64_t version) {
-  LnShape s = ln_check_inputs(x, normalized_shape, weight, c10::nullopt, allow_f64, version);
-  TORCH_CHECK(dy.sizes().equals(x.sizes()), "layer_norm backward: grad_out of shape ", kc::fmt(dy.sizes()),
+                                 const at::Tensor* mean, const at::Tensor& rstd,
+                                 const c10::optional<at::Tensor>& weight, bool allow_f64, int64_t version,
+                                 const char* op = "layer_norm") {
+  LnShape s = ln_check_inputs(x, normalized_shape, weight, c10::nullopt, allow_f64, version, op);
+  TORCH_CHECK(dy.sizes().equals(x.sizes()), op, " backward: grad_out of shape ", kc::fmt(dy.sizes()),
               " must match input of shape ", kc::fmt(x.sizes()));
-  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "layer_norm backward: grad_out dtype ", dy.scalar_type(),
+  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), op, " backward: grad_out dtype ", dy.scalar_type(),
               " must match input dtype ", x.scalar_type());
-  TORCH_CHECK(dy.device() == x.device(), "layer_norm backward: grad_out is on ", dy.device(), " but input is on ",
+  TORCH_CHECK(dy.device() == x.device(), op, " backward: grad_out is on ", dy.device(), " but input is on ",
               x.device());
-  for (const at::Tensor* t : {&mean, &rstd}) {
-    const char* name = t == &mean ? "mean" : "rstd";
-    TORCH_CHECK(t->device() == x.device(), "layer_norm backward: ", name, " is on ", t->device(),
+  for (const at::Tensor* t : {mean, &rstd}) {
+    if (!t) continue;
+    const char* name = t == mean ? "mean" : "rstd";
+    TORCH_CHECK(t->device() == x.device(), op, " backward: ", name, " is on ", t->device(),
                 " but input is on ", x.device());
     TORCH_CHECK(t->scalar_type() == (x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat),
-                "layer_norm backward: ", name, " must be float32 (float64 for float64 input), got ",
+                op, " backward: ", name, " must be float32 (float64 for float64 input), got ",
                 t->scalar_type());
-    TORCH_CHECK(t->numel() == s.rows, "layer_norm backward: ", name, " has ", kc::fmt(t->numel()), " elements, expected ",
+    TORCH_CHECK(t->numel() == s.rows, op, " backward: ", name, " has ", kc::fmt(t->numel()), " elements, expected ",
                 kc::fmt(s.rows), " (one per normalized row)");
   }
   return s;

@@ -66,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
     const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
     const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version) {
-  const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight, /*allow_f64=*/true, version);
+  const LnShape s = ln_check_backward(dy_, x_, nshape, &mean_, rstd_, weight, /*allow_f64=*/true, version);
   TORCH_CHECK(x_.device().is_cpu(), "layer_norm backward: input must be a CPU tensor here");
   const at::Tensor x = x_.contiguous(), dy = dy_.contiguous();
   const at::Tensor mean = mean_.to(at::kDouble).contiguous(), rstd = rstd_.to(at::kDouble).contiguous();
@@ -130,7 +130,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cpu(const at::Tensor& x_, at::IntArrayRef nshape,
                                                     const c10::optional<at::Tensor>& weight, double eps,
                                                     int64_t version) {
-  const LnShape s = ln_check_inputs(x_, nshape, weight, c10::nullopt, /*allow_f64=*/true, version);
+  const LnShape s = ln_check_inputs(x_, nshape, weight, c10::nullopt, /*allow_f64=*/true, version, "rms_norm");
   TORCH_CHECK(x_.device().is_cpu(), "rms_norm: input must be a CPU tensor here");
   const at::Tensor x = x_.contiguous();
   at::Tensor y = kc::new_output_like(x);
@@ -164,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cpu(const at::Tensor& dy_, const
                                                     at::IntArrayRef nshape, const at::Tensor& rstd_,
                                                     const c10::optional<at::Tensor>& weight, std::array<bool, 2> mask,
                                                     int64_t version) {
-  const LnShape s = ln_check_backward(dy_, x_, nshape, rstd_, rstd_, weight, /*allow_f64=*/true, version);
+  const LnShape s = ln_check_backward(dy_, x_, nshape, nullptr, rstd_, weight, /*allow_f64=*/true, version, "rms_norm");
   TORCH_CHECK(x_.device().is_cpu(), "rms_norm backward: input must be a CPU tensor here");
   const at::Tensor x = x_.contiguous(), dy = dy_.contiguous();
   const at::Tensor rstd = rstd_.to(at::kDouble).contiguous();

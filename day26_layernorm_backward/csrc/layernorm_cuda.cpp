@@ -47,8 +47,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda(const at::Tensor& x
                                                              const c10::optional<at::Tensor>& weight_,
                                                              const c10::optional<at::Tensor>& bias_, double eps,
                                                              int64_t version, bool rms) {
-  const LnShape s = ln_check_inputs(x_, nshape, weight_, bias_, /*allow_f64=*/false, version);  // devices too
-  TORCH_CHECK(x_.is_cuda(), "layer_norm: input must be a CUDA tensor here");
+  const char* op = rms ? "rms_norm" : "layer_norm";
+  const LnShape s = ln_check_inputs(x_, nshape, weight_, bias_, /*allow_f64=*/false, version, op);  // devices too
+  TORCH_CHECK(x_.is_cuda(), op, ": input must be a CUDA tensor here");
   check_knobs(s.cols, x_.scalar_type() == at::kFloat, /*forward=*/true);
   const at::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous();
@@ -96,10 +97,12 @@ struct BwdCall {
 };
 
 // The checks (devices too) come before the caller's CUDAGuard, which needs x on a CUDA device.
-LnShape check_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
+// mean_ null: RMSNorm (its messages say rms_norm).
+LnShape check_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor* mean_,
                        const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, int64_t version) {
-  const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight_, /*allow_f64=*/false, version);
-  TORCH_CHECK(x_.is_cuda(), "layer_norm backward: input must be a CUDA tensor here");
+  const char* op = mean_ ? "layer_norm" : "rms_norm";
+  const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight_, /*allow_f64=*/false, version, op);
+  TORCH_CHECK(x_.is_cuda(), op, " backward: input must be a CUDA tensor here");
   check_knobs(s.cols, x_.scalar_type() == at::kFloat, /*forward=*/false);
   return s;
 }
@@ -139,7 +142,7 @@ BwdCall prepare_backward(const LnShape& s, const at::Tensor& dy_, const at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
     const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor& mean_,
     const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, std::array<bool, 3> mask, int64_t version) {
-  const LnShape s = check_backward(dy_, x_, nshape, mean_, rstd_, weight_, version);
+  const LnShape s = check_backward(dy_, x_, nshape, &mean_, rstd_, weight_, version);
   const at::cuda::CUDAGuard guard(x_.device());
   BwdCall c = prepare_backward(s, dy_, x_, nshape, mean_, rstd_, weight_, mask, version);
   if (c.plan.workspace_floats > 0) {
@@ -159,7 +162,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy_, cons
                                                      at::IntArrayRef nshape, const at::Tensor& rstd_,
                                                      const c10::optional<at::Tensor>& weight_, std::array<bool, 2> m,
                                                      int64_t version) {
-  const LnShape s = check_backward(dy_, x_, nshape, rstd_, rstd_, weight_, version);
+  const LnShape s = check_backward(dy_, x_, nshape, nullptr, rstd_, weight_, version);
   const at::cuda::CUDAGuard guard(x_.device());
   const std::array<bool, 3> mask = {m[0], m[1], false};
   BwdCall c = prepare_backward(s, dy_, x_, nshape, rstd_, rstd_, weight_, mask, version, /*rms=*/true);
@@ -175,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy_, cons
 std::vector<std::pair<std::string, int64_t>> backward_plan_query(
     const at::Tensor& dy, const at::Tensor& x, at::IntArrayRef nshape, const at::Tensor& mean, const at::Tensor& rstd,
     const c10::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version) {
-  const LnShape s = check_backward(dy, x, nshape, mean, rstd, weight, version);
+  const LnShape s = check_backward(dy, x, nshape, &mean, rstd, weight, version);
   const at::cuda::CUDAGuard guard(x.device());
   const LnBwdPlan p = prepare_backward(s, dy, x, nshape, mean, rstd, weight, mask, version).plan;
   const LnDevice d = ln_device();
