@@ -89,7 +89,10 @@ def compiled_fns():
 def rms_table(args, meta, bw) -> str:
     """RMSNorm forward + backward through autograd (dx and dweight), ours beside
     eager F.rms_norm, torch.compile'd F.rms_norm and Liger's LigerRMSNorm where
-    installed; floor: 5 passes (forward: read x, write y; backward: read x, dy, write dx)."""
+    installed; floor: 5 passes (forward: read x, write y; backward: read x, dy, write dx).
+    Each is timed twice: GPU time alone (the step replayed from a CUDA graph: the columns
+    named after the implementation, and the ratios) and per call from Python (`*_call`:
+    host work included, which is what a small shape costs an eager training step)."""
     from day26_layernorm import rms_norm
 
     try:
@@ -98,37 +101,44 @@ def rms_table(args, meta, bw) -> str:
         LigerRMSNorm = None
     crms = torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6), dynamic=True)
     rows = []
-    shapes = [(4096, 4096), (8192, 4096)] if args.quick else [(4096, 768), (16384, 4096), (8192, 8192),
-                                                               (32768, 4096), (4096, 16384)]
+    shapes = [(4096, 4096), (8192, 4096)] if args.quick else [(4096, 768), (4096, 4096), (16384, 4096),
+                                                               (8192, 8192), (32768, 4096), (4096, 16384)]
     for dtype in (torch.bfloat16, torch.float32):
         for n, d in shapes:
             x = torch.randn(n, d, device="cuda", dtype=dtype, requires_grad=True)
             w = torch.randn(d, device="cuda", dtype=dtype, requires_grad=True)
             dy = torch.randn(n, d, device="cuda", dtype=dtype)
-
-            def step(f):
-                return lambda: torch.autograd.grad(f(x, w), (x, w), dy)
-
-            t = {"ours": bench.time_us(step(lambda x, w: rms_norm(x, d, w, 1e-6))),
-                 "eager": bench.time_us(step(lambda x, w: F.rms_norm(x, (d,), w, 1e-6))),
-                 "compile": bench.time_us(step(crms))}
+            impls = {"ours": lambda x, w: rms_norm(x, d, w, 1e-6),
+                     "eager": lambda x, w: F.rms_norm(x, (d,), w, 1e-6),
+                     "compile": crms}
             if LigerRMSNorm is not None:
                 lig = LigerRMSNorm(d, eps=1e-6).to(device="cuda", dtype=dtype)
-                t["liger"] = bench.time_us(lambda: torch.autograd.grad(lig(x), (x, lig.weight), dy))
+                with torch.no_grad():
+                    lig.weight.copy_(w)
+                impls["liger"] = lambda x, w: lig(x)
+            t = {}
+            for name, f in impls.items():
+                params = (x, lig.weight) if name == "liger" else (x, w)
+                step = (lambda f=f, params=params: torch.autograd.grad(f(x, w), params, dy))
+                t[name] = bench.graph_us(step)
+                t[name + "_call"] = bench.time_us(step)
             floor = bench.floor_us(5 * n * d * x.element_size(), bw)
             row = dict(shape=f"{n}x{d} {str(dtype).replace('torch.', '')}", **t, floor=floor,
                        pct_floor=100 * floor / t["ours"], x_eager=t["eager"] / t["ours"],
-                       x_compile=t["compile"] / t["ours"])
+                       x_eager_call=t["eager_call"] / t["ours_call"], x_compile=t["compile"] / t["ours"])
             if "liger" in t:
                 row["x_liger"] = t["liger"] / t["ours"]
+                row["liger_pct_floor"] = 100 * floor / t["liger"]
             rows.append(row)
             del x, w, dy
             torch.cuda.empty_cache()
             print(f"  done rms {row['shape']}", file=sys.stderr)
-    cols = ["shape", "ours", "eager", "compile", "liger", "floor", "pct_floor", "x_eager", "x_compile", "x_liger"]
+    cols = ["shape", "ours", "ours_call", "eager", "eager_call", "compile", "liger", "liger_call", "floor",
+            "pct_floor", "liger_pct_floor", "x_eager", "x_eager_call", "x_compile", "x_liger"]
     note = "" if LigerRMSNorm is not None else "\nLiger: not installed on this machine (no liger column).\n"
     return (f"day26 RMSNorm forward + backward (autograd, dx and dweight) on {meta['device']} ({meta['date']}, "
-            f"torch {meta['torch']}), copy bandwidth {bw:.0f} GB/s; us, median, L2 flushed; floor: 5 passes\n\n"
+            f"torch {meta['torch']}), copy bandwidth {bw:.0f} GB/s; us, median, L2 flushed; GPU time from "
+            f"CUDA-graph replays (`*_call`: per call from Python); floor: 5 passes\n\n"
             f"{bench.format_table(rows, cols)}\n{note}")
 
 
