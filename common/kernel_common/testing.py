@@ -8,7 +8,6 @@ of passing by luck. The switch is each extension's private
 """
 from __future__ import annotations
 
-import os
 import sys
 
 try:
