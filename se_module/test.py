@@ -150,6 +150,77 @@ def test_outputs_start_as_nan_in_tests():
     se_module_C._set_poison_outputs(True)
 
 
+# --------------------------------------------------------------------------- the plan (csrc/se_plan.cpp)
+
+# A described device for the plan: an H100's SMs, compute capability and opt-in shared
+# memory per block, every cluster resident at once (the occupancy query answers "fits").
+H100 = dict(sms=132, cc_major=9, smem_optin=227 * 1024, clusters_fit=True)
+KC_DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def plan_of(shape, version=None, backward=False, state=True, dtype=torch.bfloat16, layout="cl", **device):
+    """The plan of one fused call (se_module_C._plan: the same function the op calls)."""
+    import se_module_C
+
+    version = se_module.DEFAULT_VERSION if version is None else version
+    return se_module_C._plan(*shape, dtype=KC_DTYPE[dtype], channels_last=layout == "cl", version=version,
+                             backward=backward, state=state, **{**H100, **device})
+
+
+def test_plan_table():
+    """The plan's choices at EfficientNet shapes follow se_plan.cpp's table, on any machine:
+    the spread MLP from 2 S C >= 65536, the cluster kernel up to 16 samples (its backward
+    where C S >= 16384), the saved state where the spread forward runs, the weight gradients
+    beside the last product up to 32 samples, no cluster kernel or PDL before sm_90."""
+    import se_module_C
+
+    n0 = se_module_C._plan_count()
+    assert plan_of((128, 672, 14, 14, 28))["path"] == "block"       # 2 S C = 37632
+    assert plan_of((128, 1152, 7, 7, 48))["path"] == "spread"       # 2 S C = 110592
+    assert se_module_C._plan_count() == n0 + 2                       # one plan a call
+    for dtype, layout in ((torch.float32, "nchw"), (torch.bfloat16, "cl")):
+        assert plan_of((16, 1152, 7, 7, 48), dtype=dtype, layout=layout)["path"] == "cluster"
+        assert plan_of((17, 1152, 7, 7, 48), dtype=dtype, layout=layout)["path"] == "spread"
+    assert plan_of((4, 672, 7, 7, 28), backward=True)["path"] == "cluster"    # C S = 18816
+    assert plan_of((3, 96, 20, 20, 24), backward=True)["path"] == "block"     # C S = 2304
+    # the saved state: kept by a spread forward that was asked for it, read by its backward
+    f = plan_of((128, 1152, 7, 7, 48))
+    b = plan_of((128, 1152, 7, 7, 48), backward=True)
+    assert f["keep_state"] and f["raw_params"] and b["use_state"] and not b["wgrad_beside"]
+    assert not plan_of((128, 1152, 7, 7, 48), state=False)["keep_state"]
+    assert not plan_of((128, 1152, 7, 7, 48), backward=True, state=False)["use_state"]
+    # a spread backward whose forward ran the cluster kernel (which keeps nothing) recomputes
+    assert plan_of((16, 1632, 12, 12, 68))["path"] == "cluster"
+    b = plan_of((16, 1632, 12, 12, 68), backward=True)  # x and g staged: the shares do not fit
+    assert b["path"] == "spread" and not b["use_state"]
+    assert plan_of((17, 1632, 12, 12, 68), backward=True)["use_state"]
+    assert plan_of((32, 1632, 12, 12, 68), backward=True)["wgrad_beside"]
+    # compute capability 8: neither clusters nor PDL
+    p = plan_of((8, 1152, 7, 7, 48), cc_major=8, smem_optin=163 * 1024)
+    assert p["path"] == "spread" and not p["pdl"]
+    # the workspace holds what the launchers carve: the partials, s and a (forward)
+    p = plan_of((128, 672, 14, 14, 28), dtype=torch.float32, layout="nchw")
+    assert p["workspace"] == 128 * p["splits"] * 672 + 128 * 672 + 128 * 28 and not p["widen"]
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [(2, 64, 16, 16, 16), (40, 1152, 3, 3, 48), (2, 1152, 7, 7, 48)],
+                         ids=["block", "spread", "cluster"])
+def test_cuda_one_plan_per_call(shape):
+    """A fused call computes its plan once, at its start, and its launches read it: a training
+    forward one plan, its backward one (se_module_C._plan_count counts plan_forward and
+    plan_backward calls)."""
+    import se_module_C
+
+    x, w, g = make(*shape, device="cuda", layout="cl", dtype=torch.bfloat16)
+    x.requires_grad_()
+    n0 = se_module_C._plan_count()
+    out = ops.se_block(x, *w)
+    assert se_module_C._plan_count() == n0 + 1
+    out.backward(g)
+    assert se_module_C._plan_count() == n0 + 2
+
+
 # --------------------------------------------------------------------------- fused block, fp32
 
 @pytest.mark.parametrize("device", DEVICES)

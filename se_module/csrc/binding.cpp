@@ -6,6 +6,7 @@
 #include "kc/torch_utils.h"
 
 #include "se_dispatch.h"
+#include "se_plan.h"
 
 TORCH_LIBRARY(se_module, m) {
   // the seed's stages
@@ -41,9 +42,59 @@ TORCH_LIBRARY(se_module, m) {
 // plain tensors with no __torch_function__ override or mode and outside
 // torch.compile; everything else takes torch.ops.se_module.se_block.
 
+namespace {
+
+// _plan's stand-in for the cluster occupancy query: every cluster fits at once.
+int all_fit(kc::DType, kc::DType, se::Layout, bool, int, int, size_t) { return 1 << 20; }
+
+// The plan of a fused call for a described device, as a dict (tests: the plan table
+// checked on any machine). Tensors at 16-byte-aligned addresses, as fresh ones are.
+py::dict plan_for(int64_t n, int64_t c, int64_t h, int64_t w, int64_t s, int64_t dtype, bool channels_last,
+                  int64_t version, bool backward, bool state, int sms, int cc_major, int smem_optin,
+                  bool clusters_fit) {
+  se::PlanInputs in;
+  in.d = se::Dims{n, c, h * w, channels_last ? se::Layout::NHWC : se::Layout::NCHW};
+  in.S = s;
+  in.dt = in.wdt = kc::DType(dtype);
+  in.version = version;
+  in.dev = se::DeviceInfo{sms, cc_major, smem_optin};
+  const void* at = reinterpret_cast<const void*>(uintptr_t(256));
+  in.x = in.g = in.out = in.w1 = in.b1 = in.w2 = in.b2 = at;
+  in.state = state;
+  in.capacity = clusters_fit ? &all_fit : nullptr;
+  const se::SePlan p = backward ? se::plan_backward(in) : se::plan_forward(in);
+  static const char* paths[] = {"block", "spread", "cluster"};
+  py::dict r;
+  r["path"] = paths[int(p.path)];
+  r["pdl"] = p.launch.pdl;
+  r["splits"] = p.reduce.splits;
+  r["staged"] = p.staged;
+  r["raw_params"] = p.raw_params;
+  r["keep_state"] = p.keep_state;
+  r["use_state"] = p.use_state;
+  r["coef_direct"] = p.coef_direct;
+  r["da_direct"] = p.da_direct;
+  r["widen"] = p.cast.widen;
+  r["transpose_w1"] = p.cast.transpose_w1;
+  r["transpose_w2"] = p.cast.transpose_w2;
+  r["cast_blocks"] = p.cast.blocks;
+  r["wgrad_beside"] = p.wgrad_beside;
+  r["workspace"] = p.workspace;
+  r["cluster_k"] = p.cluster.k;
+  r["cluster_threads"] = p.cluster.threads;
+  return r;
+}
+
+}  // namespace
+
 // Importing the module runs the registrations above.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "se_module ops (torch.ops.se_module)";
   kc::bind_test_hooks(m);
   m.def("se_block", &se_glue::call_se_block, "torch.ops.se_module.se_block called from C++ (host fast path)");
+  m.def("_plan_count", &se::plan_count, "private (tests): fused-call plans computed by this process");
+  m.def("_plan", &plan_for, "private (tests): the plan of a fused call on a described device",
+        py::arg("n"), py::arg("c"), py::arg("h"), py::arg("w"), py::arg("s"), py::arg("dtype"),
+        py::arg("channels_last"), py::arg("version"), py::arg("backward"), py::arg("state"), py::arg("sms"),
+        py::arg("cc_major"), py::arg("smem_optin"), py::arg("clusters_fit"));
 }

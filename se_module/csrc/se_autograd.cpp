@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include "se_dispatch.h"
+#include "se_plan.h"
 
 namespace {
 
@@ -37,8 +38,9 @@ Tensor5 call_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor
 
 class SEBlockFunction : public torch::autograd::Function<SEBlockFunction> {
  public:
-  // keep: the forward of a step that will run the backward, at a version that reads
-  // the forward's saved state: se_block_train, and the state saved with x and the weights.
+  // keep: the forward of a step that will run the backward, at a version whose plan may
+  // keep the saved state (se_plan.h): se_block_train, and the state saved with x and the
+  // weights; the backward's plan says whether it reads it.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
                             const at::Tensor& w2, const at::Tensor& b2, int64_t act, int64_t version,
                             int64_t gate, bool keep) {
@@ -70,7 +72,7 @@ class SEBlockFunction : public torch::autograd::Function<SEBlockFunction> {
 
 at::Tensor se_block_autograd(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                              const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
-  const bool keep = version >= se_glue::kSavedStateVersion && at::GradMode::is_enabled() &&
+  const bool keep = se::may_keep_state(version) && at::GradMode::is_enabled() &&
                     (x.requires_grad() || w1.requires_grad() || b1.requires_grad() || w2.requires_grad() ||
                      b2.requires_grad());
   return SEBlockFunction::apply(x, w1, b1, w2, b2, act, version, gate, keep);

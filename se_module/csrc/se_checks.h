@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "kc/torch_utils.h"
+#include "se_plan.h"
 
 namespace se_glue {
 
@@ -110,7 +111,8 @@ inline void check_scale_activation(int64_t gate) {
 }
 
 inline void check_fused_version(int64_t v) {
-  TORCH_CHECK(v >= 1 && v <= 7, "version must be 1, 2, 3, 4, 5, 6 or 7 (see se_fused.cu, se_cluster.cu), got ", fmt(v));
+  TORCH_CHECK(se::valid_fused_version(v), "version must be 1, 2, 3, 4, 5, 6 or 7 (see se_fused.cu, se_cluster.cu), got ",
+              fmt(v));
 }
 
 inline void check_pool_version(int64_t v) {

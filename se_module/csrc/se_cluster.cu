@@ -37,11 +37,11 @@
 // Every sum has a fixed order (same inputs: bitwise the same outputs), but not
 // versions 1-4's order: results agree with theirs to rounding.
 //
-// Assumptions (cluster_plan checks them, else versions 1-4 run): sm_90; x, out
-// (g, dx) 16-byte aligned; NCHW: C * L * sizeof(T) a multiple of 16, shares made
-// of units of `unit` channels with unit * L * sizeof(T) a multiple of 16; NHWC:
-// C a multiple of VEC, units of VEC channels; N <= kClusterMaxN, and backward
-// C * S >= kClusterBwdMinCS (where it measured faster than version 4, below);
+// Assumptions (the plan checks them, se_plan.cpp cluster_fit, else the other paths
+// run): sm_90; x, out (g, dx) 16-byte aligned; NCHW: C * L * sizeof(T) a multiple of
+// 16, shares made of units of `unit` channels with unit * L * sizeof(T) a multiple of
+// 16; NHWC: C a multiple of VEC, units of VEC channels; N <= kClusterMaxN, and backward
+// C * S >= kClusterBwdMinCS (where it measured faster than the other paths);
 // K <= 16 and K <= the number of units; the parameters in fp32 or in
 // x's dtype; the share and the vectors within `smem` bytes. Blocks of 1024, 512
 // or 256 threads (the plan's: as many as one wave of the grid allows), grid (K, N),
@@ -56,55 +56,10 @@
 
 namespace se {
 
-using dev::ceil_div;
-using dev::kThreads;
-
 namespace {
 
-// Up to 16 CTAs a sample (above 8: a non-portable cluster size, which sm_90 allows).
-constexpr int kMaxCluster = 16;
-// Where v5 runs: the table of the plan (tools/probe_v5.py, GPU time of v5 against v4 at
-// EfficientNet's small-image SE shapes, N = 1 .. 32, fp32 NCHW and bf16 CL):
-// - H100, CTAs of 256 threads: forward, N <= 16: 1.02-1.78x at 62 of 72 (shape, N,
-//   dtype) rows, the rest 0.95-1.0x; at N = 32 0.72-1.15x, at N = 128 (bench.py --only
-//   effnet) 0.7-0.95x: each CTA's phases run one after another, which 4 CTAs per SM do not
-//   hide, where v4's kernels each fill the GPU; backward, N <= 16 and C * S >= 16384 (the
-//   MLP, not the bytes, is most of v4's time): 1.05-1.51x but fp32 (16, 960, 12, 12) 0.98x;
-//   below that C * S, 0.75-1.2x.
-// - CTAs of 1024 / 512 threads where every cluster of the grid is resident at
-//   once (cluster_plan; then N could exceed 16, until the entry below), fc2 split over kParts threads a channel, the
-//   weights prefetched into L2 (tools/probe_v5.py, H100 / H200): N <= 16,
-//   90 rows: forward 0.92-1.92x / 0.94-1.98x (under 0.99x at 8 / 6 rows, 0.92-0.98x: fp32
-//   at C = 240 or 336, and (16, 2688, 12, 12) fp32 at 0.99x), forward + backward 0.92-1.44x /
-//   0.93-1.49x; N = 32 .. 128, 54 rows (v5 and v4 more than 2% apart at 12 / 11 of them;
-//   elsewhere the plan declines and v4 runs): forward 0.94-1.27x /
-//   0.96-1.31x, forward + backward 0.92-1.09x / 0.93-1.10x, the slowest (32, 240, 14, 14)
-//   (not an EfficientNet shape). bf16 (1, 2688, 12, 12) forward 35.3 / 34.9 us (v4) against
-//   20.7 / 19.9 (CTAs of 256 threads: 37 us in ncu on the H100, 8 warps an SM stalled on
-//   each phase in turn).
-// - After version 4's channels_last reduction and weight gradients got faster
-//   (se_kernels.cuh; bench.py --only effnet, the v4 column): at the two N = 128 EfficientNet
-//   rows whose clusters fit at once, bf16 channels_last forward + backward ran 0.95 / 0.97x
-//   v4's speed on the H100 and 0.96 / 0.98x on the H200, the forward 0.97 / 1.01x on both;
-//   v5's forward followed by v4's backward at (128, 672, 7, 7), whose backward had been v5's
-//   (C * S = 18816), was no faster: 71.5 us against 71.4 (H100). So v5 is taken at
-//   N <= kClusterMaxN only, as before the 512 / 1024-thread CTAs, which now serve small
-//   batches whose clusters all fit at once. (The one N = 32
-//   EfficientNet row v5 took, bf16 CL (32, 960, 12, 12), forward 1.03x v4 on the H100,
-//   1.01x on the H200, goes to v4 with it.)
-constexpr int64_t kClusterMaxN = 16;
-constexpr int64_t kClusterBwdMinCS = 16384;
-// Shared memory a CTA may take: four CTAs of kThreads (and their 1 KB reserve each)
-// share an SM's 228 KB, so the CTAs' phases (loads, the MLP's latency, stores) overlap.
-// CTAs of 512 or 1024 threads admit the same shares: their budget grows only by their
-// larger group-sum area (cluster_smem's `red`, 8 bytes a thread). The 2x / 4x of
-// kClusterSmemBudget that two or one of them an SM could take admitted shares of up to
-// 224 KB, and those ran slower than version 4 (H100, bench.py --only effnet, batch 1: bf16 CL (1, 32, 112,
-// 112) 35.5 against 15.0 us in 4 CTAs of 200 KB; (1, 144, 56, 56) 22.4 against 15.7 and
-// (1, 192, 48, 48) 20.1 against 16.2 in 16 CTAs of 100 / 73 KB; only fp32 (1, 2688, 12,
-// 12), 97 KB, was faster: 21.3 against 24.0).
-constexpr size_t kClusterSmemBudget = 56 * 1024;
-constexpr int kClusterMaxThreads = 1024;
+// (The cluster's shape limits and shared-memory layout: se_geometry.h; where the kernel
+// runs, and in which shape: se_plan.cpp, cluster_fit.)
 constexpr int kParts = 8;  // threads per output of the products over the share's channels
 
 struct ClusterArgs {
@@ -122,25 +77,6 @@ struct ClusterArgs {
   Gate gate;
   float *p_out, *dz2_out, *a_out, *dz1_out;  // backward: [N, C], [N, C], [N, S], [N, S]
 };
-
-__host__ __device__ inline int64_t pad16(int64_t bytes) { return (bytes + 15) & ~int64_t(15); }
-
-// Byte offsets of the shared-memory pieces (the same on host and device).
-struct ClusterSmem {
-  int64_t xs, gs, vec, svec, red, total;
-};
-__host__ __device__ inline ClusterSmem cluster_smem(int64_t cmax, int64_t l, int64_t s, int elem, bool backward,
-                                                    int threads) {
-  ClusterSmem m{};
-  const int64_t slab = pad16(cmax * l * elem);
-  m.xs = 0;
-  m.gs = slab;
-  m.vec = backward ? 2 * slab : slab;
-  m.svec = m.vec + 4 * pad16(cmax * 4);  // p, ds, s, dz2 / coef: [cc] each
-  m.red = m.svec + 5 * pad16(s * 4);     // zp, dap, z1, a, dz1: [S] each
-  m.total = m.red + 2 * int64_t(threads) * 4;  // group sums (NHWC pooling)
-  return m;
-}
 
 // Copy the share of one tensor into shared memory: 16-byte vectors, 8 in flight. Its
 // layout there: NCHW [cc][L] (one flat range of x), NHWC [L][cc] (cc contiguous
@@ -444,7 +380,7 @@ cudaError_t launch_cluster_kernel(const ClusterArgs& a, const ClusterPlan& p, in
 // the device at once: CUDA's occupancy query (a cluster's CTAs share one GPC), kept per
 // (device, kernel, threads, k, smem) by kc::max_active_clusters_cached.
 template <typename T, typename TW, Layout LAY, bool kBwd>
-int cluster_capacity(int threads, int k, size_t smem) {
+int cluster_capacity_of(int threads, int k, size_t smem) {
   return kc::max_active_clusters_cached(se_cluster_kernel<T, TW, LAY, kBwd>, threads, smem, unsigned(k),
                                         [&] { return set_cluster_attributes<T, TW, LAY, kBwd>(k, smem); });
 }
@@ -463,7 +399,7 @@ ClusterArgs cluster_args(const Dims& d, int64_t S, Act act, Gate gate, const SeP
   return a;
 }
 
-// The parameters come in fp32 or in x's dtype (cluster_plan checks it).
+// The parameters come in fp32 or in x's dtype (the plan, cluster_fit, checks it).
 template <bool kBwd>
 cudaError_t dispatch_cluster(const ClusterArgs& a, kc::DType dt, const Dims& d, const ClusterPlan& p,
                              cudaStream_t stream) {
@@ -476,80 +412,18 @@ cudaError_t dispatch_cluster(const ClusterArgs& a, kc::DType dt, const Dims& d, 
   });
 }
 
-template <bool kBwd>
-int capacity(kc::DType dt, kc::DType wdt, Layout lay, int threads, int k, size_t smem) {
+}  // namespace
+
+int cluster_capacity(kc::DType dt, kc::DType wdt, Layout lay, bool backward, int threads, int k, size_t smem) {
   return KC_DTYPE_SWITCH(dt, T, [&]() -> int {
     return KC_BOOL_SWITCH(wdt == kc::DType::F32, kF32, [&]() -> int {
       using TW = std::conditional_t<kF32, float, T>;
-      return lay == Layout::NCHW ? cluster_capacity<T, TW, Layout::NCHW, kBwd>(threads, k, smem)
-                                 : cluster_capacity<T, TW, Layout::NHWC, kBwd>(threads, k, smem);
+      return KC_BOOL_SWITCH(backward, kBwd, [&]() -> int {
+        return lay == Layout::NCHW ? cluster_capacity_of<T, TW, Layout::NCHW, kBwd>(threads, k, smem)
+                                   : cluster_capacity_of<T, TW, Layout::NHWC, kBwd>(threads, k, smem);
+      });
     });
   });
-}
-
-}  // namespace
-
-bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
-                  int nptrs, const LaunchOpts& o, ClusterPlan* plan) {
-  if (!o.cluster || d.n < 1 || d.c < 1 || d.l < 1) return false;
-  if (d.n > kClusterMaxN || (backward && d.c * S < kClusterBwdMinCS)) return false;
-  if (wdt != kc::DType::F32 && wdt != dt) return false;  // instantiated for fp32 parameters or x's dtype
-  for (int i = 0; i < nptrs; ++i)
-    if (!kc::is_aligned(ptrs[i], 16)) return false;
-  const int elem = dt == kc::DType::F32 ? 4 : 2;
-  const int vec = 16 / elem;
-  ClusterPlan p{};
-  if (d.layout == Layout::NCHW) {
-    if ((d.c * d.l * elem) % 16 != 0) return false;
-    int64_t unit = 1;
-    while ((unit * d.l * elem) % 16 != 0) ++unit;  // at most 16 / elem
-    p.unit = int(unit);
-  } else {
-    if (d.c % vec != 0) return false;
-    p.unit = vec;
-  }
-  p.units = ceil_div(d.c, p.unit);
-  auto smem_of = [&](int k, int threads) {
-    const int64_t cmax = std::min<int64_t>(ceil_div(p.units, k) * p.unit, d.c);
-    return cluster_smem(cmax, d.l, S, elem, backward, threads).total;
-  };
-  // Threads a CTA: 1024 or 512 (one or two CTAs an SM: the kernel is held to 64
-  // registers a thread) where the whole grid fits on the GPU at once, so a small batch
-  // has 4x or 2x the warps to hide each phase's latency; else kThreads, four CTAs an SM.
-  // For each: the fewest CTAs a sample (k) whose share fits, then more while the grid
-  // stays within one wave (1024, 512) or under two CTAs an SM (kThreads).
-  for (int threads = kClusterMaxThreads; threads >= kThreads; threads /= 2) {
-    const int64_t budget = std::min<int64_t>(int64_t(kClusterSmemBudget) + 8 * int64_t(threads - kThreads),
-                                             int64_t(o.max_smem));
-    const int64_t slots = int64_t(kClusterMaxThreads / threads) * o.num_sms;
-    int k = 0;
-    for (int kk = 1; kk <= kMaxCluster && kk <= p.units; kk *= 2)
-      if (smem_of(kk, threads) <= budget) {
-        k = kk;
-        break;
-      }
-    if (k == 0) continue;
-    if (threads == kThreads) {
-      while (2 * k <= kMaxCluster && 2 * k <= p.units && d.n * k < 2 * int64_t(o.num_sms)) k *= 2;
-    } else {
-      // every cluster resident at once: N clusters of k CTAs within the occupancy query's count
-      auto fits_wave = [&](int kk) {
-        if (d.n * kk > slots) return false;
-        const int fit = backward ? capacity<true>(dt, wdt, d.layout, threads, kk, size_t(budget))
-                                 : capacity<false>(dt, wdt, d.layout, threads, kk, size_t(budget));
-        return fit >= d.n;
-      };
-      if (!fits_wave(k)) continue;
-      while (2 * k <= kMaxCluster && 2 * k <= p.units && fits_wave(2 * k)) k *= 2;
-    }
-    p.k = k;
-    p.threads = threads;
-    p.cmax = int(std::min<int64_t>(ceil_div(p.units, k) * p.unit, d.c));
-    p.smem = size_t(smem_of(k, threads));
-    *plan = p;
-    return true;
-  }
-  return false;
 }
 
 cudaError_t cluster_forward(const void* x, kc::DType dt, const Dims& d, int64_t S, Act act, Gate gate,
@@ -559,8 +433,6 @@ cudaError_t cluster_forward(const void* x, kc::DType dt, const Dims& d, int64_t 
   a.out = out;
   return dispatch_cluster<false>(a, dt, d, p, stream);
 }
-
-int64_t cluster_backward_workspace(const Dims& d, int64_t S) { return 2 * d.n * d.c + 2 * d.n * S; }
 
 cudaError_t cluster_backward(const void* grad, const void* x, kc::DType dt, const Dims& d, int64_t S, Act act,
                              Gate gate, const SeParams& w, void* dx, const SeParamGrads& dw, float* ws,

@@ -43,22 +43,19 @@ at::Tensor in_layout(const at::Tensor& t, const se::Dims& d) {
   return d.layout == se::Layout::NHWC ? t.contiguous(at::MemoryFormat::ChannelsLast) : t.contiguous();
 }
 
-// What the launchers need to know about the current device, read once per device.
+// What the plan needs to know about the current device, read once per device.
 // (Plain CUDA runtime queries: ATen/cuda/CUDAContext.h drags in cuBLAS/cuSPARSE
 // headers that a CPU machine's compile check does not have.)
-struct DeviceInfo {
-  int sms = 0, major = 0, smem_optin = 0;
-};
-const DeviceInfo& device_info() {
+const se::DeviceInfo& device_info() {
   static std::mutex mu;
-  static std::array<DeviceInfo, 64> cache{};
+  static std::array<se::DeviceInfo, 64> cache{};
   int dev = 0;
   KC_TORCH_CHECK_CUDA(cudaGetDevice(&dev));
   TORCH_CHECK(dev >= 0 && dev < 64, "device index ", kc::fmt(dev), " out of range");
   std::lock_guard<std::mutex> lock(mu);
-  DeviceInfo& d = cache[dev];
+  se::DeviceInfo& d = cache[dev];
   if (d.sms == 0) {
-    KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev));
+    KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
     KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
   }
@@ -90,8 +87,9 @@ at::Tensor global_avg_pool_cuda(const at::Tensor& x_, int64_t version) {
   at::Tensor out = kc::new_output({p.d.n, p.d.c}, x_.options().memory_format(at::MemoryFormat::Contiguous));
   const se::ReducePlan plan = se::plan_reduce(p.d, dt, num_sms());
   at::Tensor part = workspace(version == 2 ? p.d.n * plan.splits * p.d.c : 0, x_);
-  KC_TORCH_CHECK_CUDA(se::pool_forward(p.x.const_data_ptr(), dt, p.d, int(version), part.mutable_data_ptr<float>(),
-                                       out.mutable_data_ptr(), num_sms(), at::cuda::getCurrentCUDAStream()));
+  KC_TORCH_CHECK_CUDA(se::pool_forward(p.x.const_data_ptr(), dt, p.d, int(version), plan,
+                                       part.mutable_data_ptr<float>(), out.mutable_data_ptr(),
+                                       at::cuda::getCurrentCUDAStream()));
   return out;
 }
 
@@ -168,20 +166,20 @@ std::tuple<at::Tensor, at::Tensor> excitation_backward_cuda(const at::Tensor& gr
   const se::ReducePlan plan = se::plan_reduce(p.d, dt, num_sms());
   at::Tensor part = workspace(p.d.n * plan.splits * p.d.c, x_);
   KC_TORCH_CHECK_CUDA(se::excitation_backward(g.const_data_ptr(), p.x.const_data_ptr(), s.const_data_ptr<float>(),
-                                              gx.mutable_data_ptr(), gs.mutable_data_ptr(), dt, s_dt, p.d,
-                                              part.mutable_data_ptr<float>(), num_sms(),
-                                              at::cuda::getCurrentCUDAStream()));
+                                              gx.mutable_data_ptr(), gs.mutable_data_ptr(), dt, s_dt, p.d, plan,
+                                              part.mutable_data_ptr<float>(), at::cuda::getCurrentCUDAStream()));
   return {gx, gs};
 }
 
 // ------------------------------------------------------------------ fused block
+// Each call: check, compute its plan once (se_plan.h), allocate the outputs and the
+// plan's workspace, launch what the plan says.
 
 struct FusedArgs {
   kc::DType dt;
   int64_t S;
   at::Tensor w1, b1, w2, b2;  // contiguous, in wdt
   kc::DType wdt;              // the parameters' dtype, or fp32 where they were given in mixed dtypes
-  se::LaunchOpts opts;
   se::SeParams params() const {
     return {w1.const_data_ptr(), b1.const_data_ptr(), w2.const_data_ptr(), b2.const_data_ptr(), wdt};
   }
@@ -200,7 +198,7 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
   (void)kc::to_kc_dtype(b1, "b1");
   (void)kc::to_kc_dtype(w2, "w2");
   (void)kc::to_kc_dtype(b2, "b2");
-  const DeviceInfo& info = device_info();
+  const se::DeviceInfo& info = device_info();
   const size_t smem = se::fused_mlp_smem_bytes(x.size(1), f.S, backward);
   TORCH_CHECK(smem <= size_t(info.smem_optin), "C + S = ", kc::fmt(x.size(1) + f.S),
               " is too large for the fused kernel's shared memory (", kc::fmt(int64_t(smem)), " bytes needed, ",
@@ -214,21 +212,35 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
   f.w2 = prep(w2);
   f.b2 = prep(b2);
   f.wdt = kc::to_kc_dtype(f.w1, "w1");
-  f.opts = se::version_opts(int(version), info.sms, info.major, info.smem_optin);
   return f;
 }
 
-// Whether the forward of x runs v5's cluster kernel (and how: cp), which keeps no saved
-// state. The forward's output is a fresh allocation (aligned), so x's alignment decides
-// with the shape: the backward asks the same question with x in both places.
-bool forward_in_cluster(const Prepared& p, const FusedArgs& f, const void* out, se::ClusterPlan* cp) {
-  const void* ptrs[2] = {p.x.const_data_ptr(), out};
-  return se::cluster_plan(p.d, f.S, f.dt, f.wdt, /*backward=*/false, ptrs, 2, f.opts, cp);
+// What the plan reads of a call: the shape, dtypes, version, device and the addresses
+// of the tensors the kernels touch (out: the forward's output or the backward's dx).
+se::PlanInputs plan_inputs(const Prepared& p, const FusedArgs& f, int64_t version, const void* g, const void* out,
+                           bool state) {
+  se::PlanInputs in;
+  in.d = p.d;
+  in.S = f.S;
+  in.dt = f.dt;
+  in.wdt = f.wdt;
+  in.version = version;
+  in.dev = device_info();
+  in.x = p.x.const_data_ptr();
+  in.g = g;
+  in.out = out;
+  in.w1 = f.w1.const_data_ptr();
+  in.b1 = f.b1.const_data_ptr();
+  in.w2 = f.w2.const_data_ptr();
+  in.b2 = f.b2.const_data_ptr();
+  in.state = state;
+  in.capacity = &se::cluster_capacity;
+  return in;
 }
 
-// The forward; with `state` (se_block_train) also the values that version 6's backward
-// reads (se_module.h, "The saved state"): allocated [N, 3 C + 2 S] always, written where
-// se::uses_saved_state() and the forward is not v5's cluster kernel.
+// The forward; with `state` (se_block_train) also the values that the backward reads
+// (se_module.h, "The saved state"): allocated [N, 3 C + 2 S] always, written where the
+// plan keeps them.
 at::Tensor forward_impl(const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                         const at::Tensor& b2, int64_t act, int64_t version, int64_t gate, at::Tensor* state) {
   const c10::cuda::CUDAGuard guard(x_.device());
@@ -239,18 +251,18 @@ at::Tensor forward_impl(const at::Tensor& x_, const at::Tensor& w1, const at::Te
   }
   if (p.d.n == 0) return new_like_x(p, x_);
   at::Tensor out = new_like_x(p, x_);
-  se::ClusterPlan cp;
-  if (forward_in_cluster(p, f, out.const_data_ptr(), &cp)) {  // v5: no workspace
+  const se::SePlan plan =
+      se::plan_forward(plan_inputs(p, f, version, nullptr, out.const_data_ptr(), state != nullptr));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (plan.path == se::Path::Cluster) {
     KC_TORCH_CHECK_CUDA(se::cluster_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), se::Gate(gate),
-                                            f.params(), out.mutable_data_ptr(), cp, at::cuda::getCurrentCUDAStream()));
+                                            f.params(), out.mutable_data_ptr(), plan.cluster, stream));
     return out;
   }
-  const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
-  at::Tensor ws = workspace(se::fused_forward_workspace(p.d, f.S, plan, f.wdt), x_);
+  at::Tensor ws = workspace(plan.workspace, x_);
   KC_TORCH_CHECK_CUDA(se::se_forward(p.x.const_data_ptr(), f.dt, p.d, f.S, se::Act(act), se::Gate(gate), f.params(),
                                      out.mutable_data_ptr(), ws.mutable_data_ptr<float>(),
-                                     state != nullptr ? state->mutable_data_ptr<float>() : nullptr, f.opts,
-                                     at::cuda::getCurrentCUDAStream()));
+                                     state != nullptr ? state->mutable_data_ptr<float>() : nullptr, plan, stream));
   return out;
 }
 
@@ -291,29 +303,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_
   at::Tensor dw1 = wgrad(w1), db1 = wgrad(b1), dw2 = wgrad(w2), db2 = wgrad(b2);
   if (p.d.n == 0) {
     dw1.zero_(), db1.zero_(), dw2.zero_(), db2.zero_();
+    return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};
+  }
+  const at::Tensor g = in_layout(grad_, p.d);
+  const se::SePlan plan =
+      se::plan_backward(plan_inputs(p, f, version, g.const_data_ptr(), dx.const_data_ptr(), state.has_value()));
+  const se::SeParamGrads dw{dw1.mutable_data_ptr(), db1.mutable_data_ptr(), dw2.mutable_data_ptr(),
+                            db2.mutable_data_ptr()};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor ws = workspace(plan.workspace, x_);
+  if (plan.path == se::Path::Cluster) {
+    KC_TORCH_CHECK_CUDA(se::cluster_backward(g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act),
+                                             se::Gate(gate), f.params(), dx.mutable_data_ptr(), dw,
+                                             ws.mutable_data_ptr<float>(), plan.cluster, stream));
   } else {
-    const at::Tensor g = in_layout(grad_, p.d);
-    const se::SeParamGrads dw{dw1.mutable_data_ptr(), db1.mutable_data_ptr(), dw2.mutable_data_ptr(),
-                              db2.mutable_data_ptr()};
-    se::ClusterPlan cp;
-    const void* ptrs[3] = {g.const_data_ptr(), p.x.const_data_ptr(), dx.const_data_ptr()};
-    if (se::cluster_plan(p.d, S, f.dt, f.wdt, /*backward=*/true, ptrs, 3, f.opts, &cp)) {  // v5
-      at::Tensor ws = workspace(se::cluster_backward_workspace(p.d, S), x_);
-      KC_TORCH_CHECK_CUDA(se::cluster_backward(g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act),
-                                               se::Gate(gate), f.params(), dx.mutable_data_ptr(), dw,
-                                               ws.mutable_data_ptr<float>(), cp, at::cuda::getCurrentCUDAStream()));
-      return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};
-    }
-    const se::ReducePlan plan = se::plan_reduce(p.d, f.dt, f.opts.num_sms);
-    at::Tensor ws = workspace(se::fused_backward_workspace(p.d, S, plan, f.wdt), x_);
-    // the forward's saved values, where it kept them (not in v5's cluster kernel)
-    const bool use_state = state.has_value() && se::uses_saved_state(p.d, S, f.opts) &&
-                           !forward_in_cluster(p, f, p.x.const_data_ptr(), &cp);
     KC_TORCH_CHECK_CUDA(se::se_backward(g.const_data_ptr(), p.x.const_data_ptr(), f.dt, p.d, S, se::Act(act),
                                         se::Gate(gate), f.params(), dx.mutable_data_ptr(), dw,
                                         ws.mutable_data_ptr<float>(),
-                                        use_state ? state->const_data_ptr<float>() : nullptr, f.opts,
-                                        at::cuda::getCurrentCUDAStream()));
+                                        plan.use_state ? state->const_data_ptr<float>() : nullptr, plan, stream));
   }
   return {dx, as_weight(dw1, w1), as_weight(db1, b1), as_weight(dw2, w2), as_weight(db2, b2)};
 }

@@ -8,10 +8,6 @@
 
 namespace se_glue {
 
-// The first version whose backward reads the values its training forward kept
-// (se_block_train; se_module.h, "The saved state"; stages.cu's version_opts).
-constexpr int64_t kSavedStateVersion = 6;
-
 inline at::Tensor call_se_block(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                                 const at::Tensor& b2, int64_t act, int64_t version, int64_t gate) {
   static const auto op =

@@ -44,7 +44,7 @@
 //       (evict-first) so the output does not push that data out.
 //   v3  v2 + programmatic dependent launch (sm_90+): kernels 2 and 3 are launched
 //       while their predecessor drains, and wait in griddepcontrol.wait.
-//   v4  v3 + the MLP spread over the GPU where the weights are large (2 S C >= 65536, spread_mlp()):
+//   v4  v3 + the MLP spread over the GPU where the weights are large (2 S C >= 65536, se_plan.cpp):
 //       one block per sample reads all of w1 and w2 on one SM, so many channels over
 //       a small image (EfficientNet's last stages: C = 1152, S = 48) left the MLP
 //       bound by one SM's L2 bandwidth, N times over. Instead each of fc1, fc2 (and
@@ -55,8 +55,8 @@
 //       backward's last product (w1^T dz1) also runs the weight-gradient tiles, in
 //       blocks after its own (gemv_wgrad_blocks), and the Dx pass is elementwise only.
 //   v5  (se_cluster.cu) one thread-block cluster per sample where its plan takes the
-//       shape (up to 16 samples, sm_90); elsewhere v5 is v4. The glue (se_cuda.cpp)
-//       asks cluster_plan first.
+//       shape (up to 16 samples, sm_90); elsewhere v5 is v4. The plan (se_plan.cpp)
+//       asks the cluster question first.
 //   v6  v5 + the backward reads the forward's MLP values where the MLP is spread: a
 //       training forward (se_block_train, from the autograd) keeps p, s, z2 [N, C] and
 //       z1, a [N, S] (the "saved state", a few KB), and the backward skips fc1 and fc2:
@@ -101,9 +101,6 @@
 
 namespace se {
 
-using dev::ceil_div;
-using dev::kThreads;
-
 namespace {
 
 using dev::act_f;
@@ -129,10 +126,6 @@ struct MlpArgs {
   bool params_late; // unstaged: w1..b2 are written by the preceding kernel (widened 16-bit parameters)
   SeParams src;     // the parameters in their own dtype (what the staging reads)
 };
-
-__host__ __device__ inline int64_t pad4(int64_t n) { return (n + 3) & ~int64_t(3); }
-// floats of shared memory the staged weights take (each piece padded to 16 bytes)
-__host__ __device__ inline int64_t staged_floats(int64_t c, int64_t s) { return 2 * pad4(s * c) + pad4(s) + pad4(c); }
 
 // n elements of src (dtype dt) widened to fp32 at dst (16-byte aligned); 16-byte
 // loads where src and n allow, 32 elements of a thread in flight.
@@ -300,15 +293,6 @@ MlpArgs mlp_args(const float* part_x, int splits, const Dims& d, int64_t S, Gate
   return m;
 }
 
-// Shared memory of the one-block-per-sample MLP kernel, with the parameters staged
-// where they fit.
-size_t mlp_smem(const Dims& d, int64_t S, bool backward, const LaunchOpts& o, bool* staged) {
-  const size_t smem = fused_mlp_smem_bytes(d.c, S, backward);
-  const size_t with = smem + size_t(staged_floats(d.c, S)) * sizeof(float);
-  *staged = with <= size_t(o.max_smem);
-  return *staged ? with : smem;
-}
-
 template <typename K>
 cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, const MlpArgs& m, const LaunchOpts& o,
                        cudaStream_t stream) {
@@ -322,21 +306,15 @@ cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, const MlpArgs& m, c
 
 
 // ------------------------------------------------------------------ v4: the spread MLP
-constexpr int kTileN = 4;              // samples per gemv block: each weight read once per tile
-constexpr int kWarps = kThreads / 32;  // outputs per gemv_kernel block (and warps of the other kernels)
-// gemv_kernel's threads: two warps an output, each half of the row. (H100, ncu: with
+// (kTileN, kWarps, kGemvThreads and the shared-memory sizes: se_geometry.h.)
+// gemv_kernel's threads are two warps an output, each half of the row. (H100, ncu: with
 // a warp an output in 256 threads its blocks issued one instruction per ~5.8 cycles a warp, 8
 // warps an SM, 72 blocks at N = 32: issue-bound latency chains; twice the warps over the same work.)
-constexpr int kGemvThreads = 2 * kThreads;
 // ... in at most 96 registers a thread (48K of an SM's 64K), so that a block of the next kernel of
 // the chain (launched early under PDL) fits beside one of these: with 128 (the whole register file)
 // the next product's blocks waited for these to exit where both grids cover most SMs
 // ((32, 2688, 12, 12): fc2 7 us slower).
 constexpr int kGemvMaxRegs = 96;
-// Below this many weight floats (2 S C) one block per sample reads them fast enough,
-// and v3's single MLP launch is cheaper than v4's two (forward) or four (backward)
-// (H100 probe, EfficientNet shapes: v3 ahead at 2SC = 19200 and 37632, v4 at 76800 and up).
-constexpr int64_t kSpreadMinWeights = 65536;
 
 enum class Epi : int { Fc1 = 0, Fc2Fwd = 1, Fc2Bwd = 2, Da = 3, Coef = 4, DaState = 5 };
 
@@ -439,18 +417,6 @@ __device__ __forceinline__ kc::Vec<TW, 4> ldg_vec4(const kc::Vec<TW, 4>* p) {
   }
   return v;
 }
-
-// DaState stages w2's columns under w_t (v7) only where at most this many sample tiles repeat it.
-// H100, timeline, bf16 CL fwd+bwd against the transposed copies: (32, 2688, 12, 12) -3 us
-// and (32, 960, 12, 12) even at 8 tiles; (128, 1152, 7, 7), 32 tiles, +1.6 us (DaState 8.9 -> 10.0).
-// (Rows of 16-bit w2 whose length is not a multiple of 16 bytes, S = 68: two loads a piece, DaState
-// 6.0 -> 10.2 us at (32, 1632, 12, 12): the copies there too.)
-constexpr int64_t kWtMaxTiles = 8;
-
-// Row stride (floats) of gemv_kernel's staged weight rows under w_t: 16-byte aligned rows, and
-// rows 4 banks apart where I is a multiple of 32 (the staging's stores of one input i to the
-// block's rows then fall in distinct banks)
-__host__ __device__ inline int64_t wt_stride(int64_t i_dim) { return pad4(i_dim) + 4; }
 
 // gemv_kernel under w_t: the block's kWarps outputs o0.. as rows of w_s ([kWarps, wt_stride(I)],
 // fp32), from w given as [I, O] in its own dtype (w and O * sizeof(TW) multiples of 16 bytes).
@@ -680,12 +646,7 @@ __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThr
 // read by every lane at once, a broadcast), and the epilogue's stores and reads
 // are coalesced over outputs. Each dot is added i = 0, 1, ... by one thread: a fixed
 // order (run-to-run identical), not gemv_kernel's (lanes, then a warp sum).
-constexpr int kNarrowO = 32;
-constexpr int kNarrowN = 32;
 constexpr int kNarrowPerWarp = kNarrowN / (kGemvThreads / 32);  // samples a warp (16 warps, as gemv_kernel)
-constexpr int64_t kNarrowMaxI = 256;  // shared memory 2 * 32 * 257 floats at most
-
-__host__ __device__ inline int64_t narrow_stride(int64_t i_dim) { return i_dim | 1; }
 
 template <Act ACT, Epi EPI, typename TW>
 __global__ void __launch_bounds__(kGemvThreads) gemv_narrow_kernel(GemvArgs g) {
@@ -758,28 +719,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_narrow_kernel(GemvArgs g) {
   }
 }
 
-size_t gemv_narrow_smem(int64_t i_dim) {
-  return size_t(kNarrowN * i_dim + kNarrowO * narrow_stride(i_dim)) * sizeof(float);
-}
-
-size_t gemv_smem(int64_t i_dim) { return size_t(kTileN) * size_t(i_dim) * sizeof(float); }
-// ... and under w_t, with the block's weight rows staged after the inputs
-size_t gemv_wt_smem(int64_t i_dim) {
-  return gemv_smem(i_dim) + size_t(kWarps) * size_t(wt_stride(i_dim)) * sizeof(float);
-}
-
 // A launch's dynamic shared memory with room for its weight-gradient blocks, if any
 size_t with_wgrad_smem(const GemvArgs& g, size_t smem) {
   return g.wg_pairs > 0 && smem < dev::kWgPairSmem ? dev::kWgPairSmem : smem;
-}
-
-// Whether v4's spread MLP runs for this shape (and fits: the largest input row staged).
-bool spread_mlp(const Dims& d, int64_t S, const LaunchOpts& o) {
-  if (!o.spread || 2 * S * d.c < kSpreadMinWeights) return false;
-  if (dev::ceil_div(d.n, kTileN) > 65535) return false;  // grid.y
-  if (dev::ceil_div(d.n, kNarrowN) > 65535) return false;
-  return gemv_smem(d.c > S ? d.c : S) <= size_t(o.max_smem) &&
-         gemv_narrow_smem(S < kNarrowMaxI ? S : kNarrowMaxI) <= size_t(o.max_smem);
 }
 
 template <Act ACT, Epi EPI, typename TW>
@@ -873,29 +815,8 @@ GemvArgs gemv_args(const Dims& d, const float* in, const float* w, const float* 
 
 }  // namespace
 
-size_t fused_mlp_smem_bytes(int64_t C, int64_t S, bool backward) {
-  return size_t(backward ? 3 : 1) * size_t(C + S) * sizeof(float);
-}
-
-// fp32 copies of 16-bit parameters at the start of the workspace (each piece 16-byte aligned)
-int64_t param_floats(const Dims& d, int64_t S, kc::DType wdt) {
-  return wdt == kc::DType::F32 ? 0 : 2 * pad4(S * d.c) + pad4(S) + pad4(d.c);
-}
-
-int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt) {
-  return param_floats(d, S, wdt) + d.n * p.splits * d.c + d.n * d.c + d.n * S;  // params, part, s, a (v4)
-}
-
-int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt) {
-  // ..., a, dz1, z1 (v4), and v4's transposed w1, w2
-  return param_floats(d, S, wdt) + 2 * d.n * p.splits * d.c + 4 * d.n * d.c + 3 * d.n * S + 2 * pad4(S * d.c);
-}
-
-// The forward's values that v6's backward reads instead of recomputing them (fp32):
+// The forward's values that the backward reads instead of recomputing them (fp32):
 // p [N, C], s [N, C], z2 [N, C], z1 [N, S], a [N, S] (the glue allocates [N, 3 C + 2 S]).
-
-bool uses_saved_state(const Dims& d, int64_t S, const LaunchOpts& o) { return o.saved_state && spread_mlp(d, S, o); }
-
 namespace {
 struct SavedState {
   float *p, *s, *z2, *z1, *a;
@@ -905,63 +826,63 @@ SavedState saved_state(float* st, const Dims& d, int64_t S) {
   return SavedState{st, st + nc, st + 2 * nc, st + 3 * nc, st + 3 * nc + ns};
 }
 
-// The parameters as fp32 pointers: w's own, or (16-bit, `widen`) their copies at
-// the start of ws, written by the reduction kernel's extra blocks that *cast
-// describes; with `transpose_w1` / `transpose_w2`, also fp32 copies of w1^T [C, S] /
-// w2^T [S, C] written by those blocks. cast->blocks = 0 when there is nothing to copy.
-// Advances ws past the copies. (widen = false where the only reader is the MLP
-// kernel staging the parameters from their own dtype: then the pointers are unused.)
+// The parameters as fp32 pointers: w's own, or (16-bit, c.widen) their copies at the
+// start of ws, written by the reduction kernel's extra blocks that *cast describes; with
+// c.transpose_w1 / c.transpose_w2, also fp32 copies of w1^T [C, S] / w2^T [S, C] written
+// by those blocks. Carves ws in the plan's order (se_plan.cpp, cast_floats) and advances
+// it past the copies. (Without widening, 16-bit parameters are read in their own dtype
+// by their readers: then the pointers are unused.)
 struct Fp32Params {
   const float *w1, *b1, *w2, *b2;
   const float *w1t, *w2t;  // with transpose_w1 / transpose_w2 only
 };
-Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, bool transpose_w1, bool transpose_w2,
-                       bool need_fp32, float*& ws, dev::ParamCast* cast) {
+Fp32Params fp32_params(const SeParams& w, const Dims& d, int64_t S, const CastPlan& c, float*& ws,
+                       dev::ParamCast* cast) {
   *cast = dev::ParamCast{};
   const int64_t len[4] = {S * d.c, S, d.c * S, d.c};
   const int64_t cols[4] = {d.c, S, S, d.c};
   const void* src[4] = {w.w1, w.b1, w.w2, w.b2};
-  const bool widen = need_fp32 && w.dt != kc::DType::F32;
   Fp32Params f{};
   const float** fp[4] = {&f.w1, &f.b1, &f.w2, &f.b2};
   for (int t = 0; t < 4; ++t) {
     cast->src[t] = src[t];
     cast->len[t] = len[t];
     cast->cols[t] = cols[t];
-    if (widen) {
+    cast->units[t] = c.units[t];
+    cast->per[t] = c.per[t];
+    if (c.widen) {
       cast->dst[t] = ws;
       ws += pad4(len[t]);
     }
-    *fp[t] = widen ? cast->dst[t] : w.dt == kc::DType::F32 ? static_cast<const float*>(src[t]) : nullptr;
+    *fp[t] = c.widen ? cast->dst[t] : w.dt == kc::DType::F32 ? static_cast<const float*>(src[t]) : nullptr;
   }
-  if (transpose_w1) {
+  if (c.transpose_w1) {
     cast->dst_t[0] = ws;
     ws += pad4(len[0]);
     f.w1t = cast->dst_t[0];
   }
-  if (transpose_w2) {
+  if (c.transpose_w2) {
     cast->dst_t[2] = ws;
     ws += pad4(len[2]);
     f.w2t = cast->dst_t[2];
   }
   cast->dt = w.dt;
-  dev::plan_cast(cast);
+  cast->blocks = c.blocks;
   return f;
 }
 }  // namespace
 
 cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate, const SeParams& w,
-                       void* out, float* ws, float* state, LaunchOpts o, cudaStream_t stream) {
+                       void* out, float* ws, float* state, const SePlan& plan, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;
-  const bool spread = spread_mlp(d, S, o);
-  const bool keep = state != nullptr && uses_saved_state(d, S, o);
-  const bool raw = spread && o.raw_params;  // v7: fc1 and fc2 read the parameters themselves
-  bool staged = false;
-  const size_t smem = mlp_smem(d, S, /*backward=*/false, o, &staged);
+  if (plan.backward || plan.path == Path::Cluster) return cudaErrorInvalidValue;
+  const LaunchOpts& o = plan.launch;
+  const bool spread = plan.path == Path::Spread;
+  const bool keep = state != nullptr && plan.keep_state;
+  const bool raw = plan.raw_params;  // fc1 and fc2 read the parameters themselves
   dev::ParamCast cast;
-  const Fp32Params f =
-      fp32_params(w, d, S, false, false, /*need_fp32=*/spread ? !raw : !staged, ws, &cast);
-  const ReducePlan p = plan_reduce(d, dt, o.num_sms, cast.blocks);
+  const Fp32Params f = fp32_params(w, d, S, plan.cast, ws, &cast);
+  const ReducePlan& p = plan.reduce;
   float* part = ws;
   float* s = ws + d.n * p.splits * d.c;
   KC_CUDA_TRY(
@@ -973,7 +894,7 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
     f1.div_splits = dev::FastDiv(uint32_t(p.splits));
     f1.in_scale = 1.f / float(d.l);
     GemvArgs f2 = gemv_args(d, a, f.w2, f.b2, S, d.c, s, gate);  // s = gate(w2 a + b2)
-    if (keep) {  // v6: p, z1, a, z2 and s kept for the backward
+    if (keep) {  // p, z1, a, z2 and s kept for the backward
       const SavedState st = saved_state(state, d, S);
       f1.out = a = st.a;
       f2.in = a;
@@ -998,11 +919,11 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
                                           nullptr, stream);
   }
   MlpArgs m = mlp_args(part, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
-  m.staged = staged;
+  m.staged = plan.staged;
   m.src = w;
   m.params_late = cast.blocks > 0;
   KC_CUDA_TRY(with_act(act, [&](auto tag) {
-    return launch_mlp(mlp_forward_kernel<decltype(tag)::value>, d, smem, m, o, stream);
+    return launch_mlp(mlp_forward_kernel<decltype(tag)::value>, d, plan.mlp_smem, m, o, stream);
   }));
   return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
                                         nullptr, stream);
@@ -1010,26 +931,15 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
 
 cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate,
                         const SeParams& w, void* dx, const SeParamGrads& dw, float* ws, const float* state,
-                        LaunchOpts o, cudaStream_t stream) {
+                        const SePlan& plan, cudaStream_t stream) {
   if (d.n == 0) return cudaSuccess;  // the glue zero-fills the weight gradients
-  const bool spread = spread_mlp(d, S, o);
-  const bool use = state != nullptr && uses_saved_state(d, S, o);  // then spread too
-  bool staged = false;
-  const size_t smem = mlp_smem(d, S, /*backward=*/true, o, &staged);
-  // v7 with the saved values: Coef reads w1 itself (each input's run of the tile's outputs is
-  // contiguous in w1 [S, C]: coalesced), staged while the reduction drains, and so does DaState w2
-  // where its staging is cheap (whole 16-byte pieces of each row of w2 [C, S], at most
-  // kWtMaxTiles sample tiles each staging them again); otherwise, and before v7, they read fp32
-  // transposed copies that the reduction's extra blocks write
-  const bool coef_direct = use && o.raw_params && S <= kNarrowMaxI;
-  const bool da_direct = coef_direct && gemv_wt_smem(d.c) <= size_t(o.max_smem) &&
-                         kc::is_aligned(w.w2, 16) && (S * kc::dtype_size(w.dt)) % 16 == 0 &&
-                         dev::ceil_div(d.n, kTileN) <= kWtMaxTiles;
+  if (!plan.backward || plan.path == Path::Cluster) return cudaErrorInvalidValue;
+  const LaunchOpts& o = plan.launch;
+  const bool spread = plan.path == Path::Spread;
+  const bool use = state != nullptr && plan.use_state;  // then spread too
   dev::ParamCast cast;
-  // with the saved values, the spread products read only the transposed copies (those not direct)
-  const Fp32Params f = fp32_params(w, d, S, spread && !coef_direct, spread && !da_direct,
-                                   /*need_fp32=*/spread ? !use : !staged, ws, &cast);
-  const ReducePlan p = plan_reduce(d, dt, o.num_sms, cast.blocks);
+  const Fp32Params f = fp32_params(w, d, S, plan.cast, ws, &cast);
+  const ReducePlan& p = plan.reduce;
   const int64_t np = d.n * p.splits * d.c, nc = d.n * d.c;
   float* part_x = ws;
   float* part_gx = part_x + np;
@@ -1041,21 +951,20 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
   float* dz1 = a + d.n * S;
   float* z1 = dz1 + d.n * S;
   const SavedState st = use ? saved_state(const_cast<float*>(state), d, S) : SavedState{};
-  if (use) {  // v6: p, a, s from the forward
+  if (use) {  // p, a, s from the forward
     s = st.s;
     pool = st.p;
     a = st.a;
   }
   const dev::WgradTileArgs wg = dev::wgrad_args(dz1, pool, dz2, a, dw.dw1, dw.db1, dw.dw2, dw.db2, d.n, d.c, S, w.dt);
-  // spread: the weight gradients beside Coef where a tile is one chunk of samples (N <= kWgTile);
-  // at larger N their chunks take longer than Coef and they stay in the Dx pass (gemv_wgrad_blocks)
-  const bool beside = spread && d.n <= dev::kWgTile;
+  // the weight gradients beside Coef (plan.wgrad_beside), else in the Dx pass
+  const bool beside = plan.wgrad_beside;
   // one pass over (x, grad): sum x and sum grad * x per (n, c)
   KC_CUDA_TRY(
       (dev::launch_reduce<true, true, false>(x, grad, nullptr, nullptr, dt, d, p, part_x, part_gx, stream, &cast)));
   if (spread) {
     GemvArgs da = gemv_args(d, dz2, f.w2t, nullptr, d.c, S, dz1, gate);  // dz1 = (w2^T dz2) act'(z1); w2^T is [S, C] = [O, I]
-    if (use) {  // v6: z1, z2, s from the forward; DaState's staging forms dz2 from the partials of sum g x
+    if (use) {  // z1, z2, s from the forward; DaState's staging forms dz2 from the partials of sum g x
       da.in = part_gx;
       da.splits = p.splits;
       da.div_splits = dev::FastDiv(uint32_t(p.splits));
@@ -1080,12 +989,12 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     }
     GemvArgs cf = gemv_args(d, dz1, f.w1t, nullptr, S, d.c, coef);  // coef = (w1^T dz1) / L; w1^T is [C, S] = [O, I]
     cf.out_scale = 1.f / float(d.l);
-    if (da_direct) {  // w2 [C, S] = [I, O] of DaState
+    if (plan.da_direct) {  // w2 [C, S] = [I, O] of DaState
       da.w = w.w2;
       da.w_dt = w.dt;
       da.w_t = da.w_early = true;
     }
-    if (coef_direct) {  // w1 [S, C] = [I, O] of Coef
+    if (plan.coef_direct) {  // w1 [S, C] = [I, O] of Coef
       cf.w = w.w1;
       cf.w_dt = w.dt;
       cf.w_t = cf.w_early = true;
@@ -1097,19 +1006,19 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
     }
     KC_CUDA_TRY((launch_gemv_act<Epi::Coef>(act, cf, o, stream)));
   } else {
-  MlpArgs m = mlp_args(part_x, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
-  m.staged = staged;
-  m.src = w;
-  m.params_late = cast.blocks > 0;
-  m.part_gx = part_gx;
-  m.coef_out = coef;
-  m.p_out = pool;
-  m.dz2_out = dz2;
-  m.a_out = a;
-  m.dz1_out = dz1;
-  KC_CUDA_TRY(with_act(act, [&](auto tag) {
-    return launch_mlp(mlp_backward_kernel<decltype(tag)::value>, d, smem, m, o, stream);
-  }));
+    MlpArgs m = mlp_args(part_x, p.splits, d, S, gate, f.w1, f.b1, f.w2, f.b2, s);
+    m.staged = plan.staged;
+    m.src = w;
+    m.params_late = cast.blocks > 0;
+    m.part_gx = part_gx;
+    m.coef_out = coef;
+    m.p_out = pool;
+    m.dz2_out = dz2;
+    m.a_out = a;
+    m.dz1_out = dz1;
+    KC_CUDA_TRY(with_act(act, [&](auto tag) {
+      return launch_mlp(mlp_backward_kernel<decltype(tag)::value>, d, plan.mlp_smem, m, o, stream);
+    }));
   }
   return dev::launch_ew<dev::Ew::Dx>(grad, s, coef, 1.f, dx, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,
                                      beside ? nullptr : &wg, stream);

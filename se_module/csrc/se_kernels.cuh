@@ -31,14 +31,14 @@
 namespace se {
 namespace dev {
 
-constexpr int kThreads = 256;
-// NCHW rows up to this long are reduced by one warp per (row, split); longer
-// rows by a whole block per (row, split).
-constexpr int64_t kWarpTeamMaxL = 4096;
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline int max_vec(kc::DType dt) { return dt == kc::DType::F32 ? 4 : 8; }
-inline int nchw_team(const Dims& d) { return d.l > kWarpTeamMaxL ? kThreads : 32; }
+// The kernels' shapes shared with the plan (se_geometry.h).
+using se::ceil_div;
+using se::kCastUnroll;
+using se::kThreads;
+using se::kWgTile;
+using se::max_vec;
+using se::nchw_team;
+using se::nhwc_tiles;
 
 // ------------------------------------------------------------------ PDL
 // griddepcontrol and the PDL launch come from kc/launch.cuh (common/).
@@ -124,9 +124,10 @@ __device__ __forceinline__ void store_f(T* p, const float (&f)[VEC], bool stream
 // backward's products with w1^T and w2^T). A null dst / dst_t skips that copy.
 // The work is cut in units: 16 bytes of a tensor (8 16-bit or 4 fp32 elements) where
 // its pointers and length allow, else one element; as few blocks as give every thread
-// one batch of kCastUnroll units, all loads in flight before any store. They come first
-// in the grid, and plan_reduce leaves room for them in the reduction's wave: their
-// loads queue behind the reduction's, so each takes about as long as a reduction block.
+// one batch of kCastUnroll units, all loads in flight before any store (the plan's
+// CastPlan counts them). They come first in the grid, and plan_reduce leaves room for
+// them in the reduction's wave: their loads queue behind the reduction's, so each takes
+// about as long as a reduction block.
 // (H100, per-block timestamps, (32, 1632, 12, 12) bf16: 219 blocks of one
 // element a thread took 5-7 us each and held the slots that 139 of the 448 reduction
 // blocks waited for; those started at 5.6 us and ended the pass at 10.4.)
@@ -141,23 +142,6 @@ struct ParamCast {
   kc::DType dt;
   int blocks;          // 0: nothing to copy
 };
-constexpr int kCastUnroll = 2;
-
-// The units and block count of *pc (src, dst, dst_t, len, cols and dt set).
-inline void plan_cast(ParamCast* pc) {
-  const int64_t esz = kc::dtype_size(pc->dt);
-  int64_t total = 0;
-  for (int t = 0; t < 4; ++t) {
-    const bool used = pc->dst[t] != nullptr || pc->dst_t[t] != nullptr;
-    const int vper = int(16 / esz);
-    const bool vec = kc::is_aligned(pc->src[t], 16) && pc->len[t] % vper == 0 &&
-                     (pc->dst[t] == nullptr || kc::is_aligned(pc->dst[t], 16));
-    pc->per[t] = vec ? vper : 1;
-    pc->units[t] = used ? pc->len[t] / pc->per[t] : 0;
-    total += pc->units[t];
-  }
-  pc->blocks = total > 0 ? int(ceil_div(total, int64_t(kThreads) * kCastUnroll)) : 0;
-}
 
 // element k of a unit's raw 16 bytes, widened
 __device__ __forceinline__ float unit_elem(const uint4& r, int k, kc::DType dt) {
@@ -406,14 +390,6 @@ __global__ void __launch_bounds__(kThreads) reduce_rows_tile_kernel(ReduceArgs<T
 // H100, graph replays, bf16 channels_last: this pass 11.8 -> 10.9 us at
 // (128, 240, 14, 14), 29.2 -> 27.5 us at (32, 672, 24, 24); the Dx pass after it unchanged.
 constexpr int kColsMinBlocks = 4;
-// The plan's wave: kColsPlanBlocks blocks an SM (half the resident ones), so fewer splits
-// whose partials the MLP's staging adds. With the cp.async pipeline each thread keeps 12 rows
-// in flight, and half as many blocks still stream at the same rate. (H100,
-// timeline, bf16 CL fwd+bwd, 4 -> 2 an SM: (32, 1632, 12, 12) 64.7 -> 63.1/63.4 us,
-// (32, 960, 12, 12) 47.2 -> 43.8/44.2, (128, 480, 14, 14) 79.3 -> 73.9/74.0, (32, 336, 24, 24)
-// 45.0 -> 43.5, (128, 672, 7, 7) 55.5 -> 54.5/54.6, (128, 240, 14, 14) 41.8 -> 41.6/41.7;
-// one block an SM measured the same within 1 us.)
-constexpr int kColsPlanBlocks = 2;
 __host__ __device__ constexpr int cols_batch(bool sum_gx) { return sum_gx ? 4 : 8; }
 // With 16-byte vectors and no gs_out the rows come through a cp.async pipeline instead
 // of register batches: kColsStages stages of cols_stage_rows() rows (x, and g in the
@@ -598,17 +574,6 @@ __global__ void __launch_bounds__(kThreads, kColsMinBlocks) reduce_cols_kernel(R
   }
 }
 
-// NHWC tiling: vector columns per tile and number of tiles. At most kNhwcMaxTc
-// vector columns per tile (balanced across the tiles), so that a block always
-// walks several rows at once: with a whole row per tile (up to 256 vector columns),
-// many channels over a small image left one row per block step and few blocks.
-constexpr int kNhwcMaxTc = 32;
-inline void nhwc_tiles(int64_t c, int vec, int* tc, int* col_tiles) {
-  const int64_t cv = ceil_div(c, vec);
-  *col_tiles = int(ceil_div(cv, kNhwcMaxTc));
-  *tc = int(ceil_div(cv, *col_tiles));
-}
-
 // NCHW rows short enough for reduce_rows_tile_kernel (and the plan did not split them)
 inline bool use_row_tiles(const Dims& d, const ReducePlan& p) {
   return d.layout == Layout::NCHW && d.l <= kTileMaxL && p.splits == 1;
@@ -705,7 +670,6 @@ enum class Ew : int { Scale = 0, Dx = 1, Bcast = 2 };
 // dot over n, 8 loads in flight, added ~15 us to the Dx pass at (128, 1152, 7, 7);
 // this tiled product's own load order, below, cost it about 8 us before it
 // fetched the chunks into registers with every load in flight.)
-constexpr int kWgTile = 32;
 struct WgradProduct {
   const float *a, *b;
   int64_t m1, m2;

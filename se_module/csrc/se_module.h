@@ -12,61 +12,30 @@
 // Workspace. The HW reduction is split over `splits` blocks per (n, c) when
 // N * C alone would underfill the GPU; each split writes an fp32 partial sum
 // ([N, splits, C]) and a second, fixed-order pass adds them: deterministic, no
-// atomics. plan_reduce() says how many splits a shape gets; the caller
-// allocates the workspace from it (the *_workspace() functions give sizes).
+// atomics. The plan (se_plan.h) says how many splits a call gets and how large its
+// workspace is; the caller allocates the workspace from it, the launchers carve it.
 #pragma once
 
 #include <cstdint>
 #include <cuda_runtime.h>
 
 #include "kc/types.h"
+#include "se_plan.h"
 
 namespace se {
 
-enum class Layout : int { NCHW = 0, NHWC = 1 };
 enum class Act : int { ReLU = 0, SiLU = 1, Hardswish = 2 };  // the squeeze activation (after fc1)
 enum class Gate : int { Sigmoid = 0, Hardsigmoid = 1 };     // the scale activation (after fc2)
 enum class Pointwise : int { SwishFwd = 0, SwishBwd = 1, SigmoidFwd = 2, SigmoidBwd = 3 };
-
-struct Dims {
-  int64_t n, c, l;  // batch, channels, H * W
-  Layout layout;
-};
-
-// How the HW reduction is cut: `splits` pieces of `chunk` elements of L each
-// (chunk a multiple of 16 bytes' worth of elements, the last piece shorter).
-struct ReducePlan {
-  int splits;
-  int64_t chunk;
-};
-// extra_blocks: blocks the reduction kernel runs beside its own (channels_last: the plan
-// leaves room for them in its blocks an SM where it can). Fewer splits than with none,
-// never more: the workspace sized from plan_reduce(d, dt, num_sms) holds the partials of either.
-ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms, int extra_blocks = 0);
-
-// Launch options that differ between kernel versions (see se_fused.cu's header).
-struct LaunchOpts {
-  int num_sms;
-  bool reverse;    // v2+: elementwise pass walks memory backwards (hits what the reduction left in L2)
-  bool streaming;  // v2+: outputs stored with .cs (evict-first), so they do not push inputs out of L2
-  bool pdl;        // v3+: programmatic dependent launch (sm_90+): next kernel launches while this one drains
-  int max_smem;    // bytes of shared memory a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin)
-  bool spread;     // v4+: the MLP spread over (sample tile, output chunk) blocks where the weights are large
-  bool cluster;    // v5 (sm_90+): a sample per thread-block cluster, where its share fits shared memory
-  bool saved_state;  // v6: a training forward keeps the spread MLP's values, which the backward reads
-  bool raw_params;   // v7: the spread products read the parameters in their own dtype, before the wait
-                     // (no widening blocks in the forward reduction; with the saved state, transposed
-                     // copies only where DaState does not stage w2 itself)
-};
-LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem);
 
 // ---------------------------------------------------------------- stages (stages.cu)
 // global average pool: out[n, c] = mean_l x (in x's dtype).
 //   version 1: the seed's algorithm, one thread per (n, c) looping over L
 //              (uncoalesced in NCHW); needs no workspace.
 //   version 2: coalesced split reduction; part: [N, plan.splits, C] fp32.
-cudaError_t pool_forward(const void* x, kc::DType dt, Dims d, int version, float* part,
-                         void* out, int num_sms, cudaStream_t stream);
+//   plan: plan_reduce(d, dt, num_sms) (version 2).
+cudaError_t pool_forward(const void* x, kc::DType dt, Dims d, int version, const ReducePlan& plan, float* part,
+                         void* out, cudaStream_t stream);
 // grad_x[n, c, l] = grad[n, c] * alpha (grad: dense fp32 [N, C]); out in dt.
 cudaError_t pool_backward(const float* grad, float alpha, kc::DType dt, Dims d, void* grad_x,
                           int num_sms, cudaStream_t stream);
@@ -79,10 +48,10 @@ cudaError_t excitation_forward(const void* x, const float* s, void* out, kc::DTy
                                int num_sms, cudaStream_t stream);
 // excitation backward in one pass over (grad, x): grad_x = grad * s[n, c] and
 // grad_s[n, c] = sum_l grad * x, a block reduction per (n, c) (no atomics).
-// part: [N, plan.splits, C] fp32; grad_s: dense [N, C] in s_dt.
+// plan: plan_reduce(d, dt, num_sms); part: [N, plan.splits, C] fp32; grad_s: dense [N, C] in s_dt.
 cudaError_t excitation_backward(const void* grad, const void* x, const float* s, void* grad_x,
-                                void* grad_s, kc::DType dt, kc::DType s_dt, Dims d, float* part,
-                                int num_sms, cudaStream_t stream);
+                                void* grad_s, kc::DType dt, kc::DType s_dt, Dims d, const ReducePlan& plan,
+                                float* part, cudaStream_t stream);
 
 // ---------------------------------------------------------------- fused (se_fused.cu)
 // out = x * gate(w2 @ act(w1 @ mean_l(x) + b1) + b2), broadcast over l
@@ -104,50 +73,35 @@ struct SeParamGrads {
 //
 // The saved state (v6): a training forward may keep the MLP's per-sample values
 // (p, s, z2 [N, C], z1, a [N, S], in that order: N * (3 C + 2 S) floats) for its
-// backward, which then reads them instead of recomputing fc1 and fc2 (two launches fewer). Written and
-// read only where uses_saved_state() (o.saved_state and the spread MLP); elsewhere
-// the forward leaves `state` untouched and the backward ignores it. A null state:
-// none kept / none given.
-bool uses_saved_state(const Dims& d, int64_t S, const LaunchOpts& o);
-int64_t fused_forward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt);  // floats
+// backward, which then reads them instead of recomputing fc1 and fc2 (two launches
+// fewer). Written where plan.keep_state, read where plan.use_state (both: the spread
+// MLP); elsewhere the forward leaves `state` untouched and the backward ignores it.
+//
+// se_forward / se_backward run plan.path Block or Spread (se_fused.cu); ws holds
+// plan.workspace floats.
 cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate, const SeParams& w,
-                       void* out, float* ws, float* state, LaunchOpts o, cudaStream_t stream);
+                       void* out, float* ws, float* state, const SePlan& plan, cudaStream_t stream);
 // Gradients of the fused block. grad and x share x's layout and dtype; dx in
 // it too. Recomputes the pooled mean in the same pass that reduces grad * x, so
 // the backward moves 4 tensors' worth of bytes (read grad, x; read grad, write
 // dx) and nothing more.
-int64_t fused_backward_workspace(const Dims& d, int64_t S, const ReducePlan& p, kc::DType wdt);  // floats
 cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, int64_t S, Act act,
                         Gate gate, const SeParams& w, void* dx, const SeParamGrads& dw, float* ws,
-                        const float* state, LaunchOpts o, cudaStream_t stream);
+                        const float* state, const SePlan& plan, cudaStream_t stream);
 
 // ---------------------------------------------------------------- v5 (se_cluster.cu)
 // The whole block of one sample in one thread-block cluster of k CTAs, each
 // holding a share of the channels in shared memory: x read once, out written
 // once (forward: one launch), grad and x read once, dx written once (backward:
-// the cluster kernel, then the weight gradients' kernel). cluster_plan says
-// whether it runs (o.cluster, alignment of every pointer in ptrs, sizes) and
-// how; otherwise versions 1-4's se_forward / se_backward run.
-struct ClusterPlan {
-  int k = 1;          // CTAs per sample (cluster size)
-  int unit = 1;       // channels per share unit
-  int64_t units = 0;  // ceil(C / unit)
-  int cmax = 0;       // most channels in one CTA's share
-  int threads = 256;  // threads per CTA (256, 512 or 1024)
-  size_t smem = 0;    // dynamic shared memory per CTA, bytes
-};
-bool cluster_plan(const Dims& d, int64_t S, kc::DType dt, kc::DType wdt, bool backward, const void* const* ptrs,
-                  int nptrs, const LaunchOpts& o, ClusterPlan* plan);
+// the cluster kernel, then the weight gradients' kernel). Run where plan.path is
+// Path::Cluster, in plan.cluster's shape; ws (backward) holds plan.workspace floats.
 cudaError_t cluster_forward(const void* x, kc::DType dt, const Dims& d, int64_t S, Act act, Gate gate,
                             const SeParams& w, void* out, const ClusterPlan& p, cudaStream_t stream);
-int64_t cluster_backward_workspace(const Dims& d, int64_t S);  // floats
 cudaError_t cluster_backward(const void* grad, const void* x, kc::DType dt, const Dims& d, int64_t S, Act act,
                              Gate gate, const SeParams& w, void* dx, const SeParamGrads& dw, float* ws,
                              const ClusterPlan& p, cudaStream_t stream);
-
-// Dynamic shared memory the fused MLP kernels need (bytes), and the most any
-// block may have on the current device; the glue rejects shapes above it.
-// (The per-sample MLP's need; the spread MLP of v4 is taken only where it fits.)
-size_t fused_mlp_smem_bytes(int64_t C, int64_t S, bool backward);
+// The plan's occupancy query (se_plan.h, ClusterCapacityFn): clusters of k CTAs of the
+// cluster kernel for (dt, wdt, layout, direction) that fit on the current device at once.
+int cluster_capacity(kc::DType dt, kc::DType wdt, Layout layout, bool backward, int threads, int k, size_t smem);
 
 }  // namespace se

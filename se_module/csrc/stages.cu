@@ -1,6 +1,6 @@
 // stages.cu: the seed's four SE stages as kernels of their own, forward and
-// backward, plus the planning of the split HW reduction that the fused block
-// shares (se_fused.cu).
+// backward (the split HW reduction they share with the fused block is planned in
+// se_plan.cpp, plan_reduce).
 //
 //   global average pool  p[n, c] = (1 / L) sum_l x[n, c, l]
 //       backward          dx[n, c, l] = dp[n, c] / L
@@ -34,51 +34,6 @@ namespace se {
 
 using dev::ceil_div;
 using dev::kThreads;
-
-ReducePlan plan_reduce(const Dims& d, kc::DType dt, int num_sms, int extra_blocks) {
-  const int vec = dev::max_vec(dt);
-  const int64_t sms = num_sms > 0 ? num_sms : 1;
-  int64_t max_splits, want;
-  if (d.layout == Layout::NCHW) {
-    // Aim for two full waves of threads (2048 resident threads per SM), but give
-    // each lane at least 4 vectors of work per split.
-    const int64_t target = sms * 2048 * 2;
-    const int team = dev::nchw_team(d);
-    max_splits = ceil_div(d.l, int64_t(team) * vec * 4);
-    want = ceil_div(target, d.n * d.c * team);
-  } else {
-    // kColsPlanBlocks of reduce_cols_kernel's blocks an SM (half its resident ones)
-    // beside the kernel's extra_blocks (the parameter-widening ones), each thread with
-    // at least 4 rows where L allows; where N * tiles fill that already, one split: each
-    // block walks the sample's whole L. (Why half a wave: see
-    // reduce_cols_kernel and kColsPlanBlocks.)
-    int tc, tiles;
-    dev::nhwc_tiles(d.c, vec, &tc, &tiles);
-    const int rows_par = kThreads / tc;
-    max_splits = ceil_div(d.l, int64_t(rows_par) * 4);
-    want = (sms * dev::kColsPlanBlocks - extra_blocks) / (d.n * tiles);
-  }
-  int64_t splits = want < max_splits ? want : max_splits;
-  if (splits > 1024) splits = 1024;
-  if (splits < 1) splits = 1;
-  int64_t chunk = ceil_div(d.l, splits);
-  if (d.layout == Layout::NCHW) chunk = ceil_div(chunk, vec) * vec;  // split starts stay 16-byte aligned
-  return ReducePlan{int(ceil_div(d.l, chunk)), chunk};
-}
-
-LaunchOpts version_opts(int version, int num_sms, int cc_major, int max_smem) {
-  LaunchOpts o;
-  o.max_smem = max_smem;
-  o.num_sms = num_sms;
-  o.reverse = version >= 2;
-  o.streaming = version >= 2;
-  o.pdl = version >= 3 && cc_major >= 9;
-  o.spread = version >= 4;
-  o.cluster = version >= 5 && cc_major >= 9;
-  o.saved_state = version >= 6;
-  o.raw_params = version >= 7;
-  return o;
-}
 
 namespace {
 
@@ -145,8 +100,8 @@ cudaError_t launch_finalize(const float* part, int splits, const Dims& d, float 
 
 }  // namespace
 
-cudaError_t pool_forward(const void* x, kc::DType dt, Dims d, int version, float* part, void* out, int num_sms,
-                         cudaStream_t stream) {
+cudaError_t pool_forward(const void* x, kc::DType dt, Dims d, int version, const ReducePlan& p, float* part,
+                         void* out, cudaStream_t stream) {
   if (d.n * d.c == 0) return cudaSuccess;
   if (version == 1) {
     return KC_DTYPE_SWITCH(dt, T, [&]() -> cudaError_t {
@@ -158,7 +113,6 @@ cudaError_t pool_forward(const void* x, kc::DType dt, Dims d, int version, float
       return cudaGetLastError();
     });
   }
-  const ReducePlan p = plan_reduce(d, dt, num_sms);
   KC_CUDA_TRY((dev::launch_reduce<true, false, false>(x, nullptr, nullptr, nullptr, dt, d, p, part, nullptr, stream)));
   return KC_DTYPE_SWITCH(dt, T, [&] { return launch_finalize<T>(part, p.splits, d, 1.f / float(d.l), out, stream); });
 }
@@ -205,9 +159,9 @@ cudaError_t excitation_forward(const void* x, const float* s, void* out, kc::DTy
 }
 
 cudaError_t excitation_backward(const void* grad, const void* x, const float* s, void* grad_x, void* grad_s,
-                                kc::DType dt, kc::DType s_dt, Dims d, float* part, int num_sms, cudaStream_t stream) {
+                                kc::DType dt, kc::DType s_dt, Dims d, const ReducePlan& p, float* part,
+                                cudaStream_t stream) {
   if (d.n * d.c == 0) return cudaSuccess;
-  const ReducePlan p = plan_reduce(d, dt, num_sms);
   // the reduction's "x" is x and its "g" is grad: sum_l grad * x, and grad_x = grad * s
   KC_CUDA_TRY((dev::launch_reduce<false, true, true>(x, grad, s, grad_x, dt, d, p, nullptr, part, stream)));
   return KC_DTYPE_SWITCH(s_dt, TS, [&] { return launch_finalize<TS>(part, p.splits, d, 1.f, grad_s, stream); });
