@@ -200,7 +200,7 @@ def versions_table(bw):
             r["pool_v1_us"] = bench.time_us(lambda: ops.global_avg_pool(x, 1))
             r["pool_v2_us"] = bench.time_us(lambda: ops.global_avg_pool(x, 2))
         r["pool_floor_us"] = bench.floor_us(x.numel() * x.element_size(), bw)
-        for v in (1, 2, 3, 4):
+        for v in (1, 2, 3):
             ours.version = v
             fwd, fb = fwd_and_fwdbwd(ours, params, x, g)
             r[f"fwd_v{v}_us"] = bench.graph_us(fwd)
@@ -209,7 +209,7 @@ def versions_table(bw):
         del tv, ours, x, g
         torch.cuda.empty_cache()
     cols = ["shape", "pool_v1_us", "pool_v2_us", "pool_floor_us", "fwd_v1_us", "fwd_v2_us", "fwd_v3_us",
-            "fwd_v4_us", "fb_v1_us", "fb_v2_us", "fb_v3_us", "fb_v4_us"]
+            "fb_v1_us", "fb_v2_us", "fb_v3_us"]
     return rows, cols
 
 
@@ -245,7 +245,7 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-EFF_COLS = ["model", "config", "pass", "shape", "fused_gpu_us", "v4_gpu_us", "eager_gpu_us", "eager/fused_gpu",
+EFF_COLS = ["model", "config", "pass", "shape", "fused_gpu_us", "v2_gpu_us", "eager_gpu_us", "eager/fused_gpu",
             "fused_us", "eager_us", "eager/fused", "floor_us", "floor%", "l2_floor_us", "l2_floor%"]
 
 
@@ -274,22 +274,22 @@ def effnet_table(bw, quick=False, rep=15, rounds=3):
                 r = {"model": model, "config": config, "pass": "forward" if pas == "fwd" else "fwd+bwd",
                      "shape": shape_str(shape)}
                 fns = {}
-                v4 = SqueezeExcitation(shape[1], shape[4], version=4).cuda().to(dtype)  # the version before v5
-                v4.load_state_dict(ours.state_dict())
+                v2 = SqueezeExcitation(shape[1], shape[4], version=2).cuda().to(dtype)  # no cluster kernel
+                v2.load_state_dict(ours.state_dict())
                 for name, f, params in (("fused", ours, list(ours.parameters())), ("eager", tv, list(tv.parameters())),
-                                        ("v4", v4, list(v4.parameters()))):
+                                        ("v2", v2, list(v2.parameters()))):
                     fwd, fb = fwd_and_fwdbwd(f, params, x, g)
                     fns[name] = fb if pas == "fb" else fwd
                     if shape[0] == 1:  # inference
                         fns[name] = lambda f=f: f(x.detach())  # noqa: E731
                 # interleaved rounds, median of the rounds' medians: one pass of each
                 # read 2-3x slow rows at random on the H100
-                times = {k: [] for k in ("fused_gpu_us", "fused_us", "eager_gpu_us", "eager_us", "v4_gpu_us")}
+                times = {k: [] for k in ("fused_gpu_us", "fused_us", "eager_gpu_us", "eager_us", "v2_gpu_us")}
                 for _ in range(rounds):
                     for name, fn in fns.items():
                         with torch.no_grad() if shape[0] == 1 else contextlib.nullcontext():
                             times[f"{name}_gpu_us"].append(bench.graph_us(fn))
-                            if name != "v4":  # GPU time only: the column says what v5 bought
+                            if name != "v2":  # GPU time only: the column says what the cluster kernel bought
                                 times[f"{name}_us"].append(bench.time_us(fn, warmup=3, rep=rep))
                 r.update({k: median(v) for k, v in times.items()})
                 r["eager/fused_gpu"] = r["eager_gpu_us"] / r["fused_gpu_us"]
@@ -301,7 +301,7 @@ def effnet_table(bw, quick=False, rep=15, rounds=3):
                 rows.append(r)
                 print(f"    {config:9} {r['pass']:7} fused {r['fused_gpu_us']:8.1f} eager {r['eager_gpu_us']:8.1f} us GPU"
                       f" (x{r['eager/fused_gpu']:.2f}), per call x{r['eager/fused']:.2f}", flush=True)
-            del tv, ours, v4, x, g
+            del tv, ours, v2, x, g
             torch.cuda.empty_cache()
         print(f"  effnet {model} {shape_str(shape)} done", flush=True)
     train = [r for r in rows if r["pass"] == "fwd+bwd"]

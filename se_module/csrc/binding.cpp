@@ -21,11 +21,11 @@ TORCH_LIBRARY(se_module, m) {
   // the fused block; activation (after fc1): 0 = ReLU, 1 = SiLU, 2 = Hardswish;
   // scale_activation (the gate, after fc2): 0 = Sigmoid, 1 = Hardsigmoid.
   // The default version is written here once; ops.DEFAULT_VERSION reads it from the schema.
-#define SE_DEFAULT_VERSION "7"
+#define SE_DEFAULT_VERSION "0"
   m.def("se_block(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, "
         "int version=" SE_DEFAULT_VERSION ", int scale_activation=0) -> Tensor");
   // se_block_train: the forward of a training step, which also returns the values that
-  // version 6's backward reads (state, fp32 [N, 3 C + 2 S]; se_module.h, "The saved
+  // the spread MLP's backward reads (state, fp32 [N, 3 C + 2 S]; se_module.h, "The saved
   // state"); se_block_backward takes it back (the same x, weights and codes) or recomputes.
   m.def("se_block_train(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int activation, "
         "int version=" SE_DEFAULT_VERSION ", int scale_activation=0) -> (Tensor, Tensor)");
@@ -69,7 +69,6 @@ py::dict plan_for(int64_t n, int64_t c, int64_t h, int64_t w, int64_t s, int64_t
   r["pdl"] = p.launch.pdl;
   r["splits"] = p.reduce.splits;
   r["staged"] = p.staged;
-  r["raw_params"] = p.raw_params;
   r["keep_state"] = p.keep_state;
   r["use_state"] = p.use_state;
   r["coef_direct"] = p.coef_direct;

@@ -111,8 +111,10 @@ inline void check_scale_activation(int64_t gate) {
 }
 
 inline void check_fused_version(int64_t v) {
-  TORCH_CHECK(se::valid_fused_version(v), "version must be 1, 2, 3, 4, 5, 6 or 7 (see se_fused.cu, se_cluster.cu), got ",
-              fmt(v));
+  TORCH_CHECK(se::valid_fused_version(v),
+              "version must be 0 (auto: the plan picks the kernels), 1 (the fused block), 2 (+ the spread MLP) "
+              "or 3 (+ the cluster kernel), got ", fmt(v),
+              (v >= 4 && v <= 7) ? "; versions 4-7 of earlier releases are features of the plan now: pass 0" : "");
 }
 
 inline void check_pool_version(int64_t v) {

@@ -1,6 +1,6 @@
-// se_cluster.cu: version 5, the SE block of one sample in one thread-block cluster.
+// se_cluster.cu: version 3, the SE block of one sample in one thread-block cluster.
 //
-// Why. Versions 1-4 read x twice in the forward (pool, then scale) and g and x
+// Why. Versions 1 and 2 read x twice in the forward (pool, then scale) and g and x
 // twice in the backward, in 3 to 6 launches with the MLP in between. Where a
 // sample is small (EfficientNet's 7x7 to 24x24 stages) the launches, the MLP's
 // latency and the second pass cost more than the bytes. Here the K CTAs of a
@@ -35,7 +35,7 @@
 //   dw1 = dz1^T p, dw2 = dz2^T a, db1, db2 over the batch: 32 x 32 output tiles,
 //   the batch staged 32 samples at a time, n ascending (deterministic).
 // Every sum has a fixed order (same inputs: bitwise the same outputs), but not
-// versions 1-4's order: results agree with theirs to rounding.
+// versions 1 and 2's order: results agree with theirs to rounding.
 //
 // Assumptions (the plan checks them, se_plan.cpp cluster_fit, else the other paths
 // run): sm_90; x, out (g, dx) 16-byte aligned; NCHW: C * L * sizeof(T) a multiple of

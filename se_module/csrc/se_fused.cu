@@ -18,11 +18,11 @@
 // all of x) and write out once: 3 passes. The backward reads g and x (ds and,
 // recomputed in the same pass, p) and then reads g and writes dx: 4 passes. So
 // 7 passes for forward + backward, and the MLP in between is a few kFLOP per
-// sample. Pooling in the backward pass costs no bytes, so up to v5 nothing but x
-// and the weights is saved for backward; v6 also keeps the MLP's per-sample values
-// (not bytes but launches: the spread MLP's fc1 and fc2 are two kernels of latency).
+// sample. Pooling in the backward pass costs no bytes, so the fused block saves nothing
+// but x and the weights for backward; the spread MLP also keeps the MLP's per-sample
+// values (not bytes but launches: its fc1 and fc2 are two kernels of latency).
 //
-// Kernels (kThreads = 256 threads per block; v4's product kernels kGemvThreads = 512):
+// Kernels (kThreads = 256 threads per block; the spread products kGemvThreads = 512):
 //   forward:  1. reduce (se_kernels.cuh, sum x)             -> part  [N, splits, C]
 //             2. mlp_forward_kernel, one block per sample    -> s     [N, C]
 //             3. channel_ew_kernel<Scale>                    -> out
@@ -37,33 +37,29 @@
 // The squeeze activation is a template parameter (with_act), the gate a runtime
 // field of the arguments (it runs once per (n, c), outside the inner loops).
 //
-// Versions (the `version` argument; all share these kernels):
-//   v1  plain launches; the elementwise pass walks memory forwards.
-//   v2  the elementwise pass walks memory backwards, so it starts on the part of
-//       x (or g) the reduction read last, still in L2, and stores with .cs
-//       (evict-first) so the output does not push that data out.
-//   v3  v2 + programmatic dependent launch (sm_90+): kernels 2 and 3 are launched
-//       while their predecessor drains, and wait in griddepcontrol.wait.
-//   v4  v3 + the MLP spread over the GPU where the weights are large (2 S C >= 65536, se_plan.cpp):
+// Versions (the `version` argument; se_plan.cpp lets version N use families 1..N,
+// version 0, the default, all of them):
+//   1  the fused block (the kernels above). Its launch features, which every version
+//      takes: the elementwise pass walks memory backwards, so it starts on the part of
+//      x (or g) the reduction read last, still in L2, and stores with .cs (evict-first)
+//      so the output does not push that data out; programmatic dependent launch
+//      (sm_90+): kernels 2 and 3 are launched while their predecessor drains, and wait
+//      in griddepcontrol.wait.
+//   2  + the MLP spread over the GPU where the weights are large (2 S C >= 65536, se_plan.cpp):
 //       one block per sample reads all of w1 and w2 on one SM, so many channels over
 //       a small image (EfficientNet's last stages: C = 1152, S = 48) left the MLP
 //       bound by one SM's L2 bandwidth, N times over. Instead each of fc1, fc2 (and
 //       in the backward the two transposed products) is one gemv_kernel launch over
 //       (tile of kTileN samples, chunk of outputs) blocks: the weights of a chunk are
 //       read once per tile of samples, and the grid fills the GPU at any N.
-//       Forward 4 kernels, backward 6; below the threshold v4 is v3. At N <= kWgTile the
-//       backward's last product (w1^T dz1) also runs the weight-gradient tiles, in
-//       blocks after its own (gemv_wgrad_blocks), and the Dx pass is elementwise only.
-//   v5  (se_cluster.cu) one thread-block cluster per sample where its plan takes the
-//       shape (up to 16 samples, sm_90); elsewhere v5 is v4. The plan (se_plan.cpp)
-//       asks the cluster question first.
-//   v6  v5 + the backward reads the forward's MLP values where the MLP is spread: a
-//       training forward (se_block_train, from the autograd) keeps p, s, z2 [N, C] and
-//       z1, a [N, S] (the "saved state", a few KB), and the backward skips fc1 and fc2:
+//       Forward 4 kernels, backward 6; below the threshold version 2 is version 1. At
+//       N <= kWgTile the backward's last product (w1^T dz1) also runs the weight-gradient
+//       tiles, in blocks after its own (gemv_wgrad_blocks), and the Dx pass is elementwise only.
+//       The saved state: a training forward (se_block_train, from the autograd) keeps
+//       p, s, z2 [N, C] and z1, a [N, S] (a few KB), and the backward skips fc1 and fc2:
 //       reduction, DaState (dz2 formed in its staging from the partials of sum g x and
-//       the kept z2, s), Coef, Dx: 4 kernels instead of 6. Where v5's cluster kernel runs
-//       the forward or the backward, or the MLP is one block per sample, v6 is v5.
-//   v7  v6 + the spread products read the parameters themselves, in their own dtype, before
+//       the kept z2, s), Coef, Dx: 4 kernels instead of 6.
+//       The parameters as they are: the products read them in their own dtype, before
 //       their wait (they are no kernel's output, so under PDL the reads overlap the predecessor's
 //       tail): fc1 asks its rows of w1 (and a slice of w2, for fc2) into L2, fc2 stages its tile of
 //       w2; with the saved state, Coef stages columns of w1 [S, C] (each input's run of outputs is
@@ -71,10 +67,12 @@
 //       and N <= 32 (kWtMaxTiles). So the forward reduction has no widening blocks and the backward
 //       reduction transposes w2 only where DaState does not stage it (H100: those extra
 //       blocks cost the reductions 1-4 us at the spread rows). Widening is exact and every sum keeps
-//       its order, so v7's products give v6's values; the reductions' split counts may differ
-//       (they leave room for extra blocks that v7 does not launch).
+//       its order, so these products give the widened copies' values.
+//   3  (se_cluster.cu) + one thread-block cluster per sample where the plan takes the
+//       shape (up to 16 samples, sm_90); elsewhere version 3 is version 2. A forward in
+//       the cluster kernel keeps no state; its backward recomputes.
 //
-// v4's products, out[n, o] = epilogue(sum_i W(o, i) in[n, i]), W = w [O, I] row-major:
+// The spread MLP's products, out[n, o] = epilogue(sum_i W(o, i) in[n, i]), W = w [O, I] row-major:
 //   rows of length C (fc1, and w2^T dz2): gemv_kernel. kGemvThreads = 2 kThreads threads;
 //     grid (output chunks of kWarps, sample tiles of kTileN); dynamic shared memory
 //     kTileN * I floats (the tile's inputs); outputs of samples past N are computed on
@@ -87,7 +85,7 @@
 //     shared memory; kGemvThreads threads, lane = output, each warp kNarrowPerWarp (2) of the samples.
 // The backward's transposed products read w2^T and w1^T, written as fp32 copies by
 // extra blocks of the backward's first kernel (ParamCast), so every product reads rows
-// (v7 with the saved state: only where DaState / Coef do not stage columns themselves, w_t).
+// (with the saved state: only where DaState / Coef do not stage columns themselves, w_t).
 // (Latency is what matters at these sizes: a product of 128 x 1152 x 48 is a few
 // MFLOP; each kernel stages its operands in one or two batched passes of loads.
 // H100, ncu: fc2 at (128, 1152, 7, 7) took 30 us as a warp per 48-long
@@ -305,7 +303,7 @@ cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, const MlpArgs& m, c
 }
 
 
-// ------------------------------------------------------------------ v4: the spread MLP
+// ------------------------------------------------------------------ version 2: the spread MLP
 // (kTileN, kWarps, kGemvThreads and the shared-memory sizes: se_geometry.h.)
 // gemv_kernel's threads are two warps an output, each half of the row. (H100, ncu: with
 // a warp an output in 256 threads its blocks issued one instruction per ~5.8 cycles a warp, 8
@@ -323,16 +321,16 @@ struct GemvArgs {
   int splits;
   float in_scale;      // Fc1: 1 / L
   const void* w;       // [O, I] (Da: w2^T, Coef: w1^T), of the kernel's weight type TW (fp32 but for
-                       // v7's Fc1 and Fc2Fwd, which read the parameters in their own dtype)
+                       // Fc1 and Fc2Fwd, which read the parameters in their own dtype)
   const void* bias;    // [O] (Fc1, Fc2*), TW
   bool w_early;        // w and bias are the caller's parameters, which no kernel of the chain writes
-                       // (v7): read before the wait, so under PDL the read overlaps the predecessor
+                       // (Fc1, Fc2Fwd): read before the wait, so under PDL the read overlaps the predecessor
   kc::DType w_dt;      // TW (the launcher's dispatch)
   // Fc1 under w_early: the next product's weights (fc2's w2, next_bytes of them), which fc1's blocks
   // ask into L2, a slice each, while the reduction drains (may be null)
   const void* next_w;
   int64_t next_bytes;
-  // w_t (v7's DaState and Coef): w is given as [I, O], the parameter itself (w2 [C, S] for DaState,
+  // w_t (DaState and Coef with the saved state): w is given as [I, O], the parameter itself (w2 [C, S] for DaState,
   // w1 [S, C] for Coef), not as a transposed copy; the kernels stage the block's outputs' columns
   // of it, transposed, in shared memory (gemv_kernel: w and its rows 16-byte aligned)
   bool w_t;
@@ -340,7 +338,7 @@ struct GemvArgs {
   float* out;          // [N, O]: Fc1 a, Fc2* s, Da dz1, Coef dp / L
   float* out2;         // Fc1: z1 [N, S], Fc2Fwd: z2 [N, C] (may be null); Fc2Bwd: dz2 [N, C]
   const float* aux;    // Fc2Bwd: partials of sum g x [N, splits, C]; Da: z1 [N, S]
-  // DaState (v6: Da from the forward's saved values): in = the partials of sum g x
+  // DaState (Da from the forward's saved values): in = the partials of sum g x
   // [N, splits, C], and the staging forms dz2 = gate_bwd(z2, s, sum) with these two
   const float *gate_z, *gate_s;  // [N, C]: z2 and s
   float* stage_out;    // the staged input as finished (Fc1: p, DaState: dz2) [N, I], written by the
@@ -471,9 +469,9 @@ __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThr
   const TW* wt = static_cast<const TW*>(g.w);
   float* w_s = in_s + kTileN * I;  // kWT: [kWarps, wt_stride(I)]
   if constexpr (kWT) {
-    if (g.w_early) stage_wt<TW>(g, w_s, int64_t(blockIdx.x) * kWarps);  // v7: while the predecessor drains
+    if (g.w_early) stage_wt<TW>(g, w_s, int64_t(blockIdx.x) * kWarps);  // while the predecessor drains
   } else if (g.w_early && threadIdx.x % 32 == 0 && threadIdx.x < 96) {
-    // v7: asked into L2 while the predecessor drains, so that the reads below (and fc2's) find
+    // asked into L2 while the predecessor drains, so that the reads below (and fc2's) find
     // them there, not in DRAM: the block's rows of w (contiguous) and their biases, and a slice
     // of the next product's weights
     const int64_t o0 = int64_t(blockIdx.x) * kWarps, rows = min(int64_t(kWarps), O - o0);
@@ -502,7 +500,7 @@ __global__ void __maxnreg__(kGemvMaxRegs) gemv_kernel(GemvArgs g) {  // kGemvThr
   // C = 1152-2688; one pass per split still made 18 passes at N = 1, where the
   // reduction splits L 18 ways. Divisions by I or splits per element are avoided or
   // done by multiply-high: 64-bit ones cost more than the loads.)
-  // DaState (v6: Da from the forward's saved values) stages the partials of sum g x the
+  // DaState (Da from the forward's saved values) stages the partials of sum g x the
   // same way, loads z2 and s of each element with its last split (4 pairs in flight then:
   // three float4 each, within kGemvMaxRegs; loaded after the sum, they cost one L2 latency
   // per element), and finishes each element as dz2 = gate_bwd(z2, s, sum).
@@ -684,7 +682,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_narrow_kernel(GemvArgs g) {
       w_s[r * ws + (f - r * I)] = v;
     }
   };
-  if (g.w_early) {  // v7: the weight tile, the caller's parameters, staged while the predecessor drains
+  if (g.w_early) {  // the weight tile, the caller's parameters, staged while the predecessor drains
     if (threadIdx.x == 0 && g.bias != nullptr && o0 < g.o_dim) {  // and the tile's biases asked into L2
       kc::bulk_prefetch_l2_range(static_cast<const TW*>(g.bias) + o0,
                                  size_t(min(int64_t(kNarrowO), g.o_dim - o0)) * sizeof(TW));
@@ -770,7 +768,7 @@ cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t str
 }
 
 // Only the epilogues that apply act or act' are instantiated per activation;
-// the others (Fc2Fwd, Fc2Bwd, Coef) once. Only v7's products (Fc1, Fc2Fwd, and DaState and
+// the others (Fc2Fwd, Fc2Bwd, Coef) once. Only the products that read the parameters (Fc1, Fc2Fwd, and DaState and
 // Coef under w_t) read weights of the parameters' own dtype (g.w_dt); the others fp32.
 template <Epi EPI>
 cudaError_t launch_gemv_act(Act act, const GemvArgs& g, const LaunchOpts& o, cudaStream_t stream) {
@@ -792,7 +790,7 @@ cudaError_t launch_gemv_act(Act act, const GemvArgs& g, const LaunchOpts& o, cud
   }
 }
 
-// w and bias fp32 (w_dt): where the forward's products read the parameters themselves (v7),
+// w and bias fp32 (w_dt): where the forward's products read the parameters themselves,
 // the caller sets w, bias, w_dt and w_early after.
 GemvArgs gemv_args(const Dims& d, const float* in, const float* w, const float* bias, int64_t i_dim, int64_t o_dim,
                    float* out, Gate gate = Gate::Sigmoid) {
@@ -879,7 +877,6 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
   const LaunchOpts& o = plan.launch;
   const bool spread = plan.path == Path::Spread;
   const bool keep = state != nullptr && plan.keep_state;
-  const bool raw = plan.raw_params;  // fc1 and fc2 read the parameters themselves
   dev::ParamCast cast;
   const Fp32Params f = fp32_params(w, d, S, plan.cast, ws, &cast);
   const ReducePlan& p = plan.reduce;
@@ -903,16 +900,15 @@ cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, 
       f2.out = s = st.s;
       f2.out2 = st.z2;
     }
-    if (raw) {
-      f1.w = w.w1;
-      f1.bias = w.b1;
-      f2.w = w.w2;
-      f2.bias = w.b2;
-      f1.w_dt = f2.w_dt = w.dt;
-      f1.w_early = f2.w_early = true;
-      f1.next_w = w.w2;
-      f1.next_bytes = d.c * S * kc::dtype_size(w.dt);
-    }
+    // fc1 and fc2 read the parameters themselves, in their own dtype, before their wait
+    f1.w = w.w1;
+    f1.bias = w.b1;
+    f2.w = w.w2;
+    f2.bias = w.b2;
+    f1.w_dt = f2.w_dt = w.dt;
+    f1.w_early = f2.w_early = true;
+    f1.next_w = w.w2;
+    f1.next_bytes = d.c * S * kc::dtype_size(w.dt);
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc1>(act, f1, o, stream)));
     KC_CUDA_TRY((launch_gemv_act<Epi::Fc2Fwd>(act, f2, o, stream)));
     return dev::launch_ew<dev::Ew::Scale>(x, s, nullptr, 1.f, out, dt, d, o.reverse, o.streaming, o.pdl, o.num_sms,

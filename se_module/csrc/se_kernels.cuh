@@ -665,8 +665,8 @@ enum class Ew : int { Scale = 0, Dx = 1, Bcast = 2 };
 // A block owns a kWgTile x kWgTile tile of one product; thread t adds the outputs
 // (rows t / 32 + 8 k, column t % 32), n ascending, over the batch staged kWgTile
 // samples at a time in shared memory (so each A and B element is read once per
-// tile, not once per output). Used by v5's wgrad_tile_kernel and by the extra
-// blocks of v4's Dx pass. (H100: v4's earlier one-output-per-thread
+// tile, not once per output). Used by the cluster path's wgrad_tile_kernel and by
+// the extra blocks of the spread path's Dx pass. (H100: its earlier one-output-per-thread
 // dot over n, 8 loads in flight, added ~15 us to the Dx pass at (128, 1152, 7, 7);
 // this tiled product's own load order, below, cost it about 8 us before it
 // fetched the chunks into registers with every load in flight.)

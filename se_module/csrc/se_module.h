@@ -71,7 +71,7 @@ struct SeParamGrads {
   void *dw1, *db1, *dw2, *db2;
 };
 //
-// The saved state (v6): a training forward may keep the MLP's per-sample values
+// The saved state (version 2, the spread MLP): a training forward may keep the MLP's per-sample values
 // (p, s, z2 [N, C], z1, a [N, S], in that order: N * (3 C + 2 S) floats) for its
 // backward, which then reads them instead of recomputing fc1 and fc2 (two launches
 // fewer). Written where plan.keep_state, read where plan.use_state (both: the spread
@@ -89,7 +89,7 @@ cudaError_t se_backward(const void* grad, const void* x, kc::DType dt, Dims d, i
                         Gate gate, const SeParams& w, void* dx, const SeParamGrads& dw, float* ws,
                         const float* state, const SePlan& plan, cudaStream_t stream);
 
-// ---------------------------------------------------------------- v5 (se_cluster.cu)
+// ---------------------------------------------------------------- version 3 (se_cluster.cu)
 // The whole block of one sample in one thread-block cluster of k CTAs, each
 // holding a share of the channels in shared memory: x read once, out written
 // once (forward: one launch), grad and x read once, dx written once (backward:

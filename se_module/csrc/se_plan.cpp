@@ -94,20 +94,26 @@ constexpr int64_t kWgradBesideMaxN = kWgTile;
 
 // ------------------------------------------------------------------ versions
 
-// What a version number switches on (se_fused.cu's header lists the versions).
+// The versions: kernel families, each kept because it teaches a step (README, "Versions").
+// Version N lets the plan use the families up to N; 0 (auto, the default) all of them.
+//   1  the fused block: reduce -> one MLP block per sample -> scale (se_fused.cu)
+//   2  + the spread MLP where the weights are large (se_fused.cu), with the saved state
+//   3  + one thread-block cluster per sample where it pays (se_cluster.cu)
+// The launch features every family takes are not versions: the elementwise pass walks
+// memory backwards and stores evict-first, and the kernels launch under PDL on sm_90+.
+constexpr int64_t kLastVersion = 3;
+
 struct Features {
-  bool reverse, streaming, pdl, spread, cluster, saved_state, raw_params;
+  bool reverse, streaming, pdl, spread, cluster;
 };
 
 Features features(int64_t version, int cc_major) {
   Features f{};
-  f.reverse = version >= 2;
-  f.streaming = version >= 2;
-  f.pdl = version >= 3 && cc_major >= 9;
-  f.spread = version >= 4;
-  f.cluster = version >= 5 && cc_major >= 9;
-  f.saved_state = version >= 6;
-  f.raw_params = version >= 7;
+  f.reverse = true;
+  f.streaming = true;
+  f.pdl = cc_major >= 9;
+  f.spread = version == 0 || version >= 2;
+  f.cluster = (version == 0 || version >= 3) && cc_major >= 9;
   return f;
 }
 
@@ -240,9 +246,9 @@ SePlan start(const PlanInputs& in, bool backward, Features* f) {
 
 }  // namespace
 
-bool valid_fused_version(int64_t version) { return version >= 1 && version <= 7; }
+bool valid_fused_version(int64_t version) { return version >= 0 && version <= kLastVersion; }
 
-bool may_keep_state(int64_t version) { return version >= 6; }
+bool may_keep_state(int64_t version) { return version != 1; }
 
 int64_t plan_count() { return g_plans.load(std::memory_order_relaxed); }
 
@@ -287,12 +293,11 @@ SePlan plan_forward(const PlanInputs& in) {
   }
   p.path = f.spread && spread_fits(in) ? Path::Spread : Path::Block;
   const bool spread = p.path == Path::Spread;
-  p.keep_state = in.state && f.saved_state && spread;
-  p.raw_params = spread && f.raw_params;
+  p.keep_state = in.state && spread;
   plan_staging(in, &p);
-  // fp32 copies where a reader needs them: the spread products unless they read the
-  // parameters themselves, the MLP block unless it stages them from their own dtype
-  p.cast.widen = in.wdt != kc::DType::F32 && (spread ? !p.raw_params : !p.staged);
+  // fp32 copies where a reader needs them: the MLP block unless it stages them from
+  // their own dtype (the spread forward's products read the parameters themselves)
+  p.cast.widen = in.wdt != kc::DType::F32 && !spread && !p.staged;
   plan_cast(in, &p.cast);
   p.reduce = plan_reduce(d, in.dt, in.dev.sms, p.cast.blocks);
   // the copies, the reduction's partials [N, splits, C], s [N, C], a [N, S]
@@ -315,7 +320,7 @@ SePlan plan_backward(const PlanInputs& in) {
   const bool spread = p.path == Path::Spread;
   // The forward kept the state where it ran the spread MLP (see plan_forward): not
   // where it ran the cluster kernel, which it did with x and its fresh output.
-  if (in.state && f.saved_state && spread) {
+  if (in.state && spread) {
     const void* fwd_ptrs[2] = {in.x, in.x};
     ClusterPlan unused;
     p.use_state = !(f.cluster && cluster_fit(in, false, fwd_ptrs, 2, &unused));
@@ -326,7 +331,7 @@ SePlan plan_backward(const PlanInputs& in) {
   // DaState w2 where its staging is cheap (whole 16-byte pieces of each row of w2 [C, S],
   // at most kWtMaxTiles sample tiles each staging them again); otherwise they read fp32
   // transposed copies that the reduction's extra blocks write.
-  p.coef_direct = p.use_state && f.raw_params && S <= kNarrowMaxI;
+  p.coef_direct = p.use_state && S <= kNarrowMaxI;
   p.da_direct = p.coef_direct && gemv_wt_smem(d.c) <= size_t(in.dev.smem_optin) && aligned16(in.w2) &&
                 (S * kc::dtype_size(in.wdt)) % 16 == 0 && ceil_div(d.n, kTileN) <= kWtMaxTiles;
   p.cast.transpose_w1 = spread && !p.coef_direct;

@@ -20,7 +20,9 @@
 namespace se {
 
 // ------------------------------------------------------------------ versions
-// The fused op's `version` argument (se_block, se_block_train, se_block_backward).
+// The fused op's `version` argument (se_block, se_block_train, se_block_backward):
+// 0 (auto, the default), 1 (the fused block), 2 (+ the spread MLP), 3 (+ the cluster
+// kernel); se_plan.cpp says what each lets the plan use.
 bool valid_fused_version(int64_t version);
 // Whether a forward at this version may keep the values its backward reads (the
 // saved state): the autograd then calls se_block_train (se_autograd.cpp).
@@ -69,7 +71,6 @@ struct SePlan {
   // dtype), and the kernel's dynamic shared memory
   bool staged = false;
   size_t mlp_smem = 0;
-  bool raw_params = false;   // Spread forward: fc1 and fc2 read the parameters in their own dtype
   bool keep_state = false;   // forward: writes the saved state (se_block_train)
   bool use_state = false;    // backward: reads it instead of recomputing fc1 and fc2
   bool coef_direct = false;  // backward with the state: Coef stages columns of w1 itself

@@ -11,6 +11,7 @@ from . import ops
 from .nn import SqueezeExcitation, TorchvisionSqueezeExcitation, convert
 from .ops import (
     DEFAULT_VERSION,
+    VERSIONS,
     excitation,
     global_avg_pool,
     se_block,
@@ -20,6 +21,6 @@ from .ops import (
 )
 
 __all__ = [
-    "ops", "SqueezeExcitation", "TorchvisionSqueezeExcitation", "convert", "DEFAULT_VERSION", "excitation", "global_avg_pool", "se_block",
+    "ops", "SqueezeExcitation", "TorchvisionSqueezeExcitation", "convert", "DEFAULT_VERSION", "VERSIONS", "excitation", "global_avg_pool", "se_block",
     "se_block_staged", "sigmoid", "swish",
 ]

@@ -42,7 +42,8 @@ class SqueezeExcitation(TorchvisionSqueezeExcitation):
     activation: ReLU, SiLU or Hardswish (a class or factory returning an instance,
     as in torchvision; the default here is SiLU, the EfficientNet choice, where
     torchvision's is ReLU). scale_activation: Sigmoid or Hardsigmoid (MobileNetV3's).
-    Anything else raises ValueError. version: the fused-kernel version (csrc/se_fused.cu)."""
+    Anything else raises ValueError. version: ``ops.VERSIONS`` (0, the default: the plan
+    picks the kernels); anything else raises ValueError."""
 
     def __init__(self, input_channels: int, squeeze_channels: int,
                  activation: Callable[..., nn.Module] = nn.SiLU,
@@ -51,7 +52,7 @@ class SqueezeExcitation(TorchvisionSqueezeExcitation):
         super().__init__(input_channels, squeeze_channels, activation, scale_activation)
         ops.activation_code(self.activation)  # raise for anything the kernels do not have
         ops.scale_activation_code(self.scale_activation)
-        self.version = version
+        self.version = ops.check_version(version)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         # Kept short: at the seed's shapes the block's GPU time is ~10-30 us, so host time counts.

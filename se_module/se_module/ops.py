@@ -32,8 +32,22 @@ def _schema_default(op, name: str):
     return next(a.default_value for a in op.default._schema.arguments if a.name == name)
 
 
-#: fused-kernel version used when none is given (see csrc/se_fused.cu); written once, in the op's schema
+#: the fused op's versions (csrc/se_plan.cpp): version N lets the plan use the kernel families
+#: up to N; 0 (auto) all of them. Each family is kept because it teaches a step (README, "Versions").
+VERSIONS = {0: "auto: the plan picks the kernels", 1: "the fused block", 2: "+ the spread MLP",
+            3: "+ the cluster kernel"}
+
+#: version used when none is given: 0, auto; written once, in the op's schema
 DEFAULT_VERSION = _schema_default(_ops.se_block, "version")
+
+
+def check_version(version) -> int:
+    """version if it names one of VERSIONS, else ValueError naming them (versions 4-7 of
+    earlier releases are features of the plan now: version 0 uses them)."""
+    if isinstance(version, int) and not isinstance(version, bool) and version in VERSIONS:
+        return version
+    names = ", ".join(f"{v} ({what})" for v, what in VERSIONS.items())
+    raise ValueError(f"unsupported se_block version {version!r}: use one of {names}")
 
 # name -> (code in the op's schemas, the torch.nn class); codes: csrc/se_module.h's Act and Gate
 ACTIVATIONS = {"relu": (0, torch.nn.ReLU), "silu": (1, torch.nn.SiLU), "hardswish": (2, torch.nn.Hardswish)}
@@ -133,7 +147,8 @@ def se_block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tens
     x: [N, C, H, W] (NCHW or channels_last; fp32, fp16 or bf16 on CUDA, also
     fp64 on CPU). w1: fc1.weight [S, C, 1, 1] or [S, C], b1 [S], w2: fc2.weight
     [C, S, 1, 1] or [C, S], b2 [C], in any floating dtype (computed in fp32).
-    Differentiable in x and all four weights (gradients in the weights' shapes)."""
+    Differentiable in x and all four weights (gradients in the weights' shapes).
+    version: VERSIONS (0, the default: the plan picks the kernels)."""
     return call_se_block(x, w1, b1, w2, b2, activation_code(activation), version,
                          scale_activation_code(scale_activation))
 

@@ -3,7 +3,7 @@ time (no PDL overlap, which makes profiler durations of chained kernels
 misleading): run under Nsight Compute, e.g.
 
     ncu --metrics gpu__time_duration.sum --cache-control none -k regex:se:: \\
-        python tools/kernel_times.py 128 1152 7 7 48 --dtype bf16 --cl --versions 3 4 [--forward]
+        python tools/kernel_times.py 128 1152 7 7 48 --dtype bf16 --cl --versions 1 2 [--forward]
 
 Each version's calls sit between NVTX-free markers: the script prints the
 version before its call, and ncu lists the kernels in launch order.
@@ -23,7 +23,7 @@ def main():
     ap.add_argument("shape", type=int, nargs=5, metavar="N C H W S")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--cl", action="store_true")
-    ap.add_argument("--versions", type=int, nargs="+", default=[4])
+    ap.add_argument("--versions", type=int, nargs="+", default=[0])
     ap.add_argument("--forward", action="store_true", help="the forward alone, under no_grad (inference)")
     a = ap.parse_args()
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16

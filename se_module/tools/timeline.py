@@ -9,7 +9,7 @@ kernel adds to the call when kernels overlap under programmatic dependent launch
 (a kernel launched early waits inside; its duration then includes that wait).
 
     python tools/timeline.py --shapes "128 1152 7 7 48;32 960 12 12 40" [--fp32] [--forward]
-        [--versions 4 5] [--calls 20] [--fp32-params]
+        [--versions 2 3] [--calls 20] [--fp32-params]
 
 --fp32-params keeps the parameters in fp32 under a bf16 x (what autocast training passes the
 op), where the reductions have no parameter-widening blocks.
@@ -72,7 +72,7 @@ def main():
     ap.add_argument("--shapes", default="128 1152 7 7 48", help="'N C H W S;...'")
     ap.add_argument("--fp32", action="store_true", help="fp32 NCHW (default bf16 channels_last)")
     ap.add_argument("--forward", action="store_true", help="the forward alone (default forward + backward)")
-    ap.add_argument("--versions", type=int, nargs="+", default=[5])
+    ap.add_argument("--versions", type=int, nargs="+", default=[0])
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--fp32-params", action="store_true", help="fp32 parameters under a bf16 x (autocast's case)")
     a = ap.parse_args()

@@ -1,9 +1,10 @@
-"""Probe for the v5 plan (GPU): GPU time (CUDA-graph replay) of the fused block at
-v4 and v5 (a sample per thread-block cluster, se_cluster.cu) over batch sizes, at
-EfficientNet's small-image SE shapes, forward (no_grad) and forward + backward.
-Where v5's plan does not take a shape, v5 runs v4 and the two times agree.
+"""Probe for the plan's cluster entries (GPU): GPU time (CUDA-graph replay) of the fused
+block at versions 2 and 3 (3: a sample per thread-block cluster, se_cluster.cu) over batch
+sizes, at EfficientNet's small-image SE shapes, forward (no_grad) and forward + backward.
+Where the plan does not take the cluster kernel, version 3 runs version 2's kernels and
+the two times agree. (The thresholds it informs: se_plan.cpp, kClusterMaxN and the rest.)
 
-    python tools/probe_v5.py [--batches 1,2,4,8,16,32] [--out FILE.json]
+    python tools/probe_cluster.py [--batches 1,2,4,8,16,32] [--out FILE.json]
 """
 import argparse
 import json
@@ -31,17 +32,17 @@ def main():
             for dtype, cl, cfg in ((torch.float32, False, "fp32"), (torch.bfloat16, True, "bf16cl")):
                 _, ours, x, g = B.setup((n, c, h, w, s), dtype, cl)
                 r = {"n": n, "cfg": cfg, "shape": B.shape_str((n, c, h, w, s))}
-                for v in (4, 5):
+                for v in (2, 3):
                     ours.version = v
                     fwd, fb = B.fwd_and_fwdbwd(ours, list(ours.parameters()), x, g)
                     with torch.no_grad():
                         r[f"v{v}_fwd"] = bench.graph_us(lambda: ours(x.detach()))
                     r[f"v{v}_fb"] = bench.graph_us(fb)
-                r["fwd_x"] = r["v4_fwd"] / r["v5_fwd"]
-                r["fb_x"] = r["v4_fb"] / r["v5_fb"]
+                r["fwd_x"] = r["v2_fwd"] / r["v3_fwd"]
+                r["fb_x"] = r["v2_fb"] / r["v3_fb"]
                 rows.append(r)
-                print(f"{r['shape']:26s} {cfg:6s} fwd v4 {r['v4_fwd']:7.1f} v5 {r['v5_fwd']:7.1f} x{r['fwd_x']:.2f}  "
-                      f"fb v4 {r['v4_fb']:7.1f} v5 {r['v5_fb']:7.1f} x{r['fb_x']:.2f}", flush=True)
+                print(f"{r['shape']:26s} {cfg:6s} fwd v2 {r['v2_fwd']:7.1f} v3 {r['v3_fwd']:7.1f} x{r['fwd_x']:.2f}  "
+                      f"fb v2 {r['v2_fb']:7.1f} v3 {r['v3_fb']:7.1f} x{r['fb_x']:.2f}", flush=True)
                 del ours, x, g
     if a.out:
         with open(a.out, "w") as f:

@@ -1,9 +1,10 @@
-"""Probe for issue 20 (GPU): GPU time (CUDA-graph replay) of the fused block at
-v3 (one MLP block per sample) and v4 (the spread MLP where the weights are large)
-against torchvision eager, at every EfficientNet-B0/B4 SE shape (bench.py's list),
-then a per-kernel breakdown (torch.profiler) at the worst shape of issue 20.
+"""Probe for the plan's spread threshold (GPU): GPU time (CUDA-graph replay) of the fused
+block at version 1 (one MLP block per sample) and version 2 (the spread MLP where the weights
+are large) against torchvision eager, at every EfficientNet-B0/B4 SE shape (bench.py's list),
+then a per-kernel breakdown (torch.profiler) at (128, 1152, 7, 7). (The threshold it informs:
+se_plan.cpp, kSpreadMinWeights.)
 
-    python tools/probe_v4.py [--quick] [--out FILE.json]
+    python tools/probe_spread.py [--quick] [--out FILE.json]
 """
 import argparse
 import json
@@ -28,9 +29,9 @@ def main():
         for dtype, cl, cfg in ((torch.float32, False, "fp32"), (torch.bfloat16, True, "bf16cl")):
             tv, ours, x, g = B.setup(shape, dtype, cl)
             r = {"model": model, "cfg": cfg, "shape": B.shape_str(shape), "2SC": 2 * shape[1] * shape[4]}
-            for name, f, params in (("v3", ours, list(ours.parameters())), ("v4", ours, list(ours.parameters())),
+            for name, f, params in (("v1", ours, list(ours.parameters())), ("v2", ours, list(ours.parameters())),
                                     ("eager", tv, list(tv.parameters()))):
-                if name in ("v3", "v4"):
+                if name in ("v1", "v2"):
                     ours.version = int(name[1])
                 fwd, fb = B.fwd_and_fwdbwd(f, params, x, g)
                 r[name + "_fwd"] = bench.graph_us(fwd)
@@ -43,10 +44,10 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=1)
-    # per-kernel breakdown at the worst shape of issue 20
+    # per-kernel breakdown at the shape the spread MLP was made for
     for dtype, cl in ((torch.float32, False), (torch.bfloat16, True)):
         tv, ours, x, g = B.setup((128, 1152, 7, 7, 48), dtype, cl)
-        for v in (3, 4):
+        for v in (1, 2):
             ours.version = v
             fwd, fb = B.fwd_and_fwdbwd(ours, list(ours.parameters()), x, g)
             for _ in range(3):
