@@ -5,6 +5,7 @@
                                                       # (kernel_common.models; writes STEM_models.md/.json)
                                                       # and Llama's with day26's RMSNorm (STEM_models_llama)
     python bench.py --rms [--quick] [--out STEM]      # only RMSNorm forward + backward (STEM_rms.md)
+    python bench.py --add-norm [--quick] [--out STEM] # only add_norm, fused against unfused (STEM_add_norm.md)
 
 Columns (times in microseconds, median over repeats, L2 flushed before each):
   auto          our default (version 0: the plan's family per shape; results
@@ -142,12 +143,71 @@ def rms_table(args, meta, bw) -> str:
             f"{bench.format_table(rows, cols)}\n{note}")
 
 
+def add_norm_table(args, meta, bw) -> str:
+    """add_norm (y, s) = (norm(x + r), x + r): ours fused against `x + r` then our
+    norm (unfused) and eager torch (`x + r` then F.rms_norm / F.layer_norm), GPU time
+    from CUDA-graph replays. fwd: the forward alone; step: forward + backward through
+    autograd with gradients of both outputs (dx = dresidual, dweight). Floors: the
+    fused forward moves 4 passes (read x, r; write s, y), the unfused 5 (the add 3,
+    the norm 2); the step 8 (backward: read dy, ds, s; write dx) against 11 (the
+    norm's backward 3, then autograd adds ds to its dx: 3). bar: fused at or under
+    unfused x 4/5 (forward) and x 8/11 (step), the passes it saves."""
+    from day26_layernorm import add_norm, layer_norm, rms_norm
+
+    rows = []
+    shapes = [(4096, 4096), (16384, 1024)] if args.quick else [(4096, 768), (16384, 1024), (8192, 4096),
+                                                                (4096, 8192), (32768, 4096)]
+    for kind, dtype in (("rms", torch.bfloat16), ("layer", torch.bfloat16), ("rms", torch.float32)):
+        for n, d in shapes:
+            mk = lambda: torch.randn(n, d, device="cuda", dtype=dtype)  # noqa: E731
+            x, r, dy, ds = mk().requires_grad_(), mk().requires_grad_(), mk(), mk()
+            w = torch.randn(d, device="cuda", dtype=dtype, requires_grad=True)
+            b = torch.randn(d, device="cuda", dtype=dtype) if kind == "layer" else None
+            if kind == "rms":
+                ours = lambda s: rms_norm(s, d, w, 1e-6)  # noqa: E731
+                theirs = lambda s: F.rms_norm(s, (d,), w, 1e-6)  # noqa: E731
+            else:
+                ours = lambda s: layer_norm(s, d, w, b, 1e-5)  # noqa: E731
+                theirs = lambda s: F.layer_norm(s, (d,), w, b, 1e-5)  # noqa: E731
+            eps = 1e-6 if kind == "rms" else 1e-5
+            impls = {"fused": lambda: add_norm(x, r, w, b, eps=eps, kind=kind),
+                     "unfused": lambda: (lambda s: (ours(s), s))(x + r),
+                     "eager": lambda: (lambda s: (theirs(s), s))(x + r)}
+            t = {}
+            for name, f in impls.items():
+                def fwd(f=f):
+                    with torch.no_grad():
+                        return f()
+                t[name + "_fwd"] = bench.graph_us(fwd)
+                t[name] = bench.graph_us(lambda f=f: torch.autograd.grad(f(), (x, r, w), (dy, ds)))
+            esz = x.element_size()
+            ffwd, fstep = bench.floor_us(4 * n * d * esz, bw), bench.floor_us(8 * n * d * esz, bw)
+            rows.append(dict(shape=f"{kind} {n}x{d} {str(dtype).replace('torch.', '')}", **t,
+                             floor_fwd=ffwd, floor=fstep, pct_floor_fwd=100 * ffwd / t["fused_fwd"],
+                             pct_floor=100 * fstep / t["fused"],
+                             x_unfused_fwd=t["unfused_fwd"] / t["fused_fwd"], x_unfused=t["unfused"] / t["fused"],
+                             x_eager_fwd=t["eager_fwd"] / t["fused_fwd"], x_eager=t["eager"] / t["fused"],
+                             bar="yes" if (t["fused_fwd"] <= 0.8 * t["unfused_fwd"]
+                                           and t["fused"] <= 8 / 11 * t["unfused"]) else "NO"))
+            del x, r, dy, ds, w, b
+            torch.cuda.empty_cache()
+            print(f"  done add_norm {rows[-1]['shape']}", file=sys.stderr)
+    cols = ["shape", "fused_fwd", "unfused_fwd", "eager_fwd", "floor_fwd", "pct_floor_fwd", "x_unfused_fwd",
+            "x_eager_fwd", "fused", "unfused", "eager", "floor", "pct_floor", "x_unfused", "x_eager", "bar"]
+    return (f"day26 add_norm on {meta['device']} ({meta['date']}, torch {meta['torch']}), copy bandwidth "
+            f"{bw:.0f} GB/s; us, median, L2 flushed, GPU time from CUDA-graph replays. *_fwd: forward alone "
+            f"(floor 4 passes; unfused 5); the rest: forward + backward of both outputs (floor 8 passes; "
+            f"unfused 11); bar: fused <= unfused x 4/5 (fwd) and x 8/11 (step)\n\n"
+            f"{bench.format_table(rows, cols)}\n")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_out/day26")
     p.add_argument("--quick", action="store_true", help="two shapes only")
     p.add_argument("--sweep", action="store_true", help="also time v3 for the knob target_iters in 1, 2, 4, 8")
     p.add_argument("--rms", action="store_true", help="only the RMSNorm table (STEM_rms.md)")
+    p.add_argument("--add-norm", action="store_true", help="only the add_norm table (STEM_add_norm.md)")
     models.add_args(p)
     args = p.parse_args()
     if args.models:  # GPT-2 small's step with day26's LayerNorm; Llama's with day26's RMSNorm
@@ -168,9 +228,9 @@ def main():
     meta = bench.device_meta()
     bw = bench.copy_bandwidth_gbs()
     meta["copy_gbs"] = round(bw, 1)
-    if args.rms:
-        md = rms_table(args, meta, bw)
-        with open(f"{args.out}_rms.md", "w") as f:
+    if args.rms or args.add_norm:
+        md, stem = (rms_table(args, meta, bw), "rms") if args.rms else (add_norm_table(args, meta, bw), "add_norm")
+        with open(f"{args.out}_{stem}.md", "w") as f:
             f.write(md)
         print(md)
         return 0

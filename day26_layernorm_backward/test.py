@@ -1127,35 +1127,261 @@ def test_rms_bad_input_names_rms_norm(device):
     run_rms_and_check(x, w, dy, (16,))
 
 
+# ------------------------------------------------------------------ add_norm
+# (norm(x + residual), x + residual) in one pass, differentiable through both
+# outputs; references: float64 autograd of the add and F.layer_norm / F.rms_norm.
+
+def add_norm_ref(x, r, shape, w, b, eps, kind, dy, ds):
+    """float64 autograd of the norm of the sum x + r as the op defines it (in x's
+    dtype, as torch's add: checked bitwise apart): (y, s, dx (= dresidual, the sum's
+    gradient), dw, db) with gradients dy of y and ds of s (either None: unused)."""
+    sd = (x + r).detach().double().requires_grad_()
+    wd = None if w is None else w.detach().double().requires_grad_()
+    bd = None if b is None else b.detach().double().requires_grad_()
+    y = F.layer_norm(sd, shape, wd, bd, eps) if kind == "layer" else F.rms_norm(sd, shape, wd, eps)
+    outs = [(y, dy), (sd, ds)]
+    torch.autograd.backward([o for o, g in outs if g is not None], [g.double() for o, g in outs if g is not None])
+    grad = lambda t: None if t is None else t.grad  # noqa: E731
+    return y.detach(), sd.detach(), sd.grad, grad(wd), grad(bd)
+
+
+def add_norm_torch(x, r, shape, w, b, eps, kind, dy, ds):
+    """PyTorch in the test dtype (fp32 weight with 16-bit x: the norm in fp32 of the
+    16-bit sum, results rounded): (y, dx, dw, db)."""
+    xs = x.detach().clone().requires_grad_()
+    ws = None if w is None else w.detach().clone().requires_grad_()
+    bs = None if b is None else b.detach().clone().requires_grad_()
+    s = xs + r
+    mixed = w is not None and w.dtype != x.dtype
+    sn = s.float() if mixed else s
+    y = F.layer_norm(sn, shape, ws, bs, eps) if kind == "layer" else F.rms_norm(sn, shape, ws, eps)
+    outs = [(y, None if dy is None else dy.to(y.dtype)), (s, ds)]
+    torch.autograd.backward([o for o, g in outs if g is not None], [g for o, g in outs if g is not None])
+    grad = lambda t: None if t is None else t.grad  # noqa: E731
+    return y.detach().to(x.dtype), xs.grad, grad(ws), grad(bs)
+
+
+def run_add_norm_and_check(x, r, w, b, dy, ds, shape, kind, eps=1e-5, version=0):
+    """Our add_norm through autograd against the float64 reference (2x PyTorch's
+    same-dtype error for 16-bit): y, the sum (exactly x + r in the dtype), dx and
+    dresidual (one value), dweight, dbias. y must equal our plain norm of x + r
+    bitwise (the fused kernels normalise the rounded sum, as the unfused do)."""
+    from day26_layernorm import add_norm, rms_norm
+
+    xa, ra = x.detach().clone().requires_grad_(), r.detach().clone().requires_grad_()
+    wa = None if w is None else w.detach().clone().requires_grad_()
+    ba = None if b is None else b.detach().clone().requires_grad_()
+    y, s = add_norm(xa, ra, wa, ba, eps=eps, kind=kind, version=version)
+    outs = [(y, dy), (s, ds)]
+    torch.autograd.backward([o for o, g in outs if g is not None], [g for o, g in outs if g is not None])
+    s_plain = x + r
+    assert torch.equal(s, s_plain), "sum differs from x + residual"
+    y_plain = layer_norm(s_plain, shape, w, b, eps, version) if kind == "layer" else rms_norm(s_plain, shape, w, eps,
+                                                                                             version)
+    assert torch.equal(y, y_plain), "fused y differs from the norm of x + residual"
+    y_r, s_r, dx_r, dw_r, db_r = add_norm_ref(x, r, shape, w, b, eps, kind, dy, ds)
+    y_t, dx_t, dw_t, db_t = add_norm_torch(x, r, shape, w, b, eps, kind, dy, ds)
+    check(y, y_r, y_t, "add_norm y")
+    if dx_r is None:
+        assert xa.grad is None and ra.grad is None
+        return
+    assert torch.equal(xa.grad, ra.grad), "dx and dresidual differ"
+    # dx's natural scale: the norm's dx terms (run_and_check's) plus |ds|
+    sd = s_plain.double()
+    dims = tuple(range(x.dim() - len(shape), x.dim()))
+    mean_d = sd.mean(dims, keepdim=True) if kind == "layer" else 0.0
+    rstd_d = ((sd - mean_d).pow(2).mean(dims, keepdim=True) + eps).rsqrt()
+    terms = torch.zeros_like(sd)
+    if dy is not None:
+        g = dy.double() * (1.0 if w is None else w.double())
+        xhat = (sd - mean_d) * rstd_d
+        terms = rstd_d * (g.abs() + g.mean(dims, keepdim=True).abs() + xhat.abs() * (g * xhat).mean(dims, keepdim=True).abs())
+    if ds is not None:
+        terms = terms + ds.double().abs()
+    check(xa.grad, dx_r, dx_t, "add_norm dx", natural=terms.max().item(), natural_norm=terms.norm().item())
+    rows_dims = tuple(range(x.dim() - len(shape)))
+    if w is not None and dw_r is not None:
+        xhat = (sd - mean_d) * rstd_d
+        check(wa.grad, dw_r, dw_t, "add_norm dweight",
+              natural_norm=(dy.double() * xhat).abs().sum(rows_dims).norm().item())
+    if b is not None and db_r is not None:
+        check(ba.grad.to(b.dtype), db_r, db_t, "add_norm dbias",
+              natural_norm=dy.double().abs().sum(rows_dims).norm().item())
+
+
+def make_add_norm(rows, cols, dtype, device, kind, wdtype="same"):
+    x, w, b, dy = make(rows, cols, dtype, device, wdtype=wdtype, affine=(True, kind == "layer"))
+    r = testing.fresh(rows, cols, dtype=dtype, device=device, scale=3.0, offset=-0.25)
+    ds = testing.fresh(rows, cols, dtype=dtype, device=device)
+    return x, r, w, b, dy, ds
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("cols", [1, 33, 768, 1000, 4096])
+def test_add_norm_shapes(device, dtype, kind, cols):
+    x, r, w, b, dy, ds = make_add_norm(rows_for(cols), cols, dtype, device, kind)
+    run_add_norm_and_check(x, r, w, b, dy, ds, (cols,), kind)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_cuda_add_norm_plan_families(dtype, kind):
+    """The fused kernels at the plan's own families (forward 2 fp32 / 4 16-bit, backward
+    4 and 5 with dsum added as dx is written: plan dsum 1), the unfused paths beside
+    them (fp32 rows over 8192 split across a cluster, 16-bit rows over 8192 in the
+    backward: dsum 2), both weight dtypes, many rows per block."""
+    from day26_layernorm import add_norm_forward, ops
+
+    for cols in [256, 512, 768, 1024, 2048, 4096, 8192, 16384]:
+        for wdtype in ("same", torch.float32):
+            x, r, w, b, dy, ds = make_add_norm(300, cols, dtype, "cuda", kind, wdtype)
+            run_add_norm_and_check(x, r, w, b, dy, ds, (cols,), kind)
+        y, s, mean, rstd = add_norm_forward(x, r, cols, w, b, kind=kind)
+        plan = ops.backward_plan(dy, s, cols, rstd if kind == "rms" else mean, rstd, w, (True, True, b is not None),
+                                 dsum=ds, rms=kind == "rms")
+        fused = plan["family"] in (4, 5)
+        assert plan["dsum"] == (1 if fused else 2), (cols, plan)
+        assert fused == (cols <= 8192), (cols, plan)
+
+
+@requires_cuda
+@pytest.mark.parametrize("version", CUDA_VERSIONS)
+def test_cuda_add_norm_every_version(version):
+    """Every forced version: fused where its family has the kernel, else the add apart."""
+    for cols in [33, 768, 4096, 16384]:
+        for dtype in (torch.float32, torch.bfloat16):
+            for kind in ("layer", "rms"):
+                x, r, w, b, dy, ds = make_add_norm(40, cols, dtype, "cuda", kind)
+                run_add_norm_and_check(x, r, w, b, dy, ds, (cols,), kind, version=version)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["layer", "rms"])
-def test_add_norm_both_outputs_and_gradients(device, kind):
+def test_add_norm_one_output_used(device, kind):
+    """Either output alone takes a gradient (the other's is undefined): y alone is the
+    norm's backward of the sum; the sum alone passes its gradient to x and residual."""
+    for dtype in (torch.float32, torch.bfloat16):
+        x, r, w, b, dy, ds = make_add_norm(24, 768, dtype, device, kind)
+        run_add_norm_and_check(x, r, w, b, dy, None, (768,), kind)
+        run_add_norm_and_check(x, r, w, b, None, ds, (768,), kind)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_norm_strided_misaligned_and_fp32_weights(device):
+    """Non-contiguous x, a transposed residual, offset (misaligned) views (no 16-byte
+    vectors: the add apart on CUDA), fp32 weights with 16-bit input, 3-d input."""
+    base = testing.fresh(6, 5, 130, device=device, scale=2.0)
+    x = base[:, :, 1:129]
+    r = testing.fresh(5, 6, 128, device=device).transpose(0, 1)
+    w = testing.fresh(128, device=device, offset=1.0)
+    b = testing.fresh(128, device=device)
+    dy, ds = testing.fresh(6, 5, 128, device=device), testing.fresh(6, 5, 128, device=device)
+    run_add_norm_and_check(x, r, w, b, dy, ds, (128,), "layer")
+    run_add_norm_and_check(x, r, w, None, dy, ds, (128,), "rms")
+    for dtype in (torch.float16, torch.bfloat16):
+        x, r, w, b, dy, ds = make_add_norm(64, 1000, dtype, device, "layer", wdtype=torch.float32)
+        run_add_norm_and_check(x, r, w, b, dy, ds, (1000,), "layer")
+        x, r, w, b, dy, ds = make_add_norm(64, 1024, dtype, device, "rms")
+        xo, ro, dyo, dso = (testing.offset_view(t) for t in (x, r, dy, ds))
+        run_add_norm_and_check(xo, ro, w, None, dyo, dso, (1024,), "rms")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_norm_bad_input(device):
     from day26_layernorm import add_norm
 
-    x, w, b, dy = make(12, 200, torch.float32, device)
-    if kind == "rms":
-        b = None
-    r = testing.fresh(12, 200, device=device)
-    ds = testing.fresh(12, 200, device=device)
-    xa, ra, wa = x.clone().requires_grad_(), r.clone().requires_grad_(), w.clone().requires_grad_()
-    y, s = add_norm(xa, ra, wa, b, eps=1e-5, kind=kind)
-    (y * dy).sum().add_((s * ds).sum()).backward()
-    xd, rd, wd = (t.double().requires_grad_() for t in (x, r, w))
-    sd = xd + rd
-    yd = F.layer_norm(sd, (200,), wd, None if b is None else b.double(), 1e-5) if kind == "layer" \
-        else F.rms_norm(sd, (200,), wd, 1e-5)
-    (yd * dy.double()).sum().add_((sd * ds.double()).sum()).backward()
-    testing.assert_close(y, yd, atol=1e-5, rtol=1e-4, name="norm out")
-    testing.assert_close(s, sd, atol=1e-6, rtol=1e-6, name="sum out")
-    testing.assert_close(xa.grad, xd.grad, atol=1e-4, rtol=1e-4, name="dx")
-    testing.assert_close(ra.grad, rd.grad, atol=1e-4, rtol=1e-4, name="dresidual")
-    testing.assert_close(wa.grad, wd.grad, atol=1e-4, rtol=1e-4, name="dw")
+    x, r, w, b, dy, ds = make_add_norm(12, 200, torch.float32, device, "layer")
     with pytest.raises(ValueError, match="kind"):
         add_norm(x, r, w, kind="batch")
-    with pytest.raises(ValueError, match="shape"):
-        add_norm(x, r[:, :100], w)
     with pytest.raises(ValueError, match="bias"):
-        add_norm(x, r, w, bias=w, kind="rms")
+        add_norm(x, r, w, bias=b, kind="rms")
+    with pytest.raises(RuntimeError, match="add_norm: residual of shape .* must have one shape"):
+        add_norm(x, r[:, :100], w)
+    with pytest.raises(RuntimeError, match="add_norm: residual .* must have one dtype"):
+        add_norm(x, r.double(), w)
+    with pytest.raises(RuntimeError, match="add_norm: normalized_shape \\[100\\] does not match"):
+        add_norm(x, r, w[:100])
+    with pytest.raises(RuntimeError, match="add_norm: bias of shape"):
+        add_norm(x, r, w, b[:100])
+    with pytest.raises(RuntimeError, match="add_norm: input must be float32"):
+        add_norm(x.int(), r.int(), w)
+    with pytest.raises(RuntimeError, match="add_norm: version must be 0 \\(auto\\) to 6"):
+        add_norm(x, r, w, version=9)
+    other = "meta" if device == "cpu" else "cpu"
+    for name in ("residual", "weight", "bias"):
+        args = {"residual": r, "weight": w, "bias": b}
+        args[name] = args[name].to(other)
+        with pytest.raises(RuntimeError, match="is on (meta|cpu|cuda)"):
+            add_norm(x, args["residual"], args["weight"], args["bias"])
+    run_add_norm_and_check(x, r, w, b, dy, ds, (200,), "layer")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_norm_opcheck_and_compile(device):
+    from day26_layernorm import add_norm, add_norm_forward
+
+    x, r, w, b, dy, ds = make_add_norm(5, 96, torch.float32, device, "layer")
+    g = lambda t: t.clone().requires_grad_()  # noqa: E731
+    torch.library.opcheck(torch.ops.day26.add_norm_fwd, (g(x), g(r), [96], g(w), g(b), 1e-5, False, 0))
+    torch.library.opcheck(torch.ops.day26.add_norm_fwd, (x, r, [96], w, None, 1e-6, True, 0))
+    y, s, mean, rstd = add_norm_forward(x, r, 96, w, b)
+    torch.library.opcheck(torch.ops.day26.add_norm_bwd, (dy, ds, s, [96], mean, rstd, w, False, [True, True, True], 0))
+    torch.library.opcheck(torch.ops.day26.add_norm_bwd, (dy, None, s, [96], mean, rstd, w, False, [True, False, True], 2))
+    _, s, mean, rstd = add_norm_forward(x, r, 96, w, kind="rms")
+    torch.library.opcheck(torch.ops.day26.add_norm_bwd, (dy, ds, s, [96], mean, rstd, w, True, [True, True, False], 0))
+    torch._dynamo.reset()
+
+    def block(x, r, w):  # a pre-norm residual step
+        y, s = add_norm(x * 2.0, r, w, kind="rms", eps=1e-6)
+        return (y * 3.0).sum() + s.square().sum()
+
+    cf = torch.compile(block, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    xa, ra, wa = g(x), g(r), g(w)
+    out = cf(xa, ra, wa)
+    out.backward()
+    xb, rb, wb = g(x), g(r), g(w)
+    sb = xb * 2.0 + rb
+    ref = (F.rms_norm(sb, (96,), wb, 1e-6) * 3.0).sum() + sb.square().sum()
+    ref.backward()
+    testing.assert_close(out, ref, 1e-4, 1e-5, "compiled output")
+    for a, c, name in ((xa, xb, "x"), (ra, rb, "residual"), (wa, wb, "weight")):
+        testing.assert_close(a.grad, c.grad, 1e-4, 1e-4, f"compiled grad of {name}")
+
+
+def test_add_norm_gradcheck_float64_cpu():
+    from day26_layernorm import add_norm
+
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, r, w, b: add_norm(x, r, w, b), (x, r, w, b))
+    assert torch.autograd.gradcheck(lambda x, r, w: add_norm(x, r, w, kind="rms"), (x, r, w))
+
+
+@requires_cuda
+@pytest.mark.skipif(SANITIZE, reason="KC_SANITIZE=1: sanitize.sh turns the caching allocator off, which graph capture needs")
+def test_cuda_add_norm_in_a_cuda_graph():
+    from kernel_common import bench
+    from day26_layernorm import add_norm_backward, add_norm_forward
+
+    for rows, cols, dtype, kind in [(4096, 1024, torch.bfloat16, "rms"), (1000, 768, torch.float32, "layer"),
+                                    (300, 16384, torch.float32, "rms")]:
+        x, r, w, b, dy, ds = make_add_norm(rows, cols, dtype, "cuda", kind)
+        eager = add_norm_forward(x, r, cols, w, b, kind=kind)
+        eager_b = add_norm_backward(dy, ds, eager[1], cols, eager[2], eager[3], w, kind, (True, True, b is not None))
+        graph, out = bench.capture_graph(lambda: (*add_norm_forward(x, r, cols, w, b, kind=kind),
+                                                  *add_norm_backward(dy, ds, eager[1], cols, eager[2], eager[3], w,
+                                                                     kind, (True, True, b is not None))), warmup=1)
+        for t in out:
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, c in zip((*eager, *eager_b), out):
+            assert torch.equal(a, c), f"{rows}x{cols} {dtype}: graph replay differs from eager"
 
 
 def test_convert_swaps_every_norm():

@@ -27,6 +27,14 @@ TORCH_LIBRARY(day26, m) {
         " -> (Tensor, Tensor)");
   m.def("rms_norm_bwd(Tensor dy, Tensor x, int[] normalized_shape, Tensor rstd, Tensor? weight,"
         " bool[2] output_mask, int version=0) -> (Tensor, Tensor)");
+  // add_norm: (norm(x + residual), x + residual, mean, rstd) in one pass; rms: RMSNorm
+  // (no bias; mean an empty [0] tensor). The backward takes the saved sum and the
+  // gradients of both outputs (dsum may be None) and returns dx = the norm's dx +
+  // dsum, the gradient of x and of the residual alike.
+  m.def("add_norm_fwd(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps,"
+        " bool rms, int version=0) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("add_norm_bwd(Tensor dy, Tensor? dsum, Tensor sum, int[] normalized_shape, Tensor mean, Tensor rstd,"
+        " Tensor? weight, bool rms, bool[3] output_mask, int version=0) -> (Tensor, Tensor, Tensor)");
 }
 
 // Importing the module runs the registrations above. layer_norm_fwd here is
@@ -57,6 +65,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                            double eps, int64_t version) {
     return day26::call_rms_norm_fwd(x, nshape, weight, eps, version);
   });
+  m.def("add_norm_fwd", [](const at::Tensor& x, const at::Tensor& residual, std::vector<int64_t> nshape,
+                           std::optional<at::Tensor> weight, std::optional<at::Tensor> bias, double eps, bool rms,
+                           int64_t version) {
+    return day26::call_add_norm_fwd(x, residual, nshape, weight, bias, eps, rms, version);
+  });
   // Private (tests, tools/): day26_layernorm.ops.knobs() is the way to use these.
   m.def("_set_knob", [](int knob, int value) {
     TORCH_CHECK(knob >= 0 && knob < day26::kNumKnobs, "day26: no knob ", kc::fmt(knob));
@@ -68,10 +81,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Private (tests, tools/): day26_layernorm.ops.backward_plan() is the way to use it.
   m.def("_backward_plan", [](const at::Tensor& dy, const at::Tensor& x, std::vector<int64_t> nshape,
                              const at::Tensor& mean, const at::Tensor& rstd, std::optional<at::Tensor> weight,
-                             std::array<bool, 3> mask, int64_t version) {
+                             std::array<bool, 3> mask, int64_t version, std::optional<at::Tensor> dsum, bool rms) {
     TORCH_CHECK(day26::ln_backward_plan_query() != nullptr, "day26: the backward plan needs a CUDA build");
     TORCH_CHECK(x.is_cuda(), "day26: the backward plan is for CUDA tensors");
-    const auto pairs = day26::ln_backward_plan_query()(dy, x, nshape, mean, rstd, weight, mask, version);
+    const auto pairs = day26::ln_backward_plan_query()(dy, x, nshape, mean, rstd, weight, mask, version, dsum, rms);
     pybind11::dict d;
     for (const auto& [k, v] : pairs) d[pybind11::str(k)] = v;
     return d;

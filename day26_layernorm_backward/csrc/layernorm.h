@@ -36,6 +36,11 @@ struct LnForwardArgs {
   float eps;
   kc::DType dt;   // x and y
   kc::DType wdt;  // weight and bias
+  // add_norm: y = norm(x + residual), the sum (in dt) written to `sum`; both null
+  // for a plain norm. Fused into the row's load where the plan's kernel has an
+  // add instantiation (FwdPlan::add), else an add kernel runs first (add_first).
+  const void* residual = nullptr;
+  void* sum = nullptr;
 };
 
 struct LnBackwardArgs {
@@ -50,6 +55,9 @@ struct LnBackwardArgs {
   float* workspace;    // LnBwdPlan::workspace_floats floats, fp32
   int64_t rows, cols;
   kc::DType dt, wdt;
+  // add_norm's backward: dx = the norm's dx + dsum (the gradient reaching the sum
+  // output directly); null for a plain norm. Only with dx.
+  const void* dsum = nullptr;
 };
 
 // A backward plan: everything the launch needs, computed once per call by
@@ -76,6 +84,7 @@ struct LnBwdPlan {
   int64_t partial_rows = 0;  // rows of [2][cols] fp32 partials (blocks, or clusters for 6)
   int64_t workspace_floats = 0;
   int finalize = 0;          // 0: none (no partials, or 1's column kernel), 1: narrow, 2: wide
+  int dsum = 0;              // add_norm (a.dsum): 1 added by the main kernel as it writes dx, 2 by ln_add after
 };
 
 // Number of multiprocessors and compute capability of the current device
@@ -95,5 +104,9 @@ cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream)
 LnBwdPlan ln_backward_plan(const LnBackwardArgs& a, int version, const LnDevice& dev);
 // `a.workspace`: plan.workspace_floats floats (when > 0).
 cudaError_t ln_backward(const LnBackwardArgs& a, const LnBwdPlan& plan, cudaStream_t stream);
+
+// out = a + b, n elements of dt (rounded once to dt; out may be a): add_norm's
+// add where no fused kernel runs (layernorm_add.cu).
+cudaError_t ln_add(const void* a, const void* b, void* out, int64_t n, kc::DType dt, cudaStream_t stream);
 
 }  // namespace day26

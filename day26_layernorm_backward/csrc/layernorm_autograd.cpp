@@ -136,7 +136,79 @@ Tensor2 rms_norm_fwd_autograd(const Tensor& x, at::IntArrayRef nshape, const Opt
   return {r[0], r[1]};
 }
 
+using Tensor4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+
+// add_norm_fwd's autograd: y = norm(s), s = x + residual. Both outputs take
+// gradients (either may be undefined): ds_total = dsum + the norm's dx, the
+// gradient of x and of the residual alike (one tensor returned for both). The
+// node's inputs: x, residual, then weight and bias where given.
+class AddNormFunction : public torch::autograd::Function<AddNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& residual,
+                               std::vector<int64_t> nshape, const OptTensor& weight, const OptTensor& bias,
+                               double eps, bool rms, int64_t version) {
+    ctx->set_materialize_grads(false);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, s, mean, rstd] = call_add_norm_fwd(x, residual, nshape, weight, bias, eps, rms, version);
+    ctx->save_for_backward({s, present(weight) ? *weight : Tensor(), mean, rstd});
+    ctx->saved_data["nshape"] = std::move(nshape);
+    ctx->saved_data["version"] = version;
+    ctx->saved_data["rms"] = rms;
+    ctx->saved_data["bias_dtype"] = present(bias) ? int64_t(bias->scalar_type()) : int64_t(-1);
+    ctx->mark_non_differentiable({mean, rstd});
+    return {y, s, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor& s = saved[0];
+    const Tensor& weight = saved[1];
+    const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
+    const bool has_w = weight.defined(), has_b = bias_dtype >= 0;
+    const bool want_x = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
+    const std::array<bool, 3> mask = {want_x, has_w && ctx->needs_input_grad(2),
+                                      has_b && ctx->needs_input_grad(has_w ? 3 : 2)};
+    variable_list out(8);
+    const Tensor& dy = grads[0];
+    const Tensor& dsum = grads[1];
+    Tensor dx;
+    if (!dy.defined()) {  // only the sum was used: the norm contributes nothing
+      dx = dsum;
+    } else if (mask[0] || mask[1] || mask[2]) {
+      static const auto op = kc::find_op<Tensor3(const Tensor&, const OptTensor&, const Tensor&, at::IntArrayRef,
+                                                 const Tensor&, const Tensor&, const OptTensor&, bool,
+                                                 std::array<bool, 3>, int64_t)>("day26::add_norm_bwd");
+      const auto nshape = ctx->saved_data["nshape"].toIntVector();
+      auto [dxs, dw, db] = op.call(dy, opt(dsum), s, nshape, saved[2], saved[3], opt(weight),
+                                   ctx->saved_data["rms"].toBool(), mask, ctx->saved_data["version"].toInt());
+      dx = dxs;
+      if (mask[1]) out[3] = dw;
+      if (mask[2]) {
+        const auto bdt = static_cast<at::ScalarType>(bias_dtype);
+        out[4] = db.scalar_type() == bdt ? db : db.to(bdt);
+      }
+    }
+    if (ctx->needs_input_grad(0)) out[0] = dx;
+    if (ctx->needs_input_grad(1)) out[1] = dx;
+    return out;
+  }
+};
+
+Tensor4 add_norm_fwd_autograd(const Tensor& x, const Tensor& residual, at::IntArrayRef nshape,
+                              const OptTensor& weight, const OptTensor& bias, double eps, bool rms,
+                              int64_t version) {
+  auto r = AddNormFunction::apply(x, residual, nshape.vec(), weight, bias, eps, rms, version);
+  return {r[0], r[1], r[2], r[3]};
+}
+
 }  // namespace
+
+Tensor4 call_add_norm_fwd(const Tensor& x, const Tensor& residual, at::IntArrayRef nshape, const OptTensor& weight,
+                          const OptTensor& bias, double eps, bool rms, int64_t version) {
+  static const auto op = kc::find_op<Tensor4(const Tensor&, const Tensor&, at::IntArrayRef, const OptTensor&,
+                                             const OptTensor&, double, bool, int64_t)>("day26::add_norm_fwd");
+  return op.call(x, residual, nshape, weight, bias, eps, rms, version);
+}
 
 Tensor3 call_layer_norm_fwd(const Tensor& x, at::IntArrayRef nshape, const OptTensor& weight,
                             const OptTensor& bias, double eps, int64_t version) {
@@ -159,4 +231,6 @@ TORCH_LIBRARY_IMPL(day26, Autograd, m) {
   m.impl("layer_norm_bwd", torch::autograd::autogradNotImplementedFallback());
   m.impl("rms_norm_fwd", &day26::rms_norm_fwd_autograd);
   m.impl("rms_norm_bwd", torch::autograd::autogradNotImplementedFallback());
+  m.impl("add_norm_fwd", &day26::add_norm_fwd_autograd);
+  m.impl("add_norm_bwd", torch::autograd::autogradNotImplementedFallback());
 }

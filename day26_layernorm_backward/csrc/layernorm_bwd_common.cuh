@@ -48,6 +48,14 @@ cudaError_t bwd_launch_finalize(const LnBackwardArgs& a, const LnBwdPlan& p, cud
 // finalize kernel for rows of at most kFinNarrowMaxD columns (else the wide one)
 constexpr int kFinNarrowMaxD = 1024;
 
+// add_norm's backward (a.dsum): the families whose kernels add dsum as they write
+// dx (kDsum instantiations), the plan's own choices at the shapes models train
+// with: 4 and 5 (not split) with partial rows (dweight or dbias asked for) in
+// 16-byte vectors. Elsewhere ln_add adds it after (LnBwdPlan::dsum = 2).
+inline bool bwd_fuses_dsum(int family, bool partials, int vec, kc::DType dt) {
+  return partials && vec == int(16 / elem_size(dt)) && (family == kRowSlots || family == kRing);
+}
+
 // Tensor arguments of every backward kernel, typed (TW = void: a weight pointer
 // whose dtype, T or fp32, the kernel gets as a run-time flag).
 template <typename T, typename TW>
@@ -303,9 +311,13 @@ struct DxRow {
         k0(fmaf(-k1, mu_, -rs_ * a)) {}
 };
 
-template <typename T, int VEC>
+// kAdd (add_norm's backward): dx + sv, the gradient reaching the sum output,
+// added in fp32 before the one rounding to T (the sum's gradient is x's and the
+// residual's: add_norm returns this dx for both).
+template <typename T, int VEC, bool kAdd = false>
 __device__ __forceinline__ void bwd_vec_dx(const kc::Vec<T, VEC>& xv, const kc::Vec<T, VEC>& dv,
-                                           const float (&wv)[VEC], const DxRow& r, T* p) {
+                                           const float (&wv)[VEC], const DxRow& r, T* p,
+                                           const kc::Vec<T, VEC>* sv = nullptr) {
   float xf[VEC], df[VEC], out[VEC];
   kc::vec_to_float(xv, xf);
   kc::vec_to_float(dv, df);
@@ -318,6 +330,12 @@ __device__ __forceinline__ void bwd_vec_dx(const kc::Vec<T, VEC>& xv, const kc::
     } else {
       out[j] = fmaf(r.k1, xf[j], fmaf(r.rs, g, r.k0));
     }
+  }
+  if constexpr (kAdd) {
+    float sf[VEC];
+    kc::vec_to_float(*sv, sf);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] += sf[j];
   }
   store_from_f32<T, VEC>(p, out);
 }

@@ -22,7 +22,8 @@ int bwd_vec(const LnBackwardArgs& a) {
   const size_t elem = elem_size(a.dt), welem = elem_size(a.wdt);
   const int V = int(16 / elem);
   const bool ok = a.cols % V == 0 && kc::is_aligned(a.x, elem * V) && kc::is_aligned(a.dy, elem * V) &&
-                  (!a.dx || kc::is_aligned(a.dx, elem * V)) && (!a.weight || kc::is_aligned(a.weight, welem * V));
+                  (!a.dx || kc::is_aligned(a.dx, elem * V)) && (!a.weight || kc::is_aligned(a.weight, welem * V)) &&
+                  (!a.dsum || kc::is_aligned(a.dsum, elem * V));
   return ok ? V : 1;
 }
 
@@ -107,6 +108,7 @@ LnBwdPlan ln_backward_plan(const LnBackwardArgs& a, int version, const LnDevice&
     LnBwdPlan p = base;
     p.family = chain[i];
     if (p.family == kClusterSplit) p.cluster = cluster;
+    if (a.dsum && a.dx) p.dsum = bwd_fuses_dsum(p.family, p.partials, p.vec, a.dt) ? 1 : 2;
     if (!plan_family(a, p.family, p)) continue;
     if (p.partials && p.family != kSeed) {
       p.workspace_floats = p.partial_rows * 2 * a.cols;
@@ -125,9 +127,11 @@ cudaError_t ln_backward(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_
     case kRowSlots: KC_CUDA_TRY(bwd_launch_v4(a, p, stream)); break;
     case kRing:
     case kClusterSplit: KC_CUDA_TRY(bwd_launch_ring(a, p, stream)); break;
-    default: return bwd_launch_v1(a, stream);
+    default: KC_CUDA_TRY(bwd_launch_v1(a, stream)); break;
   }
-  return p.finalize ? bwd_launch_finalize(a, p, stream) : cudaSuccess;
+  if (p.finalize) KC_CUDA_TRY(bwd_launch_finalize(a, p, stream));
+  // add_norm where the family's kernel does not add dsum itself
+  return p.dsum == 2 ? ln_add(a.dx, a.dsum, a.dx, a.rows * a.cols, a.dt, stream) : cudaSuccess;
 }
 
 // ------------------------------------------------------------- the finalize

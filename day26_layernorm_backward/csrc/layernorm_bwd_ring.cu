@@ -60,11 +60,16 @@ namespace {
 // 512-thread blocks per SM (unbounded, ptxas gave some of them ~100 once pass 2
 // got shorter); the others are unbounded (a minimum of 0 blocks leaves it
 // unspecified; even an explicit 1 changes ptxas's allocation: probe run 52).
-template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster>
+// kDsum (add_norm): dx += dsum (the gradient of the sum output), this thread's
+// vectors of the row's dsum loaded into registers from global memory once the
+// row has landed, ahead of pass 1 and the reduction that hide their latency (not
+// through the ring: no third row of shared memory per stage); dsum unused without it.
+template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster, bool kDsum = false>
 __global__ void __launch_bounds__(kV4SmallThreads, kPartials ? 0 : 2)
 ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
             const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
-            float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages, bool w_f32) {
+            float* __restrict__ partial, int64_t rows, int64_t D, int64_t Dc, int tpr, int stages, bool w_f32,
+            const T* __restrict__ dsum) {
   constexpr int VEC = kc::max_vec_elems<T>();
   constexpr bool kWReg = kRingWReg<T, ITERS>;  // the weights in registers too
   static_assert(kWReg == std::is_void<TW>::value, "TW = void exactly where the weights sit in registers");
@@ -132,7 +137,8 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     }
   };
   // pass 2: dx of row r (in stage s) from the whole row's sums, the row read again from the ring
-  auto pass2 = [&](int s, int64_t r, float mu, float rs, const float (&sums)[2]) {
+  auto pass2 = [&](int s, int64_t r, float mu, float rs, const float (&sums)[2],
+                   const RowRegs<T, VEC, ITERS>& ds) {
     if (!dx) return;
     const DxRow dr(mu, rs, sums, inv_d, mean != nullptr);
     T* dxr = dx + r * D + col0;
@@ -143,7 +149,10 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
         row_vecs(s, it, xv, dv);
         float wv[VEC];
         weights(it, rc.col(it), wv);
-        bwd_vec_dx<T, VEC>(xv, dv, wv, dr, dxr + rc.col(it));
+        if constexpr (kDsum)
+          bwd_vec_dx<T, VEC, true>(xv, dv, wv, dr, dxr + rc.col(it), &ds.v[it]);
+        else
+          bwd_vec_dx<T, VEC>(xv, dv, wv, dr, dxr + rc.col(it));
       }
     }
   };
@@ -192,6 +201,8 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     const float mu = mu_next, rs = rs_next;
     if (row + stride < rows) mu_next = load_mean(mean, row + stride), rs_next = rstd[row + stride];
     kc::mbar_wait(&bars[stage], phase);  // this row has landed
+    RowRegs<T, VEC, ITERS> ds;
+    if constexpr (kDsum) load_row(ds, dsum + row * D + col0, rc);
     float sums[2] = {0.f, 0.f};
     pass1(stage, mu, rs, sums);
     slot_reduce_sum<2, true>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
@@ -206,7 +217,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
       if (r < rows) issue(r, prev);
     }
     if constexpr (kCluster) receive(i, sums);
-    pass2(stage, row, mu, rs, sums);
+    pass2(stage, row, mu, rs, sums, ds);
     if (++stage == stages) stage = 0, phase ^= 1u;
   }
   // every row issued was waited for above: no copy is in flight into the buffer below
@@ -218,7 +229,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
 
 template <typename T, typename TW>
 using RingKernel = void (*)(const T*, const T*, const float*, const float*, const TW*, T*, float*, int64_t, int64_t,
-                            int64_t, int, int, bool);
+                            int64_t, int, int, bool, const T*);
 
 // Version 5 (no split) holds rows of at most kRingCtaCols columns, as a CTA of
 // version 6 does: v4_config gives them at most 16 elements a thread, so every
@@ -235,6 +246,8 @@ using RingKernel = void (*)(const T*, const T*, const float*, const float*, cons
 // ITERS that shares over kClusterMinShare columns have (kClusterIters: the
 // plan's own splits; the cluster knob is refused for smaller shares); unsplit
 // only where the weights sit in registers (rows of at most kRingCtaCols).
+// p.dsum == 1: the kDsum instantiations, compiled where bwd_fuses_dsum allows
+// (partial rows, not split).
 template <typename F>
 auto with_ring_kernel(const LnBackwardArgs& a, const LnBwdPlan& p, F&& f) {
   return ln_input_typed(a.dt, [&](auto t) {
@@ -248,7 +261,10 @@ auto with_ring_kernel(const LnBackwardArgs& a, const LnBwdPlan& p, F&& f) {
             constexpr int I = decltype(it)::value;
             constexpr bool kCompiled = kRingWReg<T, I> == std::is_void<typename TW::type>::value &&
                                        (kCl ? kClusterIters<T, I> : kRingWReg<T, I>);
-            if constexpr (kCompiled) return K(ln_bwd_ring<T, typename TW::type, I, kP, kCl>);
+            if constexpr (kCompiled && kP && !kCl) {
+              if (p.dsum == 1) return K(ln_bwd_ring<T, typename TW::type, I, kP, kCl, true>);
+            }
+            if constexpr (kCompiled) return p.dsum == 1 ? K(nullptr) : K(ln_bwd_ring<T, typename TW::type, I, kP, kCl>);
             return K(nullptr);
           });
         };
@@ -265,12 +281,13 @@ template <typename T, typename TW>
 cudaError_t launch_ring(RingKernel<T, TW> kernel, const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
   const int64_t Dc = a.cols / p.cluster;
   const bool w_f32 = a.wdt == kc::DType::F32;
+  const T* dsum = static_cast<const T*>(a.dsum);
   if (p.cluster == 1 || !kernel || p.grid <= 0)
-    return launch_bwd_main<T, TW>(kernel, a, p, stream, Dc, p.tpr, p.stages, w_f32);
+    return launch_bwd_main<T, TW>(kernel, a, p, stream, Dc, p.tpr, p.stages, w_f32, dsum);
   const BwdPtrs<T, TW> q(a);
   return kc::launch_cluster(kernel, dim3(unsigned(p.grid)), dim3(unsigned(p.threads)), p.smem, stream,
                             unsigned(p.cluster), q.dy, q.x, a.mean, a.rstd, q.w, q.dx, a.workspace, a.rows, a.cols, Dc,
-                            p.tpr, p.stages, w_f32);
+                            p.tpr, p.stages, w_f32, dsum);
 }
 
 // Stages of the ring: 3 (H200, runs 18-20: 4 within 1%, 6 (the most that fit)

@@ -27,11 +27,14 @@ namespace {
 // Dynamic shared memory (kPartials): when slots > 1, (slots - 1) * tpr * ITERS * 2 * VEC
 // floats (the end-of-kernel slot sum).
 // partial: [gridDim.x][2][D] fp32 when kPartials (every column written).
-template <typename T, int VEC, int ITERS, bool kPartials, bool kPrefetch>
+// kDsum (add_norm): dx += dsum (the gradient of the sum output), the row of
+// dsum loaded before pass 1 so that its latency hides behind the row's reduction;
+// without kDsum, dsum is unused.
+template <typename T, int VEC, int ITERS, bool kPartials, bool kPrefetch, bool kDsum = false>
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
           const float* __restrict__ rstd, const void* __restrict__ w, T* __restrict__ dx,
-          float* __restrict__ partial, int64_t rows, int64_t D, int tpr, bool w_f32) {
+          float* __restrict__ partial, int64_t rows, int64_t D, int tpr, bool w_f32, const T* __restrict__ dsum) {
   extern __shared__ __align__(16) float slot_acc[];
   __shared__ float red[kV4MaxSlots][2 * 32 * 2];
   kc::launch_dependents();  // see launch_finalize
@@ -73,6 +76,8 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
       load_row(cd, dy + row * D, D, tpr, t);
       mu = load_mean(mean, row), rs = rstd[row];
     }
+    RowRegs<T, VEC, ITERS> ds;
+    if constexpr (kDsum) load_row(ds, dsum + row * D, D, tpr, t);
     // pass 1: the row sums of g = dy * w and g * xhat; dy * xhat and dy per column
     float sums[2] = {0.f, 0.f};
 #pragma unroll
@@ -90,7 +95,12 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         const int64_t c = (int64_t(it) * tpr + t) * VEC;
-        if (c < D) bwd_vec_dx<T, VEC>(cx.v[it], cd.v[it], wf[it], dr, dxr + c);
+        if (c < D) {
+          if constexpr (kDsum)
+            bwd_vec_dx<T, VEC, true>(cx.v[it], cd.v[it], wf[it], dr, dxr + c, &ds.v[it]);
+          else
+            bwd_vec_dx<T, VEC>(cx.v[it], cd.v[it], wf[it], dr, dxr + c);
+        }
       }
     }
     if (kPrefetch) {
@@ -106,7 +116,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
 
 template <typename T>
 using V4Kernel = void (*)(const T*, const T*, const float*, const float*, const void*, T*, float*, int64_t, int64_t,
-                          int, bool);
+                          int, bool, const T*);
 
 // The next row prefetched (kPrefetch) only where the plan asks for it: 16-bit
 // rows in 16-byte vectors of 512 to 1023 columns, hence 1 or 2 vectors a thread.
@@ -122,9 +132,25 @@ constexpr int64_t kV4MaxCols16 = 8192;
 template <typename T, int VEC, int ITERS>
 constexpr bool kV4Compiled = !(sizeof(T) == 2 && VEC == kc::max_vec_elems<T>() && ITERS == 4);
 
+// p.dsum == 1: the kDsum instantiations, compiled where bwd_fuses_dsum allows
+// (partial rows, 16-byte vectors).
 template <typename T>
 V4Kernel<T> v4_kernel(const LnBwdPlan& p) {
   constexpr int V = kc::max_vec_elems<T>();
+  if (p.dsum == 1) {
+    if (!p.partials || p.vec != V) return nullptr;
+    return with_iters<4>(p.iters, V4Kernel<T>(nullptr), [&](auto it) {
+      constexpr int I = decltype(it)::value;
+      if constexpr (!kV4Compiled<T, V, I>) {
+        return V4Kernel<T>(nullptr);
+      } else {
+        if constexpr (kV4PrefetchCompiled<T, V, I>) {
+          if (p.prefetch) return V4Kernel<T>(ln_bwd_v4<T, V, I, true, true, true>);
+        }
+        return p.prefetch ? V4Kernel<T>(nullptr) : V4Kernel<T>(ln_bwd_v4<T, V, I, true, false, true>);
+      }
+    });
+  }
   return KC_BOOL_SWITCH(p.partials, kP, [&] {
     if (p.vec != V)  // without 16-byte vectors: the one scalar instantiation (v4_config), no prefetch
       return p.iters == kV4ScalarIters && !p.prefetch ? V4Kernel<T>(ln_bwd_v4<T, 1, kV4ScalarIters, kP, false>)
@@ -176,7 +202,8 @@ bool bwd_plan_v4(const LnBackwardArgs& a, LnBwdPlan& p) {
 cudaError_t bwd_launch_v4(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream) {
   return ln_input_typed(a.dt, [&](auto t) {
     using T = decltype(t);
-    return launch_bwd_main<T, void>(v4_kernel<T>(p), a, p, stream, p.tpr, a.wdt == kc::DType::F32);
+    return launch_bwd_main<T, void>(v4_kernel<T>(p), a, p, stream, p.tpr, a.wdt == kc::DType::F32,
+                                    static_cast<const T*>(a.dsum));
   });
 }
 

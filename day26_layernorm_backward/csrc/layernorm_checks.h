@@ -91,4 +91,16 @@ inline LnShape ln_check_backward(const at::Tensor& dy, const at::Tensor& x, at::
   return s;
 }
 
+// add_norm: a tensor that must match `like` (x for the residual, the saved sum
+// for the sum's gradient) in shape, dtype and device.
+inline void ln_check_same(const at::Tensor& like, const at::Tensor& t, const char* op, const char* name,
+                          const char* like_name) {
+  TORCH_CHECK(t.device() == like.device(), op, ": ", name, " is on ", t.device(), " but ", like_name, " is on ",
+              like.device());
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), op, ": ", name, " (", t.scalar_type(), ") and ", like_name, " (",
+              like.scalar_type(), ") must have one dtype");
+  TORCH_CHECK(t.sizes().equals(like.sizes()), op, ": ", name, " of shape ", kc::fmt(t.sizes()), " and ", like_name,
+              " of shape ", kc::fmt(like.sizes()), " must have one shape");
+}
+
 }  // namespace day26

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cmath>
+#include <tuple>
 
 #include "kc/torch_utils.h"
 #include "layernorm_checks.h"
@@ -206,6 +207,45 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cpu(const at::Tensor& dy_, const
   return {dx, dw};
 }
 
+// add_norm: the sum (rounded to x's dtype, as torch's add), then the norm of it.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_norm_fwd_cpu(
+    const at::Tensor& x, const at::Tensor& residual, at::IntArrayRef nshape, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, double eps, bool rms, int64_t version) {
+  ln_check_inputs(x, nshape, weight, bias, /*allow_f64=*/true, version, "add_norm");
+  ln_check_same(x, residual, "add_norm", "residual", "input");
+  TORCH_CHECK(!rms || !(bias.has_value() && bias->defined()), "add_norm: kind 'rms' takes no bias");
+  TORCH_CHECK(x.device().is_cpu(), "add_norm: input must be a CPU tensor here");
+  at::Tensor s = kc::new_output_like(x);
+  at::add_out(s, x, residual);
+  if (rms) {
+    auto [y, rstd] = rms_norm_fwd_cpu(s, nshape, weight, eps, version);
+    return {y, s, at::empty({0}, x.options().dtype(stat_dtype(x))), rstd};
+  }
+  auto [y, mean, rstd] = layer_norm_fwd_cpu(s, nshape, weight, bias, eps, version);
+  return {y, s, mean, rstd};
+}
+
+// add_norm's backward: the norm's, then dx += dsum (the sum output's gradient).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_norm_bwd_cpu(
+    const at::Tensor& dy, const c10::optional<at::Tensor>& dsum, const at::Tensor& s, at::IntArrayRef nshape,
+    const at::Tensor& mean, const at::Tensor& rstd, const c10::optional<at::Tensor>& weight, bool rms,
+    std::array<bool, 3> mask, int64_t version) {
+  ln_check_backward(dy, s, nshape, rms ? nullptr : &mean, rstd, weight, /*allow_f64=*/true, version, "add_norm");
+  TORCH_CHECK(!rms || !mask[2], "add_norm: kind 'rms' has no bias, so no dbias");
+  const bool has_ds = dsum.has_value() && dsum->defined();
+  if (has_ds) ln_check_same(s, *dsum, "add_norm backward", "the sum's gradient", "the sum");
+  TORCH_CHECK(s.device().is_cpu(), "add_norm backward: input must be a CPU tensor here");
+  at::Tensor dx, dw, db;
+  if (rms) {
+    std::tie(dx, dw) = rms_norm_bwd_cpu(dy, s, nshape, rstd, weight, {mask[0], mask[1]}, version);
+    db = at::empty({0}, s.options());
+  } else {
+    std::tie(dx, dw, db) = layer_norm_bwd_cpu(dy, s, nshape, mean, rstd, weight, mask, version);
+  }
+  if (has_ds && mask[0]) dx.add_(*dsum);
+  return {dx, dw, db};
+}
+
 }  // namespace
 }  // namespace day26
 
@@ -214,4 +254,6 @@ TORCH_LIBRARY_IMPL(day26, CPU, m) {
   m.impl("layer_norm_bwd", &day26::layer_norm_bwd_cpu);
   m.impl("rms_norm_fwd", &day26::rms_norm_fwd_cpu);
   m.impl("rms_norm_bwd", &day26::rms_norm_bwd_cpu);
+  m.impl("add_norm_fwd", &day26::add_norm_fwd_cpu);
+  m.impl("add_norm_bwd", &day26::add_norm_bwd_cpu);
 }

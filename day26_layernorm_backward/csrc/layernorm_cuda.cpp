@@ -42,22 +42,39 @@ c10::optional<at::Tensor> contiguous_or_none(const c10::optional<at::Tensor>& t)
   return c10::nullopt;
 }
 
-// rms: RMSNorm on the same kernels (no centring, no bias; mean comes back undefined).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda(const at::Tensor& x_, at::IntArrayRef nshape,
-                                                             const c10::optional<at::Tensor>& weight_,
-                                                             const c10::optional<at::Tensor>& bias_, double eps,
-                                                             int64_t version, bool rms) {
-  const char* op = rms ? "rms_norm" : "layer_norm";
+struct FwdOut {
+  at::Tensor y, sum, mean, rstd;
+};
+
+// rms: RMSNorm on the same kernels (no centring, no bias; mean comes back
+// undefined). residual_ (add_norm): the norm of x + residual, the sum returned too.
+FwdOut norm_fwd_cuda(const at::Tensor& x_, at::IntArrayRef nshape, const c10::optional<at::Tensor>& weight_,
+                     const c10::optional<at::Tensor>& bias_, double eps, int64_t version, bool rms,
+                     const at::Tensor* residual_ = nullptr) {
+  const char* op = residual_ ? "add_norm" : rms ? "rms_norm" : "layer_norm";
   const LnShape s = ln_check_inputs(x_, nshape, weight_, bias_, /*allow_f64=*/false, version, op);  // devices too
+  if (residual_) ln_check_same(x_, *residual_, op, "residual", "input");
   TORCH_CHECK(x_.is_cuda(), op, ": input must be a CUDA tensor here");
   check_knobs(s.cols, x_.scalar_type() == at::kFloat, /*forward=*/true);
   const at::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous();
   const auto weight = contiguous_or_none(weight_), bias = contiguous_or_none(bias_);
-  at::Tensor y = kc::new_output_like(x);
-  at::Tensor mean = rms ? at::Tensor() : kc::new_output(s.lead, x.options().dtype(at::kFloat));
-  at::Tensor rstd = kc::new_output(s.lead, x.options().dtype(at::kFloat));
+  FwdOut o;
+  at::Tensor residual;
+  o.y = kc::new_output_like(x);
+  if (rms) o.mean = residual_ ? at::empty({0}, x.options().dtype(at::kFloat)) : at::Tensor();
+  else o.mean = kc::new_output(s.lead, x.options().dtype(at::kFloat));
+  o.rstd = kc::new_output(s.lead, x.options().dtype(at::kFloat));
   LnForwardArgs a{};
+  if (residual_) {
+    residual = residual_->contiguous();
+    o.sum = kc::new_output_like(x);
+    a.residual = residual.data_ptr();
+    a.sum = o.sum.data_ptr();
+  }
+  at::Tensor& y = o.y;
+  at::Tensor& mean = o.mean;
+  at::Tensor& rstd = o.rstd;
   a.x = x.data_ptr();
   a.weight = ptr_or_null(weight);
   a.bias = ptr_or_null(bias);
@@ -70,37 +87,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda(const at::Tensor& x
   a.dt = kc::to_kc_dtype(x, "input");
   a.wdt = weight ? kc::to_kc_dtype(*weight, "weight") : bias ? kc::to_kc_dtype(*bias, "bias") : a.dt;
   KC_TORCH_CHECK_CUDA(ln_forward(a, int(version), at::cuda::getCurrentCUDAStream()));
-  return {y, mean, rstd};
+  return o;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& x, at::IntArrayRef nshape,
                                                                    const c10::optional<at::Tensor>& weight,
                                                                    const c10::optional<at::Tensor>& bias,
                                                                    double eps, int64_t version) {
-  return norm_fwd_cuda(x, nshape, weight, bias, eps, version, /*rms=*/false);
+  FwdOut o = norm_fwd_cuda(x, nshape, weight, bias, eps, version, /*rms=*/false);
+  return {o.y, o.mean, o.rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& x, at::IntArrayRef nshape,
                                                      const c10::optional<at::Tensor>& weight, double eps,
                                                      int64_t version) {
-  auto [y, mean, rstd] = norm_fwd_cuda(x, nshape, weight, c10::nullopt, eps, version, /*rms=*/true);
-  return {y, rstd};
+  FwdOut o = norm_fwd_cuda(x, nshape, weight, c10::nullopt, eps, version, /*rms=*/true);
+  return {o.y, o.rstd};
+}
+
+// add_norm: (norm(x + residual), x + residual, mean ([0] for rms), rstd), the add
+// fused into the norm kernel's load where the plan has such a kernel.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_norm_fwd_cuda(
+    const at::Tensor& x, const at::Tensor& residual, at::IntArrayRef nshape, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, double eps, bool rms, int64_t version) {
+  TORCH_CHECK(!rms || !(bias.has_value() && bias->defined()), "add_norm: kind 'rms' takes no bias");
+  FwdOut o = norm_fwd_cuda(x, nshape, weight, bias, eps, version, rms, &residual);
+  return {o.y, o.sum, o.mean, o.rstd};
 }
 
 // A backward call's tensors (inputs made contiguous, outputs allocated), its
 // arguments and its plan: what the op launches, and what _backward_plan shows.
 struct BwdCall {
-  at::Tensor x, dy, mean, rstd, dx, dw, db, ws;
+  at::Tensor x, dy, mean, rstd, dx, dw, db, ws, dsum;
   c10::optional<at::Tensor> weight;
   LnBackwardArgs a{};
   LnBwdPlan plan;
 };
 
 // The checks (devices too) come before the caller's CUDAGuard, which needs x on a CUDA device.
-// mean_ null: RMSNorm (its messages say rms_norm).
+// mean_ null: RMSNorm (its messages say rms_norm, or `op` where given).
 LnShape check_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape, const at::Tensor* mean_,
-                       const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, int64_t version) {
-  const char* op = mean_ ? "layer_norm" : "rms_norm";
+                       const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_, int64_t version,
+                       const char* op = nullptr) {
+  if (!op) op = mean_ ? "layer_norm" : "rms_norm";
   const LnShape s = ln_check_backward(dy_, x_, nshape, mean_, rstd_, weight_, /*allow_f64=*/false, version, op);
   TORCH_CHECK(x_.is_cuda(), op, " backward: input must be a CUDA tensor here");
   check_knobs(s.cols, x_.scalar_type() == at::kFloat, /*forward=*/false);
@@ -109,7 +138,8 @@ LnShape check_backward(const at::Tensor& dy_, const at::Tensor& x_, at::IntArray
 
 BwdCall prepare_backward(const LnShape& s, const at::Tensor& dy_, const at::Tensor& x_, at::IntArrayRef nshape,
                          const at::Tensor& mean_, const at::Tensor& rstd_, const c10::optional<at::Tensor>& weight_,
-                         std::array<bool, 3> mask, int64_t version, bool rms = false) {
+                         std::array<bool, 3> mask, int64_t version, bool rms = false,
+                         const at::Tensor* dsum = nullptr) {
   BwdCall c;
   c.x = x_.contiguous();
   c.dy = dy_.contiguous();
@@ -135,6 +165,10 @@ BwdCall prepare_backward(const LnShape& s, const at::Tensor& dy_, const at::Tens
   a.cols = s.cols;
   a.dt = kc::to_kc_dtype(c.x, "input");
   a.wdt = has_w ? kc::to_kc_dtype(*c.weight, "weight") : a.dt;
+  if (dsum && mask[0]) {
+    c.dsum = dsum->contiguous();
+    a.dsum = c.dsum.data_ptr();
+  }
   c.plan = ln_backward_plan(a, int(version), ln_device());
   return c;
 }
@@ -174,13 +208,45 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy_, cons
   return {c.dx, c.dw};
 }
 
+// add_norm's backward: the norm's backward of the saved sum s with dsum (the
+// gradient reaching the sum output; absent: none) added to dx, by the main
+// kernel where the plan's family does it (LnBwdPlan::dsum), else after. dx is the
+// gradient of both x and the residual.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_norm_bwd_cuda(
+    const at::Tensor& dy, const c10::optional<at::Tensor>& dsum, const at::Tensor& s_, at::IntArrayRef nshape,
+    const at::Tensor& mean, const at::Tensor& rstd, const c10::optional<at::Tensor>& weight, bool rms,
+    std::array<bool, 3> mask, int64_t version) {
+  const char* op = "add_norm";
+  const LnShape s = check_backward(dy, s_, nshape, rms ? nullptr : &mean, rstd, weight, version, op);
+  TORCH_CHECK(!rms || !mask[2], "add_norm: kind 'rms' has no bias, so no dbias");
+  const bool has_ds = dsum.has_value() && dsum->defined();
+  if (has_ds) ln_check_same(s_, *dsum, "add_norm backward", "the sum's gradient", "the sum");
+  const at::cuda::CUDAGuard guard(s_.device());
+  BwdCall c = prepare_backward(s, dy, s_, nshape, rms ? rstd : mean, rstd, weight, mask, version, rms,
+                               has_ds ? &*dsum : nullptr);
+  if (c.plan.workspace_floats > 0) {
+    c.ws = at::empty({c.plan.workspace_floats}, c.x.options().dtype(at::kFloat));
+    c.a.workspace = c.ws.data_ptr<float>();
+  }
+  KC_TORCH_CHECK_CUDA(ln_backward(c.a, c.plan, at::cuda::getCurrentCUDAStream()));
+  // One column (LayerNorm): the norm's dx is exactly 0, as in layer_norm_bwd_cuda.
+  if (!rms && s.cols == 1 && mask[0]) {
+    if (has_ds) c.dx.copy_(c.dsum);
+    else c.dx.zero_();
+  }
+  return {c.dx, c.dw, c.db};
+}
+
 // The private _backward_plan (binding.cpp): the plan of this call, as (name, value) pairs.
 std::vector<std::pair<std::string, int64_t>> backward_plan_query(
     const at::Tensor& dy, const at::Tensor& x, at::IntArrayRef nshape, const at::Tensor& mean, const at::Tensor& rstd,
-    const c10::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version) {
-  const LnShape s = check_backward(dy, x, nshape, &mean, rstd, weight, version);
+    const c10::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version,
+    const c10::optional<at::Tensor>& dsum, bool rms) {
+  const LnShape s = check_backward(dy, x, nshape, rms ? nullptr : &mean, rstd, weight, version);
   const at::cuda::CUDAGuard guard(x.device());
-  const LnBwdPlan p = prepare_backward(s, dy, x, nshape, mean, rstd, weight, mask, version).plan;
+  const bool has_ds = dsum.has_value() && dsum->defined();
+  const LnBwdPlan p =
+      prepare_backward(s, dy, x, nshape, mean, rstd, weight, mask, version, rms, has_ds ? &*dsum : nullptr).plan;
   const LnDevice d = ln_device();
   return {{"version", p.version},     {"family", p.family},
           {"partials", p.partials},   {"vec", p.vec},
@@ -190,8 +256,8 @@ std::vector<std::pair<std::string, int64_t>> backward_plan_query(
           {"slots", p.slots},         {"threads", p.threads},
           {"grid", p.grid},           {"smem", int64_t(p.smem)},
           {"partial_rows", p.partial_rows}, {"workspace_floats", p.workspace_floats},
-          {"finalize", p.finalize},   {"sms", d.sms},
-          {"cc", d.cc}};
+          {"finalize", p.finalize},   {"dsum", p.dsum},
+          {"sms", d.sms},             {"cc", d.cc}};
 }
 
 const bool registered = (ln_backward_plan_query() = &backward_plan_query, true);
@@ -204,4 +270,6 @@ TORCH_LIBRARY_IMPL(day26, CUDA, m) {
   m.impl("layer_norm_bwd", &day26::layer_norm_bwd_cuda);
   m.impl("rms_norm_fwd", &day26::rms_norm_fwd_cuda);
   m.impl("rms_norm_bwd", &day26::rms_norm_bwd_cuda);
+  m.impl("add_norm_fwd", &day26::add_norm_fwd_cuda);
+  m.impl("add_norm_bwd", &day26::add_norm_bwd_cuda);
 }

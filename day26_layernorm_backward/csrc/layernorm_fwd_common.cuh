@@ -173,6 +173,27 @@ __device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __
   }
 }
 
+// add_norm, fused (kAdd kernels): v (this thread's share of a row of x, in fp32)
+// += the residual's share r; each sum is rounded to T, stored to the sum row
+// `sr`, and v keeps the rounded value, so the norm sees exactly the stored sum
+// (y is then bitwise the unfused norm of x + residual).
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void add_residual(float (&v)[ITERS][VEC], const RowRegs<T, VEC, ITERS>& r,
+                                             T* __restrict__ sr, const RowCols<VEC, ITERS>& rc) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    if (rc.has(it)) {
+      float rf[VEC];
+      kc::vec_to_float(r.v[it], rf);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) rf[j] += v[it][j];
+      const kc::Vec<T, VEC> s = kc::vec_from_float<T>(rf);
+      kc::store_vec<VEC>(sr + rc.col(it), s);
+      kc::vec_to_float(s, v[it]);
+    }
+  }
+}
+
 template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
 __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
                                         const TW* __restrict__ b, bool w_f32, T* __restrict__ yr, float* mean_out,
@@ -228,6 +249,11 @@ struct FwdPlan {
   V4Plan p4;          // 4, 6: slots, threads, grid (6: grid = clusters * cluster)
   int cluster = 1;    // 6
   bool l2pf = false;  // 4, 6: the row after next prefetched into L2
+  // add_norm (a.residual set): add, the kernel reads x and the residual and writes
+  // the sum (fwd_fuses_add); else add_first, ln_add writes the sum and the plan
+  // above is the plain norm's of the sum.
+  bool add = false;
+  bool add_first = false;
 };
 
 // The weight type (TW or void: FwdTW) of a forward kernel pointer K.
@@ -237,6 +263,16 @@ template <typename T, typename TW, typename... Rest>
 struct FwdKernelTW<void (*)(const T*, const TW*, const TW*, Rest...)> {
   using type = TW;
 };
+
+// add_norm: the families whose kernels take the residual (kAdd instantiations),
+// the plan's own choices at the shapes models use: 2 for fp32 and 4 for 16-bit
+// rows, in 16-byte vectors. Elsewhere (other families, versions forced, no
+// vectors) the plan runs ln_add first (FwdPlan::add_first).
+template <typename T>
+constexpr bool fwd_fuses_add(int family, int vec) {
+  return vec == kc::max_vec_elems<T>() &&
+         ((family == kRegisters && sizeof(T) == 4) || (family == kRowSlots && sizeof(T) == 2));
+}
 
 // Per family (each in its file): fwd_plan_v4 writes the launch shape of 4 (split
 // = false) or 6 (split = true) into p (p.vec already set) and returns false when

@@ -4,6 +4,7 @@
 // launcher: layernorm_fwd_v1.cu .. layernorm_fwd_v4.cu (4 and 6).
 #include "layernorm_fwd_common.cuh"
 
+#include "kc/check.cuh"
 #include "kc/vec.cuh"
 
 namespace day26 {
@@ -54,14 +55,27 @@ bool fwd_plan_family(const LnForwardArgs& a, int f, const LnDevice& dev, FwdPlan
   return false;  // 5: no forward ring (layernorm_versions.h)
 }
 
+// add_norm's arguments once ln_add has written the sum: the plain norm of it.
+LnForwardArgs sum_args(const LnForwardArgs& a) {
+  LnForwardArgs b = a;
+  b.x = a.sum;
+  b.residual = nullptr;
+  b.sum = nullptr;
+  return b;
+}
 
+// add_norm (a.residual): the family the table picks takes the residual where
+// fwd_fuses_add allows (add); if the family that can run does not, the plan is
+// the plain norm's of the sum, after ln_add (add_first).
 template <typename T, typename TW>
 FwdPlan fwd_plan(const LnForwardArgs& a, int version, const LnDevice& dev) {
   constexpr int V = kc::max_vec_elems<T>();
   FwdPlan base;
   const bool vec_ok = kc::can_vectorize<T, V>(a.x, a.cols) && kc::can_vectorize<T, V>(a.y, a.cols) &&
                       (!a.weight || kc::is_aligned(a.weight, sizeof(TW) * V)) &&
-                      (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V));
+                      (!a.bias || kc::is_aligned(a.bias, sizeof(TW) * V)) &&
+                      (!a.residual ||
+                       (kc::can_vectorize<T, V>(a.residual, a.cols) && kc::can_vectorize<T, V>(a.sum, a.cols)));
   base.vec = vec_ok ? V : 1;
   int chain[8], n = 0;
   if (version >= kSeed && version <= kMaxVersion) {
@@ -74,7 +88,16 @@ FwdPlan fwd_plan(const LnForwardArgs& a, int version, const LnDevice& dev) {
   for (int i = 0; i < n; ++i) {
     FwdPlan p = base;
     p.family = chain[i];
-    if (fwd_plan_family<T, TW>(a, p.family, dev, p)) return p;
+    p.add = a.residual && fwd_fuses_add<T>(p.family, p.vec);
+    if (fwd_plan_family<T, TW>(a, p.family, dev, p)) {
+      if (a.residual && !p.add) break;
+      return p;
+    }
+  }
+  if (a.residual) {
+    FwdPlan p = fwd_plan<T, TW>(sum_args(a), version, dev);
+    p.add_first = true;
+    return p;
   }
   return base;  // version 1
 }
@@ -97,7 +120,10 @@ cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream)
   return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
     using T = decltype(t);
     using TW = decltype(tw);
-    return fwd_launch(a, fwd_plan<T, TW>(a, version, dev), stream);
+    const FwdPlan p = fwd_plan<T, TW>(a, version, dev);
+    if (!p.add_first) return fwd_launch(a, p, stream);
+    KC_CUDA_TRY(ln_add(a.x, a.residual, a.sum, a.rows * a.cols, a.dt, stream));
+    return fwd_launch(sum_args(a), p, stream);
   });
 }
 

@@ -30,15 +30,20 @@ namespace {
 // kL2pf (with kPrefetch; sm_90+, 16-byte vectors): thread 0 of the slot also
 // asks the copy engine to prefetch the row after next (this CTA's Dc columns)
 // into L2, so the register prefetch of the next row finds it there.
+// kAdd (add_norm, not split): the residual's row is loaded beside x's (and
+// prefetched with it; kL2pf: into L2 too), and x + residual is written to `sum`
+// and normalised (add_residual). Without kAdd, res and sum are unused.
 // Assumptions (launcher): blockDim.x = slots * tpr, tpr a multiple of 32,
 // ITERS * VEC * tpr >= Dc; kCluster: VEC = 16 bytes of T, D = cluster size *
-// Dc, every pointer and Dc allow VEC.
-template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf>
+// Dc, every pointer and Dc allow VEC; kAdd: res and sum aligned as x.
+template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf, bool kAdd = false>
 __global__ void __launch_bounds__(kV4SmallThreads)
 ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-          int64_t rows, int64_t D, int64_t Dc, float eps, int tpr, bool w_f32) {
+          int64_t rows, int64_t D, int64_t Dc, float eps, int tpr, bool w_f32, const T* __restrict__ res,
+          T* __restrict__ sum) {
   constexpr bool kPrefetch = sizeof(T) == 2 || kCluster;
+  static_assert(!(kAdd && kCluster), "kAdd: rows not split");
   __shared__ float red[kV4MaxSlots][2 * 32];
   __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX][kRingMaxCluster];
   __shared__ uint64_t xbar[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX];
@@ -115,19 +120,48 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     // run 36, ncu and the SASS's wait masks.)
     float v[ITERS][VEC];
     RowRegs<T, VEC, ITERS> nxt;
-    if (row < rows) {
-      load_row(nxt, x + row * D, rc);
-      row_to_float(nxt, v, rc);
-    }
-    for (; row < rows; row += stride) {
-      const bool more = row + stride < rows;
-      if constexpr (kL2pf) {  // the row after next into L2 (a hint: nothing waits for it)
-        const int64_t r2 = row + 2 * stride;
-        if (t == 0 && r2 < rows) kc::bulk_prefetch_l2(x + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+    if constexpr (kAdd) {
+      RowRegs<T, VEC, ITERS> nres;
+      if (row < rows) {
+        load_row(nxt, x + row * D, rc);
+        load_row(nres, res + row * D, rc);
+        row_to_float(nxt, v, rc);
+        add_residual(v, nres, sum + row * D, rc);
       }
-      if (more) load_row(nxt, x + (row + stride) * D, rc);
-      one_row(v, row);
-      if (more) row_to_float(nxt, v, rc);
+      for (; row < rows; row += stride) {
+        const bool more = row + stride < rows;
+        if constexpr (kL2pf) {
+          const int64_t r2 = row + 2 * stride;
+          if (t == 0 && r2 < rows) {
+            kc::bulk_prefetch_l2(x + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+            kc::bulk_prefetch_l2(res + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+          }
+        }
+        if (more) {
+          load_row(nxt, x + (row + stride) * D, rc);
+          load_row(nres, res + (row + stride) * D, rc);
+        }
+        one_row(v, row);
+        if (more) {
+          row_to_float(nxt, v, rc);
+          add_residual(v, nres, sum + (row + stride) * D, rc);
+        }
+      }
+    } else {
+      if (row < rows) {
+        load_row(nxt, x + row * D, rc);
+        row_to_float(nxt, v, rc);
+      }
+      for (; row < rows; row += stride) {
+        const bool more = row + stride < rows;
+        if constexpr (kL2pf) {  // the row after next into L2 (a hint: nothing waits for it)
+          const int64_t r2 = row + 2 * stride;
+          if (t == 0 && r2 < rows) kc::bulk_prefetch_l2(x + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+        }
+        if (more) load_row(nxt, x + (row + stride) * D, rc);
+        one_row(v, row);
+        if (more) row_to_float(nxt, v, rc);
+      }
     }
   } else {
     for (; row < rows; row += stride) {
@@ -135,6 +169,11 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
       load_row(cur, x + row * D, rc);
       float v[ITERS][VEC];
       row_to_float(cur, v, rc);
+      if constexpr (kAdd) {
+        RowRegs<T, VEC, ITERS> rr;
+        load_row(rr, res + row * D, rc);
+        add_residual(v, rr, sum + row * D, rc);
+      }
       one_row(v, row);
     }
   }
@@ -143,7 +182,8 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 
 template <typename T, typename TW>
 using FwdV4Kernel =
-    void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, int64_t, float, int, bool);
+    void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, int64_t, float, int, bool,
+             const T*, T*);
 
 // f(kernel): the v4 instantiation of a plan (nullptr: none compiled), its weight
 // type FwdTW's (void for 16-bit split rows). kL2pf only where a thread holds 4
@@ -151,10 +191,25 @@ using FwdV4Kernel =
 // Split rows (kCluster) only at the ITERS of shares over kClusterMinShare columns
 // (kClusterIters: the plan's own splits), and at 4 vectors a thread only with the
 // L2 prefetch (on wherever a cluster can run: sm_90); the knobs that would reach
-// others are refused (layernorm_knobs.h).
+// others are refused (layernorm_knobs.h). add: the kAdd instantiations, compiled
+// where fwd_fuses_add allows (16-bit rows in 16-byte vectors, not split).
 template <typename T, typename TW, typename F>
-auto with_fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf, F&& f) {
+auto with_fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf, bool add, F&& f) {
   constexpr int V = kc::max_vec_elems<T>();
+  if (add) {
+    using K = FwdV4Kernel<T, TW>;
+    if constexpr (!fwd_fuses_add<T>(kRowSlots, V)) {
+      return f(K(nullptr));
+    } else {
+      if (vec != V || cluster) return f(K(nullptr));
+      return f(with_iters<4>(iters, K(nullptr), [&](auto it) {
+        constexpr int I = decltype(it)::value;
+        if constexpr (I == 4)
+          if (l2pf) return K(ln_fwd_v4<T, TW, V, I, false, true, true>);
+        return K(ln_fwd_v4<T, TW, V, I, false, false, true>);
+      }));
+    }
+  }
   if (vec != V)  // without 16-byte vectors: the one scalar instantiation (v4_config), not split
     return f(iters == kV4ScalarIters && !cluster ? FwdV4Kernel<T, TW>(ln_fwd_v4<T, TW, 1, kV4ScalarIters, false, false>)
                                                  : FwdV4Kernel<T, TW>(nullptr));
@@ -194,7 +249,7 @@ bool fwd_plan_v4(const LnForwardArgs& a, bool split, const LnDevice& dev, FwdPla
     p.c4 = v4_config(a.cols / p.cluster, p.vec);
     if (!p.c4.ok) return false;
     p.l2pf = dev.sm90() && v4_l2_prefetch() && vec_ok && p.c4.iters == 4 && (split || sizeof(T) == 2);
-    return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, [&](auto kernel) {
+    return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, p.add, [&](auto kernel) {
       if (!kernel) return false;
       p.p4 = v4_plan(kernel, p.c4.tpr, kV4SmallThreads, a.rows, 0, 0);
       if (split) {
@@ -215,7 +270,7 @@ cudaError_t fwd_launch_v4(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t
     T* y = static_cast<T*>(a.y);
     const bool w_f32 = a.wdt == kc::DType::F32;  // read by the kernels with TW = void only
     const bool split = p.family == kClusterSplit;
-    return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, [&](auto kernel) {
+    return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, p.add, [&](auto kernel) {
       using KW = typename FwdKernelTW<decltype(kernel)>::type;
       if (!kernel) return cudaErrorInvalidConfiguration;
       if (p.p4.grid <= 0) return cudaSuccess;
@@ -224,9 +279,11 @@ cudaError_t fwd_launch_v4(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t
       if (split)
         return kc::launch_cluster(kernel, dim3(unsigned(p.p4.grid)), dim3(unsigned(p.p4.threads)), 0, stream,
                                   unsigned(p.cluster), x, w, b, y, a.mean, a.rstd, a.rows, a.cols,
-                                  a.cols / p.cluster, a.eps, p.c4.tpr, w_f32);
+                                  a.cols / p.cluster, a.eps, p.c4.tpr, w_f32, static_cast<const T*>(nullptr),
+                                  static_cast<T*>(nullptr));
       kernel<<<unsigned(p.p4.grid), p.p4.threads, 0, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols,
-                                                               a.eps, p.c4.tpr, w_f32);
+                                                               a.eps, p.c4.tpr, w_f32, static_cast<const T*>(a.residual),
+                                                               static_cast<T*>(a.sum));
       KC_CUDA_LAUNCH_TRY();
       return cudaSuccess;
     });

@@ -88,15 +88,17 @@ def knobs(**values: int):
 
 
 def backward_plan(dy, x, normalized_shape, mean, rstd, weight=None,
-                  output_mask: Sequence[bool] = (True, True, True), version: int = DEFAULT_VERSION) -> dict:
+                  output_mask: Sequence[bool] = (True, True, True), version: int = DEFAULT_VERSION,
+                  dsum=None, rms: bool = False) -> dict:
     """Private, for tests and tools/ (CUDA builds, CUDA tensors): the plan that
     layer_norm_backward would launch for these arguments (csrc/layernorm.h's
     LnBwdPlan: family, vec, iters, tpr, warp, prefetch, stages, cluster, slots,
-    threads, grid, smem, partial_rows, workspace_floats, finalize; and the device's
-    sms and cc), as a dict of ints. `family` is the kernel family that runs (1-6,
-    after the fallbacks of csrc/layernorm_versions.h)."""
+    threads, grid, smem, partial_rows, workspace_floats, finalize, dsum; and the
+    device's sms and cc), as a dict of ints. `family` is the kernel family that
+    runs (1-6, after the fallbacks of csrc/layernorm_versions.h). dsum: add_norm's
+    sum gradient (plan dsum 1: added by the main kernel, 2: after it); rms: RMSNorm."""
     return dict(_C._backward_plan(dy, x, _as_shape(normalized_shape), mean, rstd, weight,
-                                  [bool(m) for m in output_mask], int(version)))
+                                  [bool(m) for m in output_mask], int(version), dsum, bool(rms)))
 
 
 def _as_shape(normalized_shape) -> list[int]:
@@ -192,23 +194,88 @@ def rms_norm(x, normalized_shape, weight=None, eps: float | None = None, version
     return _rms_fwd(x, _as_shape(normalized_shape), weight, rms_eps(x, eps), int(version))[0]
 
 
-def add_norm(x, residual, weight=None, bias=None, eps: float | None = 1e-5, kind: str = "layer",
-             version: int = DEFAULT_VERSION):
-    """(norm(x + residual), x + residual), kind "layer" (LayerNorm, with bias) or
-    "rms" (RMSNorm, bias must be None), differentiable through both outputs.
+# ---------------------------------------------------------------- add_norm
+# torch.ops.day26.add_norm_fwd / add_norm_bwd: the residual add fused into the
+# norm (csrc/layernorm.h: LnForwardArgs::residual, LnBackwardArgs::dsum).
 
-    The sum is computed once and both outputs come from it; the add is not yet
-    fused into the norm kernel's load (one extra read of the sum)."""
+def _add_norm_stats_fake(x, normalized_shape, rms):
+    lead = x.shape[: x.dim() - len(normalized_shape)]
+    mean = x.new_empty((0,), dtype=_stat_dtype(x)) if rms else x.new_empty(lead, dtype=_stat_dtype(x))
+    return mean, x.new_empty(lead, dtype=_stat_dtype(x))
+
+
+@torch.library.register_fake("day26::add_norm_fwd")
+def _add_norm_fwd_fake(x, residual, normalized_shape, weight, bias, eps, rms, version=DEFAULT_VERSION):
+    _check_devices("add_norm", x, residual=residual, weight=weight, bias=bias)
+    torch._check(residual.shape == x.shape, lambda: f"add_norm: residual of shape {tuple(residual.shape)} and "
+                                                    f"input of shape {tuple(x.shape)} must have one shape")
+    torch._check(residual.dtype == x.dtype, lambda: f"add_norm: residual ({residual.dtype}) and input ({x.dtype}) "
+                                                    f"must have one dtype")
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    s = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return (y, s, *_add_norm_stats_fake(x, normalized_shape, rms))
+
+
+@torch.library.register_fake("day26::add_norm_bwd")
+def _add_norm_bwd_fake(dy, dsum, s, normalized_shape, mean, rstd, weight, rms, output_mask,
+                       version=DEFAULT_VERSION):
+    _check_devices("add_norm backward", s, grad_out=dy, dsum=dsum, mean=mean, rstd=rstd, weight=weight)
+    wdt = weight.dtype if weight is not None else s.dtype
+    dx = torch.empty_like(s, memory_format=torch.contiguous_format) if output_mask[0] else s.new_empty((0,))
+    dw = s.new_empty(normalized_shape, dtype=wdt) if output_mask[1] and weight is not None else s.new_empty((0,))
+    db = s.new_empty(normalized_shape, dtype=wdt) if output_mask[2] else s.new_empty((0,))
+    return dx, dw, db
+
+
+# torch.ops.day26.add_norm_fwd through the extension's C++ entry for plain tensors (as _fwd).
+_add_norm_fwd = fastpath.entry(_ops.add_norm_fwd.default, _C.add_norm_fwd, 5)
+
+
+def add_norm_forward(x, residual, normalized_shape, weight=None, bias=None, eps: float | None = 1e-5,
+                     kind: str = "layer", version: int = DEFAULT_VERSION):
+    """(y, sum, mean, rstd): the add_norm forward op (mean an empty [0] tensor for kind "rms")."""
+    rms = _kind_is_rms(kind, bias)
+    return _add_norm_fwd(x, residual, _as_shape(normalized_shape), weight, bias, _add_norm_eps(x, eps, rms), rms,
+                         int(version))
+
+
+def add_norm_backward(dy, dsum, s, normalized_shape, mean, rstd, weight=None, kind: str = "layer",
+                      output_mask: Sequence[bool] = (True, True, True), version: int = DEFAULT_VERSION):
+    """(dx, dweight, dbias): the add_norm backward op. dx = the norm's dx + dsum (dsum
+    may be None), the gradient of x and of the residual alike; entries not requested
+    come back as empty [0] tensors."""
+    return _ops.add_norm_bwd(dy, dsum, s, _as_shape(normalized_shape), mean, rstd, weight, kind == "rms",
+                             [bool(m) for m in output_mask], int(version))
+
+
+def _kind_is_rms(kind: str, bias) -> bool:
     if kind not in ("layer", "rms"):
         raise ValueError(f"add_norm: kind must be 'layer' or 'rms', got {kind!r}")
-    if x.shape != residual.shape:
-        raise ValueError(f"add_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} must have one shape")
-    if x.dtype != residual.dtype:
-        raise ValueError(f"add_norm: x ({x.dtype}) and residual ({residual.dtype}) must have one dtype")
+    if kind == "rms" and bias is not None:
+        raise ValueError("add_norm: kind='rms' takes no bias")
+    return kind == "rms"
+
+
+def _add_norm_eps(x, eps, rms: bool) -> float:
+    if rms:
+        return rms_eps(x, eps)
+    return 1e-5 if eps is None else float(eps)
+
+
+def add_norm(x, residual, weight=None, bias=None, eps: float | None = 1e-5, kind: str = "layer",
+             version: int = DEFAULT_VERSION):
+    """(norm(x + residual), x + residual) in one pass: kind "layer" (LayerNorm, with
+    bias) or "rms" (RMSNorm, bias must be None), normalised over weight's shape (or
+    bias's; else the last dim), differentiable through both outputs.
+
+    The CUDA kernels read x and residual once and write the sum and y (4 passes
+    where the add, then the norm, take 5); the backward writes dx = the norm's dx
+    + the sum's gradient once (4 passes where the unfused take 6) and returns it
+    for both x and residual. Where the plan's kernel family has no fused form
+    (versions forced, rows over 8192 fp32 columns, misaligned tensors, CPU) the
+    add runs apart, with the same results. eps=None: 1e-5 for "layer", F.rms_norm's
+    rule for "rms". Dtypes and versions as layer_norm's."""
+    rms = _kind_is_rms(kind, bias)
     nshape = list(weight.shape) if weight is not None else ([x.shape[-1]] if bias is None else list(bias.shape))
-    s = x + residual
-    if kind == "rms":
-        if bias is not None:
-            raise ValueError("add_norm: kind='rms' takes no bias")
-        return rms_norm(s, nshape, weight, eps, version), s
-    return layer_norm(s, nshape, weight, bias, 1e-5 if eps is None else eps, version), s
+    y, s, _, _ = _add_norm_fwd(x, residual, nshape, weight, bias, _add_norm_eps(x, eps, rms), rms, int(version))
+    return y, s
