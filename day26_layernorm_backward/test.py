@@ -1195,7 +1195,8 @@ def run_add_norm_and_check(x, r, w, b, dy, ds, shape, kind, eps=1e-5, version=0)
     if dy is not None:
         g = dy.double() * (1.0 if w is None else w.double())
         xhat = (sd - mean_d) * rstd_d
-        terms = rstd_d * (g.abs() + g.mean(dims, keepdim=True).abs() + xhat.abs() * (g * xhat).mean(dims, keepdim=True).abs())
+        terms = rstd_d * (g.abs() + g.mean(dims, keepdim=True).abs()
+                          + xhat.abs() * (g * xhat).mean(dims, keepdim=True).abs())
     if ds is not None:
         terms = terms + ds.double().abs()
     check(xa.grad, dx_r, dx_t, "add_norm dx", natural=terms.max().item(), natural_norm=terms.norm().item())
@@ -1329,7 +1330,8 @@ def test_add_norm_opcheck_and_compile(device):
     torch.library.opcheck(torch.ops.day26.add_norm_fwd, (x, r, [96], w, None, 1e-6, True, 0))
     y, s, mean, rstd = add_norm_forward(x, r, 96, w, b)
     torch.library.opcheck(torch.ops.day26.add_norm_bwd, (dy, ds, s, [96], mean, rstd, w, False, [True, True, True], 0))
-    torch.library.opcheck(torch.ops.day26.add_norm_bwd, (dy, None, s, [96], mean, rstd, w, False, [True, False, True], 2))
+    torch.library.opcheck(torch.ops.day26.add_norm_bwd,
+                          (dy, None, s, [96], mean, rstd, w, False, [True, False, True], 2))
     _, s, mean, rstd = add_norm_forward(x, r, 96, w, kind="rms")
     torch.library.opcheck(torch.ops.day26.add_norm_bwd, (dy, ds, s, [96], mean, rstd, w, True, [True, True, False], 0))
     torch._dynamo.reset()

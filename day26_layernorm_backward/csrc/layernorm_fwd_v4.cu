@@ -281,9 +281,9 @@ cudaError_t fwd_launch_v4(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t
                                   unsigned(p.cluster), x, w, b, y, a.mean, a.rstd, a.rows, a.cols,
                                   a.cols / p.cluster, a.eps, p.c4.tpr, w_f32, static_cast<const T*>(nullptr),
                                   static_cast<T*>(nullptr));
-      kernel<<<unsigned(p.p4.grid), p.p4.threads, 0, stream>>>(x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols,
-                                                               a.eps, p.c4.tpr, w_f32, static_cast<const T*>(a.residual),
-                                                               static_cast<T*>(a.sum));
+      kernel<<<unsigned(p.p4.grid), p.p4.threads, 0, stream>>>(
+          x, w, b, y, a.mean, a.rstd, a.rows, a.cols, a.cols, a.eps, p.c4.tpr, w_f32,
+          static_cast<const T*>(a.residual), static_cast<T*>(a.sum));
       KC_CUDA_LAUNCH_TRY();
       return cudaSuccess;
     });

@@ -1,9 +1,10 @@
 """Registered ops of day26 and their Python entry points.
 
 torch.ops.day26.layer_norm_fwd / layer_norm_bwd, rms_norm_fwd / rms_norm_bwd and
-add_norm_fwd / add_norm_bwd are implemented in C++ (CPU) and CUDA, with the forwards' autograd in C++ too; this module adds their fake
-(meta) implementations, so torch.compile and opcheck can trace them, and the
-Python entry points.
+add_norm_fwd / add_norm_bwd are implemented in C++ (CPU) and CUDA, with the
+forwards' autograd in C++ too; this module adds their fake (meta)
+implementations, so torch.compile and opcheck can trace them, and the Python
+entry points.
 """
 from __future__ import annotations
 
