@@ -235,7 +235,11 @@ def llm_rows(args):
     try:  # torch's own varlen attention (torch.nn.attention.varlen, where this torch has it)
         from torch.nn.attention.varlen import varlen_attn
         kr, vr = (t.detach().repeat_interleave(hq // hkv, 1).requires_grad_() for t in (k, v))
-        res = fwd_bwd(lambda: varlen_attn(q, kr, vr, cu, cu, mx, mx, is_causal=True), (q, kr, vr), do)
+        import inspect
+        # causal is `is_causal=True` in torch 2.10 and `window_size=(-1, 0)` from 2.11 on
+        causal_kw = ({"is_causal": True} if "is_causal" in inspect.signature(varlen_attn).parameters
+                     else {"window_size": (-1, 0)})
+        res = fwd_bwd(lambda: varlen_attn(q, kr, vr, cu, cu, mx, mx, **causal_kw), (q, kr, vr), do)
     except Exception as e:  # noqa: BLE001 (absent in this torch, or a signature or shape it refuses)
         print(f"   torch varlen_attn: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
         res = (None, None)
