@@ -56,7 +56,7 @@ inline void nhwc_tiles(int64_t c, int vec, int* tc, int* col_tiles) {
   *tc = int(ceil_div(cv, *col_tiles));
 }
 // Units of 16 bytes (or one element) a thread of the parameter-widening blocks copies
-// (se_kernels.cuh, ParamCast): as few blocks as give every thread one batch.
+// (se_kernels.cuh and se_reduce.cu, ParamCast): as few blocks as give every thread one batch.
 constexpr int kCastUnroll = 2;
 // The weight gradients' tiles: kWgTile x kWgTile outputs a block, kWgTile samples a step.
 constexpr int kWgTile = 32;

@@ -77,7 +77,8 @@ struct SeParamGrads {
 // fewer). Written where plan.keep_state, read where plan.use_state (both: the spread
 // MLP); elsewhere the forward leaves `state` untouched and the backward ignores it.
 //
-// se_forward / se_backward run plan.path Block or Spread (se_fused.cu); ws holds
+// se_forward / se_backward run plan.path Block or Spread (se_fused.cu, the spread
+// products in se_spread.cu); ws holds
 // plan.workspace floats.
 cudaError_t se_forward(const void* x, kc::DType dt, Dims d, int64_t S, Act act, Gate gate, const SeParams& w,
                        void* out, float* ws, float* state, const SePlan& plan, cudaStream_t stream);

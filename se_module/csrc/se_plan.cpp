@@ -97,7 +97,7 @@ constexpr int64_t kWgradBesideMaxN = kWgTile;
 // The versions: kernel families, each kept because it teaches a step (README, "Versions").
 // Version N lets the plan use the families up to N; 0 (auto, the default) all of them.
 //   1  the fused block: reduce -> one MLP block per sample -> scale (se_fused.cu)
-//   2  + the spread MLP where the weights are large (se_fused.cu), with the saved state
+//   2  + the spread MLP where the weights are large (se_spread.cu), with the saved state
 //   3  + one thread-block cluster per sample where it pays (se_cluster.cu)
 // The launch features every family takes are not versions: the elementwise pass walks
 // memory backwards and stores evict-first, and the kernels launch under PDL on sm_90+.

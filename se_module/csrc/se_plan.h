@@ -1,7 +1,7 @@
 // se_plan.h: the plan of one fused SE call, computed once per call (se_plan.cpp).
 //
 // glue (se_cuda.cpp) -> plan_forward / plan_backward -> allocate plan.workspace ->
-// launchers (se_fused.cu, se_cluster.cu) that read the plan and decide nothing.
+// launchers (se_fused.cu, se_spread.cu, se_cluster.cu) that read the plan and decide nothing.
 // Which path runs (cluster / one block per sample / spread MLP), the reduction's
 // splits, the parameter staging and widening, the saved state, where the weight
 // gradients run and the workspace all come from here; every threshold behind those
@@ -48,7 +48,7 @@ struct ClusterPlan {
 
 // How the 16-bit parameters reach the spread products and the MLP kernel when they do
 // not read them in their own dtype: fp32 copies (widen) and transposed fp32 copies of
-// w1 / w2, written by extra blocks of the reduction kernel (se_kernels.cuh, ParamCast),
+// w1 / w2, written by extra blocks of the reduction kernel (se_reduce.cu, ParamCast),
 // at the start of the workspace in that order.
 struct CastPlan {
   bool widen = false;         // fp32 copies of w1, b1, w2, b2

@@ -24,7 +24,7 @@
 //   pool v1  pool_naive_kernel: the seed's algorithm, one thread per (n, c)
 //            looping over L. In NCHW consecutive threads read addresses L
 //            elements apart: every load is its own 32-byte sector.
-//   pool v2  reduce_rows_kernel / reduce_cols_kernel (se_kernels.cuh): coalesced
+//   pool v2  reduce_rows_kernel / reduce_cols_kernel (se_reduce.cu): coalesced
 //            16-byte loads, HW split across blocks when N * C is small, plus
 //            finalize_kernel to add the splits.
 // Block shape: kThreads = 256 everywhere; shared memory only in the reductions.
