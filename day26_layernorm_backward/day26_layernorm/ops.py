@@ -273,7 +273,8 @@ def add_norm(x, residual, weight=None, bias=None, eps: float | None = 1e-5, kind
     where the add, then the norm, take 5); the backward writes dx = the norm's dx
     + the sum's gradient once (4 passes where the unfused take 6) and returns it
     for both x and residual. Where the plan's kernel family has no fused form
-    (versions forced, rows over 8192 fp32 columns, misaligned tensors, CPU) the
+    (other families a forced version picks, fp32 forward rows over 8192 columns,
+    misaligned tensors, CPU) the
     add runs apart, with the same results. eps=None: 1e-5 for "layer", F.rms_norm's
     rule for "rms". Dtypes and versions as layer_norm's."""
     rms = _kind_is_rms(kind, bias)
