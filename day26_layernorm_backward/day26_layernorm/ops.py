@@ -274,9 +274,9 @@ def add_norm(x, residual, weight=None, bias=None, eps: float | None = 1e-5, kind
     + the sum's gradient once (4 passes where the unfused take 6) and returns it
     for both x and residual. Where the plan's kernel family has no fused form
     (other families a forced version picks, fp32 forward rows over 8192 columns,
-    misaligned tensors, CPU) the
-    add runs apart, with the same results. eps=None: 1e-5 for "layer", F.rms_norm's
-    rule for "rms". Dtypes and versions as layer_norm's."""
+    misaligned tensors, CPU) the add runs apart, with the same results.
+    eps=None: 1e-5 for "layer", F.rms_norm's rule for "rms". Dtypes and versions
+    as layer_norm's."""
     rms = _kind_is_rms(kind, bias)
     nshape = list(weight.shape) if weight is not None else ([x.shape[-1]] if bias is None else list(bias.shape))
     y, s, _, _ = _add_norm_fwd(x, residual, nshape, weight, bias, _add_norm_eps(x, eps, rms), rms, int(version))
