@@ -1293,7 +1293,7 @@ def test_add_norm_strided_misaligned_and_fp32_weights(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_add_norm_bad_input(device):
-    from day26_layernorm import add_norm
+    from day26_layernorm import add_norm, add_norm_forward
 
     x, r, w, b, dy, ds = make_add_norm(12, 200, torch.float32, device, "layer")
     with pytest.raises(ValueError, match="kind"):
@@ -1303,7 +1303,7 @@ def test_add_norm_bad_input(device):
     with pytest.raises(RuntimeError, match="add_norm: residual of shape .* must have one shape"):
         add_norm(x, r[:, :100], w)
     with pytest.raises(RuntimeError, match="add_norm: residual .* must have one dtype"):
-        add_norm(x, r.double(), w)
+        add_norm_forward(x, r.double(), 200, w)
     with pytest.raises(RuntimeError, match="add_norm: normalized_shape \\[100\\] does not match"):
         add_norm(x, r, w[:100])
     with pytest.raises(RuntimeError, match="add_norm: bias of shape"):
@@ -1319,6 +1319,27 @@ def test_add_norm_bad_input(device):
         with pytest.raises(RuntimeError, match="is on (meta|cpu|cuda)"):
             add_norm(x, args["residual"], args["weight"], args["bias"])
     run_add_norm_and_check(x, r, w, b, dy, ds, (200,), "layer")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_add_norm_mixed_dtypes_promote(device, kind):
+    """A 16-bit x and an fp32 residual (a bf16 sublayer output and the fp32 residual
+    stream under autocast) run in fp32, as x + residual does: the same outputs as the
+    fp32 call, and x's gradient comes back in x's dtype."""
+    from day26_layernorm import add_norm
+
+    x, r, w, b, dy, ds = make_add_norm(24, 256, torch.float32, device, kind)
+    xh = x.detach().to(torch.bfloat16).requires_grad_()
+    r = r.detach().requires_grad_()
+    y, s = add_norm(xh, r, w, b, kind=kind)
+    y32, s32 = add_norm(xh.detach().float(), r.detach(), w.detach(), None if b is None else b.detach(), kind=kind)
+    assert y.dtype == s.dtype == torch.float32
+    torch.testing.assert_close(y, y32, rtol=0, atol=0)
+    torch.testing.assert_close(s, s32, rtol=0, atol=0)
+    (y * dy + s * ds).sum().backward()
+    assert xh.grad.dtype == torch.bfloat16 and r.grad.dtype == torch.float32
+    torch.testing.assert_close(xh.grad, r.grad.to(torch.bfloat16), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

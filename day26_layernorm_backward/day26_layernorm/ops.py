@@ -274,10 +274,16 @@ def add_norm(x, residual, weight=None, bias=None, eps: float | None = 1e-5, kind
     + the sum's gradient once (4 passes where the unfused take 6) and returns it
     for both x and residual. Where the plan's kernel family has no fused form
     (other families a forced version picks, fp32 forward rows over 8192 columns,
-    misaligned tensors, CPU) the add runs apart, with the same results.
+    misaligned tensors, CPU) the add runs apart, with the same results. x and
+    residual of different float dtypes run in the promoted one, as `x + residual` does.
     eps=None: 1e-5 for "layer", F.rms_norm's rule for "rms". Dtypes and versions
     as layer_norm's."""
     rms = _kind_is_rms(kind, bias)
+    if x.dtype != residual.dtype and x.is_floating_point() and residual.is_floating_point():
+        # As `x + residual` promotes: under autocast a 16-bit sublayer output meets an fp32
+        # residual stream; both run in the promoted dtype (the cast is one pass over x).
+        dt = torch.promote_types(x.dtype, residual.dtype)
+        x, residual = x.to(dt), residual.to(dt)
     nshape = list(weight.shape) if weight is not None else ([x.shape[-1]] if bias is None else list(bias.shape))
     y, s, _, _ = _add_norm_fwd(x, residual, nshape, weight, bias, _add_norm_eps(x, eps, rms), rms, int(version))
     return y, s
