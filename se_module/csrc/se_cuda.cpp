@@ -180,6 +180,7 @@ struct FusedArgs {
   int64_t S;
   at::Tensor w1, b1, w2, b2;  // contiguous, in wdt
   kc::DType wdt;              // the parameters' dtype, or fp32 where they were given in mixed dtypes
+  se::DeviceInfo dev;         // the current device's
   se::SeParams params() const {
     return {w1.const_data_ptr(), b1.const_data_ptr(), w2.const_data_ptr(), b2.const_data_ptr(), wdt};
   }
@@ -198,7 +199,8 @@ FusedArgs fused_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
   (void)kc::to_kc_dtype(b1, "b1");
   (void)kc::to_kc_dtype(w2, "w2");
   (void)kc::to_kc_dtype(b2, "b2");
-  const se::DeviceInfo& info = device_info();
+  f.dev = device_info();
+  const se::DeviceInfo& info = f.dev;
   const size_t smem = se::fused_mlp_smem_bytes(x.size(1), f.S, backward);
   TORCH_CHECK(smem <= size_t(info.smem_optin), "C + S = ", kc::fmt(x.size(1) + f.S),
               " is too large for the fused kernel's shared memory (", kc::fmt(int64_t(smem)), " bytes needed, ",
@@ -225,7 +227,7 @@ se::PlanInputs plan_inputs(const Prepared& p, const FusedArgs& f, int64_t versio
   in.dt = f.dt;
   in.wdt = f.wdt;
   in.version = version;
-  in.dev = device_info();
+  in.dev = f.dev;
   in.x = p.x.const_data_ptr();
   in.g = g;
   in.out = out;
