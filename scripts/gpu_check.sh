@@ -5,19 +5,19 @@
 #
 #   bash scripts/gpu_check.sh STEP [STEP...]
 #     se-test     se_module's test.py (4 xdist workers)
-#     se-effnet   se_module bench.py --only effnet (the default version, v4 and eager side by side)
+#     se-effnet   se_module bench.py --only effnet (the default version, version 2 and eager side by side)
 #     se-models   se_module bench.py --models --model-rounds 3 (EfficientNet-B0/B4 steps)
-#     se-probe5   se_module tools/probe_v5.py (v4 against v5 over batch sizes: the v5 plan's data)
-#     se-probe4   se_module tools/probe_v4.py (v3 / v4 / eager at every EfficientNet SE shape, kernels profiled)
-#     se-ncu      se_module tools/kernel_times.py under ncu: per-kernel GPU time of versions 4 and 5 at
+#     se-probe5   se_module tools/probe_cluster.py (version 2 against 3 over batch sizes: the cluster plan's data)
+#     se-probe4   se_module tools/probe_spread.py (version 1 / 2 / eager at every EfficientNet SE shape, kernels profiled)
+#     se-ncu      se_module tools/kernel_times.py under ncu: per-kernel GPU time of versions 2 and 3 at
 #                 SE_NCU ("N C H W S", default the B4 batch-1 row; SE_NCU_FWD=1: forward only) in fp32 /
-#                 bf16, NCHW / channels_last, then ncu's sections for the v5 kernel in bf16 channels_last
+#                 bf16, NCHW / channels_last, then ncu's sections for the cluster kernel (version 3) in bf16 channels_last
 #     se-kt       per-kernel GPU time (ncu, caches NOT flushed between kernels, so L2 residency counts)
 #                 of one bf16 channels_last forward + backward at each shape of SE_KT ("N C H W S;..."),
-#                 versions SE_KT_V (default "4 5"); every kernel of the step, torch's included
+#                 versions SE_KT_V (default "2 3"); every kernel of the step, torch's included
 #     se-tl       se_module tools/timeline.py, bf16 channels_last fwd+bwd, kernel by kernel, at SE_TL
 #                 ("N C H W S;...", default the four spread L2-resident rows), versions SE_TL_V (default
-#                 "6 7"), SE_TL_ROUNDS rounds (default 2); SE_TL_FP32P=1: also with fp32 parameters
+#                 "2 0"), SE_TL_ROUNDS rounds (default 2); SE_TL_FP32P=1: also with fp32 parameters
 #     fin         day26 tools/probe_fin.py at 8192x768 (issue 16: the finalize after the main kernel;
 #                 FIN_KNOBS: its --knobs passes, e.g. plan,grid=132,plan)
 #     ln-test     day26 test.py (4 xdist workers; LN_K: a -k expression)
@@ -55,9 +55,9 @@ for step in "$@"; do
                say "se-effnet rc=$?"; grep -A6 "issue 20 bars" "$OUT/effnet.log" | tee -a "$LOG" ;;
     se-models) (cd se_module && timeout 300 python3 bench.py --models --model-rounds 3 --out "$OUT/se_models" >"$OUT/se_models.log" 2>&1)
                say "se-models rc=$?"; tail -12 "$OUT/se_models.log" | tee -a "$LOG" ;;
-    se-probe5) (cd se_module && timeout 200 python3 tools/probe_v5.py --out "$OUT/probe5.json" >"$OUT/probe5.log" 2>&1)
+    se-probe5) (cd se_module && timeout 200 python3 tools/probe_cluster.py --out "$OUT/probe5.json" >"$OUT/probe5.log" 2>&1)
                say "se-probe5 rc=$?" ;;
-    se-probe4) (cd se_module && timeout 200 python3 tools/probe_v4.py --out "$OUT/probe4.json" >"$OUT/probe4.log" 2>&1)
+    se-probe4) (cd se_module && timeout 200 python3 tools/probe_spread.py --out "$OUT/probe4.json" >"$OUT/probe4.log" 2>&1)
                say "se-probe4 rc=$?"; grep "^model=" "$OUT/probe4.log" | sed 's/model=//' | tee -a "$LOG" ;;
     se-ncu) SHP=${SE_NCU:-1 2688 12 12 112}; FW=${SE_NCU_FWD:+--forward}
             KS='regex:se_cluster|gemv|reduce_|mlp_|channel_ew|wgrad'
@@ -65,14 +65,14 @@ for step in "$@"; do
              for cfg in "bf16 --cl" "fp32" "bf16" "fp32 --cl"; do
                echo "== $SHP --dtype $cfg $FW"
                timeout 100 ncu --metrics gpu__time_duration.sum --cache-control all -k "$KS" \
-                 python3 tools/kernel_times.py $SHP --dtype $cfg --versions 4 5 $FW 2>&1 |
+                 python3 tools/kernel_times.py $SHP --dtype $cfg --versions 2 3 $FW 2>&1 |
                  grep -E "\)x\(|version|duration|==ERR" | sed -E 's/\(unnamed>::ClusterArgs\)|, Context.*//; s/^ +//'
              done
-             echo "== sections, v5, bf16 channels_last"
-             timeout 150 ncu --set full --import-source no --cache-control all -k regex:se_cluster -c 1 -o /tmp/se_v5 \
-               python3 tools/kernel_times.py $SHP --dtype bf16 --cl --versions 5 $FW >/dev/null 2>&1
-             ncu -i /tmp/se_v5.ncu-rep --page details --section SpeedOfLight --section WarpStateStats --section LaunchStats
-             ncu -i /tmp/se_v5.ncu-rep --page source --csv --print-source sass | gzip >"$OUT/se_v5_sass.csv.gz"
+             echo "== sections, version 3, bf16 channels_last"
+             timeout 150 ncu --set full --import-source no --cache-control all -k regex:se_cluster -c 1 -o /tmp/se_v3 \
+               python3 tools/kernel_times.py $SHP --dtype bf16 --cl --versions 3 $FW >/dev/null 2>&1
+             ncu -i /tmp/se_v3.ncu-rep --page details --section SpeedOfLight --section WarpStateStats --section LaunchStats
+             ncu -i /tmp/se_v3.ncu-rep --page source --csv --print-source sass | gzip >"$OUT/se_v3_sass.csv.gz"
             ) >"$OUT/se_ncu.log" 2>&1
             say "se-ncu rc=$?"; grep -E "^==|version|duration|\)x\(" "$OUT/se_ncu.log" | head -60 | tee -a "$LOG" ;;
     fin) (cd day26_layernorm_backward && timeout 120 python3 tools/probe_fin.py --cases 8192x768:bfloat16,8192x768:float32 --knobs "${FIN_KNOBS:-plan}" >"$OUT/fin.log" 2>&1)
@@ -90,7 +90,7 @@ for step in "$@"; do
             for shp in "${KTS[@]}"; do
               echo "== $shp"
               timeout 120 ncu --metrics gpu__time_duration.sum --cache-control none \
-                python3 tools/kernel_times.py $shp --dtype bf16 --cl --versions ${SE_KT_V:-4 5} 2>&1 |
+                python3 tools/kernel_times.py $shp --dtype bf16 --cl --versions ${SE_KT_V:-2 3} 2>&1 |
                 grep -E "\)x\(|version|duration|==ERR" |
                 sed -E 's/, Context.*//; s/^ +//; s/gpu__time_duration.sum +//'
             done) >"$OUT/se_kt.log" 2>&1
@@ -99,9 +99,9 @@ for step in "$@"; do
            (cd se_module
             for r in $(seq "${SE_TL_ROUNDS:-2}"); do
               echo "== round $r"
-              timeout 150 python3 tools/timeline.py --versions ${SE_TL_V:-6 7} --shapes "$TL"
+              timeout 150 python3 tools/timeline.py --versions ${SE_TL_V:-2 0} --shapes "$TL"
               if [[ -n ${SE_TL_FP32P:-} ]]; then
-                timeout 150 python3 tools/timeline.py --versions ${SE_TL_V:-6 7} --shapes "$TL" --fp32-params
+                timeout 150 python3 tools/timeline.py --versions ${SE_TL_V:-2 0} --shapes "$TL" --fp32-params
               fi
             done) >"$OUT/se_tl.log" 2>&1
            say "se-tl rc=$?"; grep -E "^== " "$OUT/se_tl.log" | sed -E 's/^== //; s/, last kernel ends.*//' | tee -a "$LOG" ;;
