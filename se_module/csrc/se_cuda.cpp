@@ -290,10 +290,12 @@ at::Tensor as_weight(const at::Tensor& d, const at::Tensor& w) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> se_block_backward_cuda(
     const at::Tensor& grad_, const at::Tensor& x_, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
     const at::Tensor& b2, int64_t act, int64_t version, int64_t gate, const std::optional<at::Tensor>& state) {
+  // x's device is current before fused_args reads the device's attributes for the plan
+  // (a CPU x gets fused_args' own error rather than the guard's).
+  const c10::cuda::OptionalCUDAGuard guard(x_.is_cuda() ? std::optional<c10::Device>(x_.device()) : std::nullopt);
   const FusedArgs f = fused_args(x_, w1, b1, w2, b2, act, version, gate, true);  // checks x (before grad against it)
   se_glue::check_like_x(grad_, "grad", x_);
   if (state.has_value()) se_glue::check_state(*state, x_, f.S);
-  const c10::cuda::CUDAGuard guard(x_.device());
   const Prepared p = prepare(x_);
   const int64_t S = f.S;
   // Weight gradients in the dtype the kernels write (the parameters' own, unless
