@@ -921,11 +921,16 @@ def test_cuda_gqa_fused_plans(case, causal):
 
 # ----------------------------------------------------------------------------- CUDA only
 @requires_cuda
-def test_cuda_auto_picks_fused_for_lowp_and_naive_for_fp32():
+def test_cuda_auto_picks_fused_for_lowp_simt_for_fp32_naive_for_fp64():
+    """The auto rule on CUDA: tensor-core kernels for 16-bit inputs, the SIMT (O(N) memory)
+    kernels for float32, the N x N reference only for float64 (test_simt.py checks the
+    kernels that run by name)."""
     q, k, v, _ = inputs((1, 2, 50, 60, 64), torch.bfloat16, "cuda")
     assert torch.equal(da.attention(q, k, v, backend="auto"), da.attention(q, k, v, backend="fused"))
     qf, kf, vf = q.float(), k.float(), v.float()
-    assert torch.equal(da.attention(qf, kf, vf, backend="auto"), da.attention(qf, kf, vf, backend="naive"))
+    assert torch.equal(da.attention(qf, kf, vf, backend="auto"), da.attention(qf, kf, vf, backend="simt"))
+    qd, kd, vd = q.double(), k.double(), v.double()
+    assert torch.equal(da.attention(qd, kd, vd, backend="auto"), da.attention(qd, kd, vd, backend="naive"))
 
 
 @requires_cuda
