@@ -338,6 +338,26 @@ def test_fused_backward_versions_gqa(causal, shape, version):
     assert torch.equal(dk, dk2) and torch.equal(dv, dv2)
 
 
+@requires_cuda
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("out_layout", ["plain", "column_stride_2", "misaligned"])
+def test_fused_backward_preprocess_out_layouts(out_layout, d):
+    """The preprocess (D = rowsum(dO * O)) reads O with 16-byte vectors where O has the fused
+    layout, else one element at a time at any strides: both give the reference gradients, at
+    d = 96 too (rows that are not a multiple of the vector lanes' 64 elements)."""
+    q, k, v, do = gqa_inputs((2, 4, 2, 77, 130, d), torch.bfloat16, "cuda", seed=21)
+    ref = reference(q, k, v, do, True)
+    theirs = torch_same_precision(q, k, v, do, True)
+    out, lse = da.attention_forward(q, k, v, True, None, "fused")
+    o = out
+    if out_layout == "column_stride_2":
+        o = testing.strided_view(out)
+    elif out_layout == "misaligned":
+        o = testing.offset_view(out)
+    dq, dk, dv = da.attention_backward(do, q, k, v, o, lse, None, True, None, "fused")
+    check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs, f"bwd {out_layout}:")
+
+
 @pytest.mark.skipif(not HOPPER, reason="version 2 needs a compute capability 9.0 GPU (H100, H200)")
 def test_fused_backward_version_2_limits():
     """Version 2 pinned where it does not apply (d = 96) is a clear error; auto runs version 1 there."""

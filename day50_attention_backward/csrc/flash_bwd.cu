@@ -1,8 +1,13 @@
 // flash_bwd.cu: the fused backward's small kernels and its launcher.
 //
-//   1. bwd_preprocess_kernel: D = rowsum(dO * O) - grad_lse (fp32), and dq_accum = 0.
-//      One warp per query row; any strides for O and dO. Packed sequences: the grid covers
-//      max_seqlen_q rows of each sequence, and a warp past its sequence's end leaves.
+//   1. bwd_preprocess_vec_kernel / bwd_preprocess_kernel: D = rowsum(dO * O) - grad_lse
+//      (fp32), and dq_accum = 0. The vector form where O has the fused layout (it does unless
+//      the caller passed a strided out): eight lanes per query row, 16-byte loads of O and dO,
+//      16-byte zero stores. Else one warp per row, scalar accesses at any strides of O. The
+//      kernel only moves bytes (4 d of O and dO, 4 d of zeros a row): a warp per row with
+//      two-byte loads, 64 of them for a 64-wide row, keeps far fewer bytes in flight than the
+//      copy bandwidth needs. Packed sequences: the grid covers max_seqlen_q rows of each
+//      sequence, and rows past a sequence's end are skipped.
 //   2. the main kernel: dK, dV, and dQ accumulated by fp32 atomics. Version 2
 //      (hopper_bwd.cu) where it applies, else flash_bwd_dkdv_kernel (flash_bwd.cuh).
 //   3. dq_convert_kernel: dQ = scale * dq_accum, stored as T in q's layout.
@@ -31,6 +36,7 @@
 #include "kc/check.cuh"
 #include "kc/convert.cuh"
 #include "kc/reduce.cuh"
+#include "kc/vec.cuh"
 
 namespace day50 {
 namespace flash {
@@ -69,6 +75,49 @@ __global__ void __launch_bounds__(kPreWarps * 32) bwd_preprocess_kernel(const Fu
   if (lane == 0) p.dsum[r] = acc - (p.grad_lse != nullptr ? p.grad_lse[r] : 0.f);
   float* dqa = p.dq_accum + r * p.d;
   for (int64_t c = lane; c < p.d; c += 32) dqa[c] = 0.f;
+}
+
+// The vector form: kPreLanes lanes per row, each taking 8-element chunks c = 8 * sub,
+// c + 64, ... (d % 8 == 0; d = 96 leaves half the lanes one chunk short). Assumptions:
+// fused_layout_ok for O and dO (unit column stride, row / head / batch strides multiples of
+// 8, 16-byte aligned bases), dq_accum 16-byte aligned (torch's allocation; d % 8 == 0 keeps
+// every row start aligned). O is not read again in the backward: streamed past the caches;
+// dO is, by the main kernel, so it keeps the default policy.
+constexpr int kPreLanes = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kPreWarps * 32) bwd_preprocess_vec_kernel(const FusedParams p) {
+  const int sub = threadIdx.x % kPreLanes;
+  const int64_t row = (int64_t(blockIdx.x) * kPreWarps * 32 + threadIdx.x) / kPreLanes;
+  // No early return: every lane reaches the full-warp shuffles below; a row past the end (of
+  // the grid or of its sequence) adds nothing and stores nothing.
+  float acc = 0.f;
+  int64_t r = -1;  // the row's index in dsum, lse; -1: no row
+  if (row < p.B * p.H * p.Nq) {
+    const int64_t bh = row / p.Nq, i = row % p.Nq, b = bh / p.H, h = bh % p.H;
+    const SeqSpan sp = seq_span(p, b);
+    if (i < sp.nq) {
+      const int64_t q = sp.q0 + i;
+      r = b * p.row_sb + h * p.row_sh + q;
+      const T* o = static_cast<const T*>(p.out.ptr) + b * p.out.sb + h * p.out.sh + q * p.out.sr;
+      const T* go = static_cast<const T*>(p.dout.ptr) + b * p.dout.sb + h * p.dout.sh + q * p.dout.sr;
+      float* dqa = p.dq_accum + r * p.d;
+      const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int64_t c = sub * 8; c < p.d; c += kPreLanes * 8) {
+        const kc::Vec<T, 8> a = kc::load_vec_stream<8>(o + c);
+        const kc::Vec<T, 8> g = kc::load_vec<8>(go + c);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc += kc::to_float(a.v[e]) * kc::to_float(g.v[e]);
+        reinterpret_cast<float4*>(dqa + c)[0] = zero;
+        reinterpret_cast<float4*>(dqa + c)[1] = zero;
+      }
+    }
+  }
+  // A row's lanes are an aligned run of kPreLanes in the warp: xor offsets below kPreLanes stay
+  // inside it.
+#pragma unroll
+  for (int off = kPreLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (sub == 0 && r >= 0) p.dsum[r] = acc - (p.grad_lse != nullptr ? p.grad_lse[r] : 0.f);
 }
 
 // dq (p.dq with p's dq strides) = scale * dq_accum (rows numbered as lse's). i runs over
@@ -124,9 +173,16 @@ template <typename T>
 cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
   const int64_t rows = p.B * p.H * p.Nq;
   if (rows > 0) {
-    const int64_t blocks = (rows + kPreWarps - 1) / kPreWarps;
-    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    bwd_preprocess_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
+    if (fused_layout_ok(p.out) && fused_layout_ok(p.dout) && kc::is_aligned(p.dq_accum, 16)) {
+      const int64_t rows_per_block = kPreWarps * 32 / kPreLanes;
+      const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+      if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+      bwd_preprocess_vec_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
+    } else {
+      const int64_t blocks = (rows + kPreWarps - 1) / kPreWarps;
+      if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+      bwd_preprocess_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
+    }
     KC_CUDA_LAUNCH_TRY();
   }
   // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention), else version 1
