@@ -6,12 +6,16 @@ arch_macros), and prints the seconds per file, the number of kernels in its cubi
 `.nv.info.<kernel>` sections, read with readelf from nvcc's --keep output) and the total.
 Nothing is cached: every file is compiled each run.
 
-    python tools/build_time.py [--arch 90a] [--files layernorm_fwd_v4.cu ...] [--repeat N] [--root DIR]
+    python tools/build_time.py [--arch 90a] [--files layernorm_fwd_v4.cu ...] [--repeat N] [--root DIR] [--jobs N]
+
+--jobs N: also compile the whole list N at a time (as the build does with MAX_JOBS=N) and
+print that wall time after the serial table.
 
 --root: another copy of this day's folder (e.g. `git archive main day26_layernorm_backward`
 unpacked somewhere), to time its sources with the same command.
 """
 import argparse
+import concurrent.futures
 import re
 import shutil
 import subprocess
@@ -50,6 +54,7 @@ def main() -> int:
     p.add_argument("--arch", default="90a", help="one arch, as in sm_XX (default 90a)")
     p.add_argument("--files", nargs="*", help="csrc/ file names (default: every .cu)")
     p.add_argument("--repeat", type=int, default=1, help="runs of the whole list (default 1)")
+    p.add_argument("--jobs", type=int, default=0, help="also time the list compiled N at a time")
     p.add_argument("--root", type=Path, default=None, help="the day's folder to time (default: this one)")
     a = p.parse_args()
     global ROOT
@@ -74,7 +79,28 @@ def main() -> int:
             kernels += k
             print(f"  {cu.name:28s} {dt:6.1f} s  {k:4d} kernels", flush=True)
         print(f"  {'total':28s} {total:6.1f} s  {kernels:4d} kernels", flush=True)
+        if a.jobs > 1 and not parallel_wall(files, a.arch, a.jobs):
+            return 1
     return 0
+
+
+def parallel_wall(files: list[Path], arch: str, jobs: int) -> bool:
+    """Compile every file, `jobs` at a time, and print the wall time of the whole list."""
+    def one(cu: Path) -> subprocess.CompletedProcess:
+        with tempfile.TemporaryDirectory() as tmp:
+            return subprocess.run(command(cu, arch, Path(tmp)), capture_output=True, text=True)
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        results = list(pool.map(one, files))
+    dt = time.perf_counter() - t0
+    for cu, r in zip(files, results):
+        if r.returncode != 0:
+            print(r.stdout + r.stderr)
+            print(f"{cu.name}: FAILED")
+            return False
+    print(f"  {f'wall, {jobs} at a time':28s} {dt:6.1f} s", flush=True)
+    return True
 
 
 if __name__ == "__main__":
