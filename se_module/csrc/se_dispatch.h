@@ -1,5 +1,5 @@
 // se_dispatch.h: torch.ops.se_module.se_block called through the C++ dispatcher,
-// shared by the autograd kernel (se_autograd.cpp, under a guard that skips the
+// shared by the autograd kernel (binding.cpp, under a guard that skips the
 // Autograd key) and the extension's host fast path (binding.cpp, from the top:
 // the same autograd, autocast fallthrough and device kernels as torch.ops).
 #pragma once

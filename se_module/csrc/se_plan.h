@@ -25,7 +25,7 @@ namespace se {
 // kernel); se_plan.cpp says what each lets the plan use.
 bool valid_fused_version(int64_t version);
 // Whether a forward at this version may keep the values its backward reads (the
-// saved state): the autograd then calls se_block_train (se_autograd.cpp).
+// saved state): the autograd then calls se_block_train (binding.cpp).
 bool may_keep_state(int64_t version);
 
 // Launch features every launcher of the chain takes.

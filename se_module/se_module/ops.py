@@ -5,7 +5,7 @@ loads the extension ``se_module_C``, which registers ``torch.ops.se_module.*``.
 
 Autograd: the stage ops through torch.library.register_autograd (below); the
 fused ``se_block`` through a C++ torch::autograd::Function at the Autograd key
-(csrc/se_autograd.cpp), because the Python path's host overhead was larger
+(csrc/binding.cpp), because the Python path's host overhead was larger
 than the block's GPU time at the seed's shapes (README, version log).
 
 Layout rule (shared with csrc/se_checks.h): an output shaped like ``x`` is
@@ -280,4 +280,4 @@ def _excitation_backward(ctx, grad):
 torch.library.register_autograd("se_module::excitation", _excitation_backward, setup_context=_excitation_setup)
 
 
-# se_block: autograd registered in C++ (csrc/se_autograd.cpp), see the module docstring.
+# se_block: autograd registered in C++ (csrc/binding.cpp), see the module docstring.
