@@ -1,4 +1,4 @@
-// The C++ entry of torch.ops.day26.layer_norm_fwd (layernorm_autograd.cpp): the op
+// The C++ entry of torch.ops.day26.layer_norm_fwd (binding.cpp): the op
 // called through the dispatcher from the top (autograd, autocast, device kernel),
 // what the pybind11 module exposes as the host fast path.
 #pragma once

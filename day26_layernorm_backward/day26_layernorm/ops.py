@@ -66,7 +66,7 @@ def _bwd_fake(dy, x, normalized_shape, mean, rstd, weight, output_mask, version=
 
 
 # Autograd: a C++ torch::autograd::Function at the Autograd key
-# (csrc/layernorm_autograd.cpp); a second derivative raises "not implemented".
+# (csrc/binding.cpp); a second derivative raises "not implemented".
 
 @contextlib.contextmanager
 def knobs(**values: int):
