@@ -280,9 +280,9 @@ def test_simt_lowp_warns_once():
             "    warnings.simplefilter('always')\n"
             "    da.attention(q, q, q); da.attention(q, q, q)\n"
             "print('|'.join(str(x.message) for x in w))\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
-                                                       os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    # run from the day's folder: `python -c` puts the working directory first on sys.path
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
     assert res.returncode == 0, res.stderr[-2000:]
     # a Python warning where the op is reached through the dispatcher, c10's stderr line through
     # the extension's C++ entry: either way once, naming the shape and the dtype
