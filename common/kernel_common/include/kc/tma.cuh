@@ -15,6 +15,14 @@
 //         box-bytes on `bar`. Elements outside the tensor are written as zeros, and
 //         still count towards the bytes: a box always delivers its full size.
 //         kc::tma_prefetch_map(&map) warms the map's cache line (optional).
+//         kc::tma_reduce_add_4d(&map, src, c0, c1, c2, c3) adds the box at `src` (shared,
+//         laid out as a load would write it) into global memory element-wise (fp32: the
+//         L2 does the adds); elements outside the tensor are left alone. It joins the
+//         thread's bulk group: kc::bulk_commit() closes the group, then
+//         kc::bulk_wait_read<n>() returns when all but the newest n groups have read
+//         their shared memory (the buffer may be rewritten), kc::bulk_wait<n>() when
+//         their writes are done. Threads that wrote `src` with ordinary stores call
+//         kc::fence_async_shared() before the issuing thread learns of it.
 // With CU_TENSOR_MAP_SWIZZLE_128B and a 128-byte box row, row r of the box lands at
 // dst + 128 r with its 16-byte chunk c stored at chunk c ^ (r % 8): the layout
 // wgmma's 128-byte-swizzle descriptors read (kc/wgmma.cuh).
@@ -71,6 +79,46 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
       : "memory");
 #else
   __trap();
+#endif
+}
+
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2,
+                                                  int c3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void bulk_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int kInFlight>
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kInFlight) : "memory");
+#endif
+}
+
+template <int kInFlight>
+__device__ __forceinline__ void bulk_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kInFlight) : "memory");
+#endif
+}
+
+// Orders this thread's earlier shared-memory stores before later copy-engine reads.
+__device__ __forceinline__ void fence_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
 
