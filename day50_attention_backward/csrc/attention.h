@@ -87,7 +87,7 @@ struct FusedParams {
   int bwd_version = 0;  // fused backward's main kernel: 0 auto (2 where it applies, else 1), 1 mma.sync
                         // (flash_bwd.cuh), 2 Hopper TMA + wgmma (hopper_bwd.cu: multi-head, d 64 / 128)
   bool deterministic = false;  // backward: dq's adds in a fixed order (version 2 only; dq_sem below)
-  int* dq_sem = nullptr;       // deterministic: B * H * hopper_bwd_query_tiles(Nq) * 2 ints, zeroed
+  int* dq_sem = nullptr;       // deterministic: B * H * hopper_bwd_query_tiles(Nq) ints, zeroed
   // Masking, every fused kernel, forward and backward. Query i of a sequence of nq queries sees
   // key j of its nk keys when lo(i) <= j <= hi(i), around the diagonal i + off, where
   // off = bottom_right ? nk - nq : 0:

@@ -321,10 +321,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     p.dq_accum = dq_accum.data_ptr<float>();
     p.bwd_version = day50::fused_bwd_version();  // 0 (auto) unless a benchmark or test pinned one
     check_version1(p, p.bwd_version, "backward");
-    Tensor dq_sem;  // deterministic: one counter per (q head, query tile, half of dq's columns)
+    Tensor dq_sem;  // deterministic: one counter per (q head, query tile)
     if (deterministic) {
       p.deterministic = true;
-      dq_sem = at::zeros({B * H * day50::hopper_bwd_query_tiles(Nq) * 2}, q.options().dtype(at::kInt));
+      dq_sem = at::zeros({B * H * day50::hopper_bwd_query_tiles(Nq)}, q.options().dtype(at::kInt));
       p.dq_sem = dq_sem.data_ptr<int>();
     }
     // Grouped-query attention: how the group's dk, dv are summed (flash_bwd.cu); an

@@ -19,14 +19,19 @@
 //       dK  += dS^T Q       (A = dS^T from registers, B = Q MN-major)
 //       dQ   = dS K         (M = queries: A = dS read back from shared memory, where the
 //                            warpgroups stored dS^T, so A is MN-major; B = K MN-major)
-//     and dQ is added to the fp32 dq_accum with float2 atomics. The two consumer
-//     warpgroups split dQ's columns (d / 2 each, over all 128 keys: both halves of dS^T
-//     are needed, one named barrier), so every dQ element is added once per key block.
-//     (Splitting the keys instead, each warpgroup's dQ over its own 64 keys, needs no
-//     barrier but doubles the atomics; at d = 64 that ran at 0.88-0.97x SDPA flash
-//     against this split's figures in the README: the atomics' L2 traffic was the limit.)
+//     The two consumer warpgroups split dQ's columns (d / 2 each, over all 128 keys:
+//     both halves of dS^T are needed, one named barrier), so every dQ element is added
+//     once per key block. dQ goes to a shared-memory tile (fp32, 128-byte swizzled:
+//     conflict-free stores) and the consumers move on.
+//   warp 2 of warpgroup 0, the dQ writer: one thread adds each finished dQ tile to the
+//     fp32 dq_accum with the copy engine's reduce-add (cp.reduce.async.bulk.tensor: the L2
+//     does the adds, whole 128-byte lines), two tiles in flight. It replaced float2
+//     atomics issued by the consumers themselves: those stalled them and their L2
+//     traffic (8 scattered 32-byte sectors an instruction) was the limit at d = 64.
+//     Deterministic: it also waits for the key blocks' turn (below), off the consumers' path.
 // Shared memory (d = 128): K, V 32 KB each, 2 stages of Q and dO (16 KB each), two dS^T
-//   buffers (16 KB each: one is written while the other may still be read) = 160 KB.
+//   buffers (16 KB each: one is written while the other may still be read), two dQ tiles
+//   (32 KB each) = 224 KB.
 // Tails: tensor maps zero-fill rows past Nq / Nk; queries past Nq get lse = +inf (P = 0),
 //   keys past Nk have K = V = 0 rows (no contribution to dQ) and are not stored.
 // Causal (top-left): a key block starts at the query tile holding its first key.
@@ -56,18 +61,18 @@ constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
 // block's allocation at launch (384 threads x 168). setmaxnreg only moves registers within
 // that allocation: asking for more (e.g. 32 + 240) waits forever.
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-constexpr int kDsBar = 1;  // named barrier 1: both consumers' dS^T is in shared memory; 2 + w: consumer w
+constexpr int kDsBar = 1;  // named barrier 1: both consumers' dS^T is in shared memory
 using hopper_common::kLog2e;
 
 struct Args {
   CUtensorMap q, k, v, dout;  // (d, N, heads, batch) maps
   const float* lse;           // (B, H, Nq), natural log
   const float* dsum;          // (B, H, Nq): rowsum(dO * O) - grad_lse
-  float* dq_accum;            // (B, H, Nq, d) fp32, zeroed by the pre-kernel
+  CUtensorMap dq_accum;       // (d, Nq, H, B) fp32, zeroed by the pre-kernel; boxes of 32 x kBlockM
   void* dk;                   // (B, Hk, Nk, d), contiguous (multi-head attention: written here)
   void* dv;
   float* dkv_partial;         // grouped-query attention: fp32 partials (flash_bwd.cu's layout), else null
-  int* dq_sem;                // deterministic: per (q head, query tile, column half) the key blocks added so far
+  int* dq_sem;                // deterministic: per (q head, query tile) the key blocks added so far
   int H, group, Nq, Nk;
   float scale, scale_log2;
 };
@@ -78,10 +83,13 @@ struct Layout {
   static constexpr int kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128;
   static constexpr int kKVBytes = kPanels * kKVPanel, kQBytes = kPanels * kQPanel;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T: 128 keys x 64 queries, one 128-byte panel
+  static constexpr int kDqBox = kBlockM * 128;              // dQ: 64 queries x 32 fp32 columns, swizzled
+  static constexpr int kDqBytes = (kD / 32) * kDqBox;
   static constexpr int kK = 0, kV = kKVBytes, kQ = 2 * kKVBytes, kDo = kQ + kStages * kQBytes,
-                       kDs = kDo + kStages * kQBytes, kRows = kDs + 2 * kDsBytes,  // per stage: lse2, D (64 floats each)
-                       kBars = kRows + kStages * 2 * kBlockM * 4;
-  static constexpr int kNumBars = 1 + 3 * kStages;  // kv_full, q_full[], do_full[], empty[]
+                       kDs = kDo + kStages * kQBytes, kDq = kDs + 2 * kDsBytes, kRows = kDq + 2 * kDqBytes,
+                       kBars = kRows + kStages * 2 * kBlockM * 4;  // rows: per stage lse2, D (64 floats each)
+  // kv_full, q_full[], do_full[], empty[], dq_full[2], dq_empty[2]
+  static constexpr int kNumBars = 1 + 3 * kStages + 4;
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;
 };
 
@@ -95,11 +103,13 @@ __device__ __forceinline__ void store_release(int* p, int v) {
 }
 
 // kDeterministic: the key blocks of one q head add their dQ tiles in key-block order.
-// Block n waits until the counter of (query tile, column half) reads n, adds, and sets
-// n + 1. Every block before n contributes to every query tile n does (causal: block n
-// starts at query tile 2n), so the count it waits for is n. The blocks it waits for come
-// earlier in launch order (key blocks are the fastest grid dimension), so they are
-// running or done: no deadlock. Same inputs, same order of fp32 adds: bitwise equal dq.
+// Block n's dQ writer waits until the counter of the query tile reads n, adds, waits for
+// its adds to land, and sets n + 1. Every block before n contributes to every query tile
+// n does (causal: block n starts at query tile 2n), so the count it waits for is n. The
+// blocks it waits for come earlier in launch order (key blocks are the fastest grid
+// dimension), so they are running or done: no deadlock. The consumers run on while the
+// writer waits (two dQ tiles in flight). Same inputs, same order of fp32 adds: bitwise
+// equal dq.
 template <typename T, int kD, bool kCausal, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -111,9 +121,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   uint64_t* q_full = bars + 1;
   uint64_t* do_full = bars + 1 + kStages;
   uint64_t* empty = bars + 1 + 2 * kStages;
+  uint64_t* dq_full = bars + 1 + 3 * kStages;   // both consumers' dQ of a tile is in shared memory
+  uint64_t* dq_empty = dq_full + 2;             // the writer has read it
 
-  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, hk = h / a.group;
-  const int k0 = blockIdx.x * kBlockN;
+  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, hk = h / a.group;
+  const int k0 = kb * kBlockN;
   const int j_first = kCausal ? k0 / kBlockM : 0;  // causal: the query tile holding key k0
   const int n_qt = (a.Nq + kBlockM - 1) / kBlockM;
   const int n_it = n_qt > j_first ? n_qt - j_first : 0;
@@ -129,6 +141,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       kc::mbar_init(&q_full[s], 1 + 32);  // the copy thread + the 32 lanes that stage lse and D
       kc::mbar_init(&do_full[s], 1);
       kc::mbar_init(&empty[s], kConsumers * 128);
+    }
+    for (int i = 0; i < 2; ++i) {
+      kc::mbar_init(&dq_full[i], kConsumers * 128);
+      kc::mbar_init(&dq_empty[i], 1);
     }
     kc::mbar_init_fence();
   }
@@ -154,6 +170,33 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         }
         kc::mbar_arrive(&q_full[s]);
       }
+    }
+    if (threadIdx.x == 64) {  // warp 2: the dQ writer
+      for (int it = 0; it < n_it; ++it) {
+        const int buf = it & 1;
+        kc::mbar_wait(&dq_full[buf], (it >> 1) & 1);
+        int* sem = nullptr;
+        if constexpr (kDeterministic) {
+          sem = a.dq_sem + int64_t(bh) * n_qt + tile(it);
+          while (load_acquire(sem) != kb) {
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kD / 32; ++j)
+          kc::tma_reduce_add_4d(&a.dq_accum, sm + L::kDq + buf * L::kDqBytes + j * L::kDqBox, 32 * j,
+                                tile(it) * kBlockM, h, b);
+        kc::bulk_commit();
+        if constexpr (kDeterministic) {  // the adds landed, then the next key block's turn
+          kc::bulk_wait<0>();
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          __threadfence();
+          store_release(sem, kb + 1);
+        } else {
+          kc::bulk_wait_read<0>();
+        }
+        kc::mbar_arrive(&dq_empty[buf]);
+      }
+      kc::bulk_wait<0>();
     }
     if (threadIdx.x == 0) {
       kc::mbar_arrive_expect_tx(kv_full, 2 * L::kKVBytes);
@@ -202,11 +245,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
 
-  kc::mbar_wait(kv_full, 0);
-  for (int it = 0; it < n_it; ++it) {
-    const int s = it % kStages, par = (it / kStages) & 1, q0 = tile(it) * kBlockM;
-    const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
-    float sacc[kBlockM / 2], dpacc[kBlockM / 2];
+  float sacc[kBlockM / 2], dpacc[kBlockM / 2];
+  // S^T and dP^T of step it: two wgmma groups
+  auto issue_sdp = [&](int it) {
+    const int s = it % kStages, par = (it / kStages) & 1;
     kc::mbar_wait(&q_full[s], par);
     kc::fence_operands(sacc);
     kc::wgmma_fence();
@@ -226,6 +268,13 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
                             d_do + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
     }
     kc::wgmma_commit();
+  };
+
+  kc::mbar_wait(kv_full, 0);
+  for (int it = 0; it < n_it; ++it) {
+    const int s = it % kStages, q0 = tile(it) * kBlockM;
+    const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
+    issue_sdp(it);
 
     // P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 above the causal diagonal
     kc::wgmma_wait<1>();
@@ -305,30 +354,26 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     kc::fence_operands(dv);
     kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
 
-    // dq_accum[q0 + row, col] += dq (rows = queries 16 warp + g (+ 8), d / 2 columns)
-    const int col0 = dq_col0;
-    int* sem = nullptr;
-    if constexpr (kDeterministic) {
-      sem = a.dq_sem + (int64_t(bh) * n_qt + tile(it)) * 2 + w;
-      if (tid == 0)
-        while (load_acquire(sem) != int(blockIdx.x)) {
-        }
-      kc::named_barrier_sync(kDsBar + 1 + w, 128);
-    }
+    // dQ to this iteration's shared tile (free once the writer has read what it held two
+    // tiles ago), then the writer's turn. Element (query, column) lies in box column / 32,
+    // row query, 16-byte chunk (column % 32) / 4 XOR query % 8: the 128-byte swizzle is
+    // address bits 4-6 XOR bits 7-9, and bits 7-9 are this thread's g (boxes 1024-aligned).
+    // The XOR is applied to each address here, not folded into per-store constants that
+    // the compiler would keep in registers across the loop (d = 128 spilled that way).
+    const int buf = it & 1;
+    if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
+    const uint32_t dq_row = kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox +
+                            (16 * warp + g) * 128 + 8 * t;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int q = q0 + 16 * warp + g + 8 * r;
-      if (q >= a.Nq) continue;
-      float* dst = a.dq_accum + (int64_t(bh) * a.Nq + q) * kD + col0 + 2 * t;
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int c = 0; c < kD / 16; ++c)
-        atomicAdd(reinterpret_cast<float2*>(dst + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
-    }
-    if constexpr (kDeterministic) {  // every thread's adds visible, then the next key block's turn
-      __threadfence();
-      kc::named_barrier_sync(kDsBar + 1 + w, 128);
-      if (tid == 0) store_release(sem, int(blockIdx.x) + 1);
-    }
+      for (int c = 0; c < kD / 16; ++c) {
+        const uint32_t at = (dq_row + (c / 4) * L::kDqBox + r * 8 * 128 + 32 * (c % 4)) ^ (g << 4);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[4 * c + 2 * r]),
+                     "f"(dq[4 * c + 2 * r + 1]));
+      }
+    kc::fence_async_shared();
+    kc::mbar_arrive(&dq_full[buf]);
   }
 
   // dK (times the softmax scale, which dS^T leaves out) and dV, rows < Nk. Grouped-query
@@ -372,7 +417,14 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
   a.lse = p.lse;
   a.dsum = p.dsum;
-  a.dq_accum = p.dq_accum;
+  {  // dq_accum: contiguous (B, H, Nq, d) fp32; boxes of 32 columns (128 bytes) x kBlockM queries
+    const uint64_t dims[4] = {uint64_t(kD), uint64_t(p.Nq), uint64_t(p.H), uint64_t(p.B)};
+    const uint64_t strides[3] = {uint64_t(kD) * 4, uint64_t(p.Nq) * kD * 4, uint64_t(p.H) * p.Nq * kD * 4};
+    const uint32_t box[4] = {32, uint32_t(kBlockM), 1, 1};
+    if (p.d != kD || kc::make_tensor_map(&a.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.dq_accum, dims, strides,
+                                         box, CU_TENSOR_MAP_SWIZZLE_128B) != cudaSuccess)
+      return cudaErrorNotSupported;
+  }
   a.dk = p.dk;
   a.dv = p.dv;
   a.dkv_partial = p.H != p.Hk ? p.dkv_partial : nullptr;
