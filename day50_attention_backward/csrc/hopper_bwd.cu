@@ -35,6 +35,8 @@
 // Tails: tensor maps zero-fill rows past Nq / Nk; queries past Nq get lse = +inf (P = 0),
 //   keys past Nk have K = V = 0 rows (no contribution to dQ) and are not stored.
 // Causal (top-left): a key block starts at the query tile holding its first key.
+// Grid: one dimension in hopper_common::Order: heads in chunks whose Q and dO fit in half
+// the L2, and inside a chunk key block 0 (causal: the longest) of every head first.
 // Grouped-query attention: one CTA per (key block, q head), as for multi-head attention,
 // reading its kv head's K, V; dK, dV leave as fp32 partials per q head that flash_bwd.cu's
 // reduce kernel sums over each group in a fixed order (fused_backward_plan: one head per CTA).
@@ -73,6 +75,7 @@ struct Args {
   void* dv;
   float* dkv_partial;         // grouped-query attention: fp32 partials (flash_bwd.cu's layout), else null
   int* dq_sem;                // deterministic: per (q head, query tile) the key blocks added so far
+  hopper_common::Order order;
   int H, group, Nq, Nk;
   float scale, scale_log2;
 };
@@ -106,10 +109,10 @@ __device__ __forceinline__ void store_release(int* p, int v) {
 // Block n's dQ writer waits until the counter of the query tile reads n, adds, waits for
 // its adds to land, and sets n + 1. Every block before n contributes to every query tile
 // n does (causal: block n starts at query tile 2n), so the count it waits for is n. The
-// blocks it waits for come earlier in launch order (key blocks are the fastest grid
-// dimension), so they are running or done: no deadlock. The consumers run on while the
-// writer waits (two dQ tiles in flight). Same inputs, same order of fp32 adds: bitwise
-// equal dq.
+// blocks it waits for come earlier in launch order (hopper_common::Order launches a
+// head's key block n - 1 before its block n), so they are running or done: no deadlock.
+// The consumers run on while the writer waits (two dQ tiles in flight). Same inputs,
+// same order of fp32 adds: bitwise equal dq.
 template <typename T, int kD, bool kCausal, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -124,7 +127,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   uint64_t* dq_full = bars + 1 + 3 * kStages;   // both consumers' dQ of a tile is in shared memory
   uint64_t* dq_empty = dq_full + 2;             // the writer has read it
 
-  const int kb = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H, hk = h / a.group;
+  int kb, bh;  // key block, (batch, q head): the launch order (hopper_common::Order)
+  hopper_common::order_of(blockIdx.x, a.order, kb, bh);
+  const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
   const int k0 = kb * kBlockN;
   const int j_first = kCausal ? k0 / kBlockM : 0;  // causal: the query tile holding key k0
   const int n_qt = (a.Nq + kBlockM - 1) / kBlockM;
@@ -381,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   // flash_bwd.cu's dkv_reduce_kernel sums over the group in a fixed order.
   const int64_t nkd = int64_t(a.Nk) * kD;
   const int64_t part = (int64_t(b) * (a.H / a.group) + hk) * a.group + h % a.group;  // (kv head, split)
-  const int64_t v_off = int64_t(gridDim.y) * nkd;  // dV's partials follow dK's: B * H * Nk * d floats
+  const int64_t v_off = int64_t(a.order.bh) * nkd;  // dV's partials follow dK's: B * H * Nk * d floats
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = k0 + key_local + 8 * r;
@@ -440,7 +445,8 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   auto kernel = hopper_bwd_kernel<T, kD, kCausal, kDet>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
   const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
-  kernel<<<dim3(unsigned(n_kt), unsigned(p.B * p.H)), kThreads, Layout<kD>::kBytes, stream>>>(a);
+  a.order = hopper_common::make_order(n_kt, p.B * p.H, 2 * p.Nq * kD * int64_t(sizeof(T)));  // Q, dO of a head
+  kernel<<<unsigned(n_kt * p.B * p.H), kThreads, Layout<kD>::kBytes, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -459,8 +465,8 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 }  // namespace hopper_bwd
 
 bool hopper_backward_applies(const FusedParams& p) {
-  return (p.d == 64 || p.d == 128) && p.B * p.H <= 65535 && p.Nk <= (int64_t(1) << 30) &&
-         p.Nq < (int64_t(1) << 31) && hopper_forward_applies(p);
+  return (p.d == 64 || p.d == 128) && (p.Nk + 127) / 128 * p.B * p.H <= INT32_MAX &&
+         p.Nk <= (int64_t(1) << 30) && p.Nq < (int64_t(1) << 31) && hopper_forward_applies(p);
 }
 
 int64_t hopper_bwd_query_tiles(int64_t Nq) { return (Nq + hopper_bwd::kBlockM - 1) / hopper_bwd::kBlockM; }

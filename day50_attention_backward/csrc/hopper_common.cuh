@@ -31,5 +31,38 @@ cudaError_t make_map(CUtensorMap* map, const View4& x, int64_t batch, int64_t he
   return kc::make_tensor_map(map, dt, 4, x.ptr, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// Launch order of a grid of `steps` tiles x `bh` (batch, head) pairs, flattened into
+// blockIdx.x. Heads go in chunks of `chunk` whose re-read tensors (the forward's K, V, the
+// backward's Q, dO) fit in half the L2 together; inside a chunk, step 0 of every head
+// first, then step 1, ...: with causal masking step 0 is each head's longest tile (the
+// kernels number their tiles so), so the longest tiles start first and the short ones
+// fill the last wave. Every tile of step s of a head launches before any of step s + 1
+// of that head (the deterministic backward's ordered adds rely on it).
+struct Order {
+  int steps = 1, bh = 1, chunk = 1;
+};
+
+inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head) {
+  static int l2_bytes[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
+  if (l2_bytes[dev] == 0 && cudaDeviceGetAttribute(&l2_bytes[dev], cudaDevAttrL2CacheSize, dev) != cudaSuccess)
+    l2_bytes[dev] = 50 << 20;
+  Order o;
+  o.steps = int(steps);
+  o.bh = int(bh);
+  const int64_t fit = reread_bytes_per_head > 0 ? int64_t(l2_bytes[dev] / 2) / reread_bytes_per_head : bh;
+  o.chunk = int(fit < 1 ? 1 : (fit > bh ? bh : fit));
+  return o;
+}
+
+__device__ __forceinline__ void order_of(int linear, const Order& o, int& step, int& bh) {
+  const int per_chunk = o.chunk * o.steps;
+  const int c = linear / per_chunk, r = linear - c * per_chunk;
+  const int heads = min(o.chunk, o.bh - c * o.chunk);
+  step = r / heads;
+  bh = c * o.chunk + (r - step * heads);
+}
+
 }  // namespace hopper_common
 }  // namespace day50

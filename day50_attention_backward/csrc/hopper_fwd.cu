@@ -26,14 +26,15 @@
 // Tails: the tensor maps know N and d, so rows beyond Nq or Nk and columns beyond d
 //   arrive as zeros; keys >= Nk are masked to -inf; rows >= Nq are not stored.
 // Causal (top-left aligned): a query tile reads key tiles up to its last row, the
-//   diagonal one first (so only the first steps need masking); tiles are scheduled
-//   longest first.
-// Grid: (query tiles, B * H), query tiles fastest, so the CTAs resident at one time
-//   work on one or two heads and K, V come from DRAM about once per head.
+//   diagonal one first (so only the first steps need masking).
+// Grid: one dimension, (query tile, B * H) in hopper_common::Order: heads in chunks whose
+//   K and V fit in half the L2 (read from DRAM about once per head), and inside a chunk
+//   the last query tile of every head first: causal, the longest go first and the short
+//   ones fill the last wave.
 // Grouped-query attention: q head h reads kv head h / (H / Hk) through the map's head
-//   coordinate; the heads of a group are launched one after another and share K, V in L2.
+//   coordinate; the heads of a group are neighbours in a chunk and share K, V in L2.
 // Falls back to version 1 (hopper_forward_applies): scale <= 0 (the max is taken on raw
-//   scores), B * H > 65535 (grid y), or a layout the copy engine refuses.
+//   scores), more than 2^31 - 1 CTAs, or a layout the copy engine refuses.
 #include "attention.h"
 
 #include <cmath>
@@ -62,6 +63,7 @@ struct Args {
   void* o;
   int64_t o_sb, o_sh, o_sr;  // out's strides (q's layout; attention_cuda.cpp)
   float* lse;
+  hopper_common::Order order;
   int H, group, Nq, Nk, d;
   float scale_log2;  // softmax scale * log2(e)
 };
@@ -92,10 +94,12 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
   uint64_t* v_full = bars + 1 + kStages;
   uint64_t* empty = bars + 1 + 2 * kStages;
 
-  // Query tiles of one head are neighbours in launch order (blockIdx.x), so the CTAs
-  // running at once read the same K and V from L2; the longest causal rows go first.
-  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, hk = h / a.group;
-  const int q0 = int(gridDim.x - 1 - blockIdx.x) * kBlockM;
+  // Launch order (hopper_common::Order): heads in chunks whose K, V fit in L2, the last
+  // (longest causal) query tile of every head of a chunk first.
+  int step, bh;
+  hopper_common::order_of(blockIdx.x, a.order, step, bh);
+  const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
+  const int q0 = (a.order.steps - 1 - step) * kBlockM;
   const int kend = kCausal ? min(a.Nk, q0 + kBlockM) : a.Nk;
   const int n_blocks = (kend + kBlockN - 1) / kBlockN;
   const int wg = threadIdx.x / 128;
@@ -308,7 +312,9 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   auto kernel = hopper_fwd_kernel<T, kD, kCausal>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
   const int64_t n_qt = (p.Nq + kBlockM - 1) / kBlockM;
-  kernel<<<dim3(unsigned(n_qt), unsigned(p.B * p.H)), kThreads, Layout<kD>::kBytes, stream>>>(a);
+  // K and V of a kv head, shared by its group of q heads
+  a.order = hopper_common::make_order(n_qt, p.B * p.H, 2 * p.Nk * kD * int64_t(sizeof(T)) / (p.H / p.Hk));
+  kernel<<<unsigned(n_qt * p.B * p.H), kThreads, Layout<kD>::kBytes, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -345,7 +351,7 @@ bool hopper_forward_applies(const FusedParams& p) {
 #if defined(KC_HAS_SM90A)
   return (p.dtype == kc::DType::F16 || p.dtype == kc::DType::BF16) && p.d > 0 && p.d % 8 == 0 &&
          p.d <= kFusedMaxHeadDim && p.Nq < (int64_t(1) << 31) && p.Nk < (int64_t(1) << 31) &&
-         p.B * p.H <= 65535 && p.scale > 0.f &&
+         (p.Nq + 127) / 128 * p.B * p.H <= INT32_MAX && p.scale > 0.f &&
          hopper::device_is_sm90();
 #else
   (void)p;
