@@ -2,6 +2,7 @@
 
     python bench.py --out STEM [--quick]
     python bench.py --llm [--quick] [--out STEM]      # packed sequences and a sliding window (STEM_llm.*)
+    python bench.py --cudnn [--quick] [--out STEM]    # against SDPA cuDNN, GPU time (STEM_cudnn.md)
     python bench.py --forward --backward [--quick] [--out STEM]   # the version ladders, bf16 and fp16
                                                       # (writes STEM_fwd.* and STEM_bwd.*: md, json, png)
     python bench.py --models [--quick] [--out STEM]   # only the training step of GPT-2 small and a Llama
@@ -272,6 +273,97 @@ def llm_rows(args):
     print(text)
 
 
+# The cuDNN issue's shapes: (B, H, Hk, N, d, causal, name); then the grid B 4, H 16.
+MODEL_SHAPES = [(8, 12, 12, 1024, 64, True, "GPT-2 small"), (4, 16, 4, 2048, 64, True, "small Llama"),
+                (2, 32, 8, 4096, 128, True, "Llama-8B-like"), (1, 32, 8, 8192, 128, True, "8B, N 8192")]
+GRID_SHAPES = [(4, 16, 16, n, d, c, "grid") for n in (1024, 2048, 4096, 8192) for d in (64, 128) for c in (True, False)]
+
+
+def cudnn_rows(args):
+    """--cudnn: forward and backward against SDPA's cuDNN kernels at the model shapes and the
+    grid, bf16. GPU time: the call captured in a CUDA graph and replayed (L2 emptied before
+    each replay, median); per call: the eager call timed with CUDA events (host launch work
+    included). deterministic=True beside the default. cuDNN's backward: forward + backward
+    captured together, less its forward."""
+    meta = bench.device_meta()
+    print(f"== vs cuDNN: {meta['device']} {meta['date']} torch {meta['torch']}", flush=True)
+
+    def gpu_us(fn):
+        try:
+            return bench.graph_us(fn)
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            torch.cuda.empty_cache()
+            print(f"   ({str(e).splitlines()[0][:100]})")
+            return None
+
+    rows = []
+    for bb, h, hk, n, d, causal, name in (MODEL_SHAPES if args.quick else MODEL_SHAPES + GRID_SHAPES):
+        g = torch.Generator(device="cuda").manual_seed(n + d)
+        mk = lambda heads: torch.randn(bb, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+        q, k, v, do = mk(h), mk(hk), mk(hk), mk(h)
+        fl = 4.0 * bb * h * n * n * d / (2 if causal else 1)
+        out, lse = da.attention_forward(q, k, v, causal)
+        fwd = lambda: da.attention_forward(q, k, v, causal)  # noqa: E731
+        bwd = lambda: da.attention_backward(do, q, k, v, out, lse, None, causal)  # noqa: E731
+        det = lambda: da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto", True)  # noqa: E731
+        # cuDNN reads k, v repeated to H heads where grouped (its kernels take no GQA here)
+        kr, vr = (t.repeat_interleave(h // hk, 1) for t in (k, v))
+        qr, krr, vrr = (t.detach().requires_grad_() for t in (q, kr, vr))
+        # cuDNN's forward as training runs it (inputs needing grad: it saves the logsumexp, as ours
+        # does); its backward's GPU time = (forward + backward) - forward, both captured whole
+        # (a backward captured alone would run on the stream of a forward outside the graph).
+        with sdpa_kernel(SDPA["cudnn"]):
+            c_fwd = lambda: F.scaled_dot_product_attention(qr, krr, vrr, is_causal=causal)  # noqa: E731
+            def c_both():  # fresh leaves each call: no autograd node outlives a capture
+                xs = [t.detach().requires_grad_() for t in (q, kr, vr)]
+                return torch.autograd.grad(F.scaled_dot_product_attention(*xs, is_causal=causal), xs, do)
+            c_both()
+            o_c = c_fwd()
+            c_bwd = lambda: torch.autograd.grad(o_c, (qr, krr, vrr), do, retain_graph=True)  # noqa: E731
+            t = {"cudnn fwd us": gpu_us(c_fwd), "cudnn fwd call us": timed(c_fwd, args)}
+            both = gpu_us(c_both)
+            t.update({"cudnn bwd us": None if both is None or t["cudnn fwd us"] is None else both - t["cudnn fwd us"],
+                      "cudnn bwd call us": timed(c_bwd, args)})
+        t.update({"fwd us": gpu_us(fwd), "fwd call us": timed(fwd, args), "bwd us": gpu_us(bwd),
+                  "bwd call us": timed(bwd, args), "det bwd us": gpu_us(det)})
+        r = {"shape": f"{name}: B{bb} H{h}/{hk} N{n} d{d}{' causal' if causal else ''}", "group": name,
+             "N": n, "d": d, "causal": causal, **t}
+        for pas, mult in (("fwd", 1.0), ("bwd", 2.5)):
+            if r[f"{pas} us"] and r[f"cudnn {pas} us"]:
+                r[f"{pas} vs cudnn"] = r[f"cudnn {pas} us"] / r[f"{pas} us"]
+                r[f"{pas} TF/s"] = tf(mult * fl, r[f"{pas} us"])
+                r[f"cudnn {pas} TF/s"] = tf(mult * fl, r[f"cudnn {pas} us"])
+        if r["det bwd us"] and r["bwd us"]:
+            r["det/default"] = r["bwd us"] / r["det bwd us"]
+        rows.append(r)
+        print("   " + "  ".join(f"{c} {r[c]:.3g}" if isinstance(r[c], float) else f"{c} {r[c]}" for c in r
+                                if c not in ("group", "N", "d", "causal")), flush=True)
+        del q, k, v, do, out, lse, kr, vr, qr, krr, vrr, o_c
+        torch.cuda.empty_cache()
+    summary = []
+    grid = [r for r in rows if r["group"] == "grid"]
+    for pas in ("fwd", "bwd"):
+        vals = sorted(r[f"{pas} vs cudnn"] for r in grid if r.get(f"{pas} vs cudnn"))
+        if vals:
+            summary.append(f"grid median {pas} vs cuDNN: {vals[len(vals) // 2]:.2f}x (worst {vals[0]:.2f}x, "
+                           f"best {vals[-1]:.2f}x)")
+    dets = sorted(r["det/default"] for r in rows if r.get("det/default"))
+    if dets:
+        summary.append(f"deterministic / default backward speed: worst {dets[0]:.2f}, median {dets[len(dets) // 2]:.2f}")
+    cols = ["shape", "fwd us", "cudnn fwd us", "fwd vs cudnn", "fwd TF/s", "bwd us", "cudnn bwd us", "bwd vs cudnn",
+            "bwd TF/s", "det bwd us", "det/default", "fwd call us", "cudnn fwd call us", "bwd call us",
+            "cudnn bwd call us"]
+    text = (f"# day50 against SDPA's cuDNN kernels: {meta['device']}, {meta['date']}, torch {meta['torch']}, bf16\n\n"
+            "GPU time (us): CUDA-graph replays, L2 emptied before each, median. 'vs cudnn' = cuDNN's time / ours "
+            "(above 1: we are faster). Call time: the eager call, CUDA events. TF/s: forward 4*B*H*N*N*d, backward "
+            "2.5x, halved when causal. cuDNN reads k, v repeated to H heads where grouped.\n\n"
+            + "\n".join(f"- {x}" for x in summary) + "\n\n" + bench.format_table(rows, cols) + "\n")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + "_cudnn.md", "w") as f:
+        f.write(text)
+    print(text)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_out/day50_attention")
@@ -279,6 +371,8 @@ def main():
     p.add_argument("--forward", action="store_true", help="only the forward's version ladder (bf16 and fp16)")
     p.add_argument("--backward", action="store_true", help="only the backward's version ladder (bf16 and fp16)")
     p.add_argument("--llm", action="store_true", help="only the packed-sequence and sliding-window rows")
+    p.add_argument("--cudnn", action="store_true", help="only forward and backward against SDPA cuDNN, GPU "
+                   "time from graph replays, at the model shapes and the grid (--quick: model shapes only)")
     models.add_args(p)
     args = p.parse_args()
     if args.models:  # training steps with day50 as every attention layer, registered as a user would
@@ -291,6 +385,9 @@ def main():
         return 1
     if args.llm:
         llm_rows(args)
+        return 0
+    if args.cudnn:
+        cudnn_rows(args)
         return 0
     if args.forward or args.backward:
         for pas, on in (("fwd", args.forward), ("bwd", args.backward)):
