@@ -48,6 +48,14 @@ def tf(fl, us):
     return None if us is None else fl / (us * 1e-6) / 1e12
 
 
+def spread(label, vals):
+    """'label: worst ..x, median ..x, best ..x' over the values present, or None."""
+    vals = sorted(v for v in vals if v)
+    if not vals:
+        return None
+    return f"{label}: worst {vals[0]:.2f}x, median {vals[len(vals) // 2]:.2f}x, best {vals[-1]:.2f}x"
+
+
 def timed(fn, args):
     try:
         return bench.time_us(fn, warmup=args.warmup, rep=args.rep, max_ms=args.max_ms)
@@ -160,16 +168,10 @@ def ladder(args, pas):
         vcols += ["v2 det bwd TF/s", "det/v2"]
     cols = ["shape", *vcols, f"flash {pas} TF/s", f"cudnn {pas} TF/s", "ours/flash", "ours/cudnn"]
     big = [r for r in rows if r["N"] >= 2048]
-    summary = []
-    for name in ("flash", "cudnn"):
-        vals = sorted(r[f"ours/{name}"] for r in big if r.get(f"ours/{name}"))
-        if vals:
-            summary.append(f"ours (v{versions[-1]}) / {name} at N >= 2048: worst {vals[0]:.2f}x, "
-                           f"median {vals[len(vals) // 2]:.2f}x, best {vals[-1]:.2f}x")
-    dets = sorted(r["det/v2"] for r in big if r.get("det/v2"))
-    if dets:
-        summary.append(f"deterministic=True / default (v2) at N >= 2048: worst {dets[0]:.2f}x, "
-                       f"median {dets[len(dets) // 2]:.2f}x, best {dets[-1]:.2f}x")
+    summary = [spread(f"ours (v{versions[-1]}) / {name} at N >= 2048", [r.get(f"ours/{name}") for r in big])
+               for name in ("flash", "cudnn")]
+    summary.append(spread("deterministic=True / default (v2) at N >= 2048", [r.get("det/v2") for r in big]))
+    summary = [x for x in summary if x]
     what = {"fwd": "forward 4*B*H*N*N*d", "bwd": "backward 2.5 x 4*B*H*N*N*d"}[pas]
     text = (f"# day50 {pas} ladder: {meta['device']}, {meta['date']}, torch {meta['torch']}, B={B}, H={H}\n\n"
             f"TF/s counts {what}, halved when causal. v1 = mma.sync, v2 = TMA + wgmma "
@@ -340,16 +342,10 @@ def cudnn_rows(args):
                                 if c not in ("group", "N", "d", "causal")), flush=True)
         del q, k, v, do, out, lse, kr, vr, qr, krr, vrr, o_c
         torch.cuda.empty_cache()
-    summary = []
     grid = [r for r in rows if r["group"] == "grid"]
-    for pas in ("fwd", "bwd"):
-        vals = sorted(r[f"{pas} vs cudnn"] for r in grid if r.get(f"{pas} vs cudnn"))
-        if vals:
-            summary.append(f"grid median {pas} vs cuDNN: {vals[len(vals) // 2]:.2f}x (worst {vals[0]:.2f}x, "
-                           f"best {vals[-1]:.2f}x)")
-    dets = sorted(r["det/default"] for r in rows if r.get("det/default"))
-    if dets:
-        summary.append(f"deterministic / default backward speed: worst {dets[0]:.2f}, median {dets[len(dets) // 2]:.2f}")
+    summary = [spread(f"grid {pas} vs cuDNN", [r.get(f"{pas} vs cudnn") for r in grid]) for pas in ("fwd", "bwd")]
+    summary.append(spread("deterministic / default backward speed", [r.get("det/default") for r in rows]))
+    summary = [x for x in summary if x]
     cols = ["shape", "fwd us", "cudnn fwd us", "fwd vs cudnn", "fwd TF/s", "bwd us", "cudnn bwd us", "bwd vs cudnn",
             "bwd TF/s", "det bwd us", "det/default", "fwd call us", "cudnn fwd call us", "bwd call us",
             "cudnn bwd call us"]
