@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call for this round's open issues: build common, day26 and se_module,
-# then the steps named (in order), each with its own time limit; logs under $OUT,
-# a short summary printed last.
+# One device call for this round's open issues: build common and the days the steps
+# need (in parallel), then the steps named, one after another (test suites sharing the
+# GPU from separate processes time-slice it and crawl), each with its own time limit;
+# logs under $OUT, a short summary printed last.
 #
 #   bash scripts/gpu_check.sh STEP [STEP...]
 #     se-test     se_module's test.py (4 xdist workers)
@@ -24,6 +25,11 @@
 #     ln-bench    day26 bench.py (issue 19's bars)
 #     ln-san      day26 under compute-sanitizer (scripts/sanitize.sh; LN_SAN_K: its -k expression)
 #     se-san      se_module under compute-sanitizer (SE_SAN_K likewise; KC_SAN_TOOLS=racecheck: one tool)
+#     at-test     day50 test.py and the files it imports (AT_K: a -k expression)
+#     at-cudnn    day50 bench.py --cudnn (against SDPA cuDNN, GPU time; AT_QUICK=1: model shapes only)
+#     at-models   day50 bench.py --models --model-rounds 3 (GPT-2 small, Llama dense and packed steps)
+#     at-san      day50 under compute-sanitizer (AT_SAN_K; default: the Hopper backward's bf16 version
+#                 tests, the deterministic and the pre-kernel layout tests)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -36,16 +42,30 @@ say() { echo "$*" | tee -a "$LOG"; }
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) $(date -u +%FT%TZ)"
 t0=$(date +%s)
 (cd common && python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/build.log" 2>&1)
-# BUILD: the packages to build (default both: "se ln")
-for pkg in ${BUILD:-se ln}; do
+# BUILD: the packages to build ("se ln at"; default: those the steps use)
+if [[ -z ${BUILD:-} ]]; then
+  BUILD=""
+  for step in "$@"; do
+    case $step in se-*) BUILD+=" se" ;; ln-*|fin) BUILD+=" ln" ;; at-*) BUILD+=" at" ;; esac
+  done
+  BUILD=$(echo $BUILD | tr ' ' '\n' | sort -u | tr '\n' ' ')
+fi
+for pkg in $BUILD; do
   case $pkg in
     se) (cd se_module && python3 -m pip install -q --no-build-isolation --no-deps . >>"$OUT/build_se.log" 2>&1) & ;;
     ln) (cd day26_layernorm_backward && python3 -m pip install -q --no-build-isolation --no-deps . >>"$OUT/build_ln.log" 2>&1) & ;;
+    at) (cd day50_attention_backward && python3 -m pip install -q --no-build-isolation --no-deps . >>"$OUT/build_at.log" 2>&1) & ;;
   esac
 done
 wait
-say "build $(( $(date +%s) - t0 )) s: se $(python3 -c 'import se_module' 2>&1 | tail -1 || true) ln $(python3 -c 'import day26_layernorm' 2>&1 | tail -1 || true)"
-XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n 4"
+imports=""
+for pkg in $BUILD; do
+  mod=$(case $pkg in se) echo se_module ;; ln) echo day26_layernorm ;; at) echo day50_attention ;; esac)
+  imports+=" $pkg $(python3 -c "import $mod" 2>&1 | tail -1 || true)"
+done
+say "build ($BUILD) $(( $(date +%s) - t0 )) s:$imports"
+# xdist workers: 12 of the machine's 16 cores (day26 and day50 need 4-6 minutes each that way)
+XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n 12"
 for step in "$@"; do
   t=$(date +%s)
   case $step in
@@ -77,7 +97,7 @@ for step in "$@"; do
             say "se-ncu rc=$?"; grep -E "^==|version|duration|\)x\(" "$OUT/se_ncu.log" | head -60 | tee -a "$LOG" ;;
     fin) (cd day26_layernorm_backward && timeout 120 python3 tools/probe_fin.py --cases 8192x768:bfloat16,8192x768:float32 --knobs "${FIN_KNOBS:-plan}" >"$OUT/fin.log" 2>&1)
          say "fin rc=$?"; cat "$OUT/fin.log" | tee -a "$LOG" ;;
-    ln-test) (cd day26_layernorm_backward && timeout 300 python3 -m pytest test.py -q $XD -p no:cacheprovider ${LN_K:+-k "$LN_K"} >"$OUT/ln_test.log" 2>&1)
+    ln-test) (cd day26_layernorm_backward && timeout 420 python3 -m pytest test.py -q $XD -p no:cacheprovider ${LN_K:+-k "$LN_K"} >"$OUT/ln_test.log" 2>&1)
              say "ln-test rc=$?: $(tail -1 "$OUT/ln_test.log")"; grep -E "^FAILED" "$OUT/ln_test.log" | head -8 | tee -a "$LOG" ;;
     ln-bench) (cd day26_layernorm_backward && timeout 300 python3 bench.py --out "$OUT/ln_bench" >"$OUT/ln_bench.log" 2>&1)
               say "ln-bench rc=$?"; grep -B2 -A8 -i "issue 19" "$OUT/ln_bench.log" | tail -12 | tee -a "$LOG" ;;
@@ -105,6 +125,16 @@ for step in "$@"; do
               fi
             done) >"$OUT/se_tl.log" 2>&1
            say "se-tl rc=$?"; grep -E "^== " "$OUT/se_tl.log" | sed -E 's/^== //; s/, last kernel ends.*//' | tee -a "$LOG" ;;
+    at-test) (cd day50_attention_backward && timeout 480 python3 -m pytest test.py -q $XD -p no:cacheprovider ${AT_K:+-k "$AT_K"} >"$OUT/at_test.log" 2>&1)
+             say "at-test rc=$?: $(tail -1 "$OUT/at_test.log")"; grep -E "^FAILED" "$OUT/at_test.log" | head -8 | tee -a "$LOG" ;;
+    at-cudnn) (cd day50_attention_backward && timeout 200 python3 bench.py --cudnn ${AT_QUICK:+--quick} --out "$OUT/at" >"$OUT/at_cudnn.log" 2>&1)
+              say "at-cudnn rc=$?"; grep -E "^- " "$OUT/at_cudnn.md" 2>/dev/null | tee -a "$LOG"
+              grep -E "^\| +(GPT|small|Llama|8B)" "$OUT/at_cudnn.md" 2>/dev/null | cut -d'|' -f2,5,9,12 | tee -a "$LOG" ;;
+    at-models) (cd day50_attention_backward && timeout 200 python3 bench.py --models --model-rounds 3 --out "$OUT/at" >"$OUT/at_models.log" 2>&1)
+               say "at-models rc=$?"; grep -E "^\| +(gpt2|llama)" "$OUT/at_models.md" 2>/dev/null | cut -d'|' -f2,3,6,7 | tee -a "$LOG" ;;
+    at-san) timeout 300 bash scripts/sanitize.sh day50_attention_backward \
+              "${AT_SAN_K:-cuda and ((fused_backward_versions and bf16) or deterministic_backward or preprocess_out_layouts)}" >"$OUT/at_san.log" 2>&1
+            say "at-san rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|rc=" "$OUT/at_san.log" | tail -8 | tee -a "$LOG" ;;
     *) say "unknown step $step" ;;
   esac
   say "  ($step: $(( $(date +%s) - t )) s)"
