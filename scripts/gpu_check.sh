@@ -29,7 +29,8 @@
 #     at-cudnn    day50 bench.py --cudnn (against SDPA cuDNN, GPU time; AT_QUICK=1: model shapes only)
 #     at-models   day50 bench.py --models --model-rounds 3 (GPT-2 small, Llama dense and packed steps)
 #     at-san      day50 under compute-sanitizer (AT_SAN_K; default: the Hopper backward's bf16 version
-#                 tests, the deterministic and the pre-kernel layout tests)
+#                 tests, the deterministic and the pre-kernel layout tests, 31 under KC_SANITIZE; those
+#                 CUDA-only tests have no "cuda" in their ids, so sanitize.sh's default misses them)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -133,7 +134,7 @@ for step in "$@"; do
     at-models) (cd day50_attention_backward && timeout 200 python3 bench.py --models --model-rounds 3 --out "$OUT/at" >"$OUT/at_models.log" 2>&1)
                say "at-models rc=$?"; grep -E "^\| +(gpt2|llama)" "$OUT/at_models.md" 2>/dev/null | cut -d'|' -f2,3,6,7 | tee -a "$LOG" ;;
     at-san) timeout 300 bash scripts/sanitize.sh day50_attention_backward \
-              "${AT_SAN_K:-cuda and ((fused_backward_versions and bf16) or deterministic_backward or preprocess_out_layouts)}" >"$OUT/at_san.log" 2>&1
+              "${AT_SAN_K:-(fused_backward_versions and bf16) or (deterministic_backward and cuda) or preprocess_out_layouts}" >"$OUT/at_san.log" 2>&1
             say "at-san rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|rc=" "$OUT/at_san.log" | tail -8 | tee -a "$LOG" ;;
     *) say "unknown step $step" ;;
   esac
