@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <tuple>
+#include <vector>
 
 #include "kc/torch_utils.h"
 #include "layernorm_checks.h"
@@ -22,6 +23,72 @@ at::Tensor as_double_or_none(const c10::optional<at::Tensor>& t) {
 
 at::ScalarType stat_dtype(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
+// The rows of either norm, in double: LayerNorm, or RMSNorm where mean is null (the mean is
+// then taken as 0 and there is no bias). rstd is rounded to the stored dtype first, so y agrees
+// with what the backward sees.
+template <typename scalar_t, typename stat_t>
+void norm_fwd_rows(const scalar_t* xp, scalar_t* yp, stat_t* mp, stat_t* rp, const double* wp, const double* bp,
+                   int64_t rows, int64_t D, double eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const scalar_t* xr = xp + r * D;
+      double m = 0;
+      if (mp) {
+        for (int64_t c = 0; c < D; ++c) m += double(xr[c]);
+        m /= double(D);
+      }
+      double v = 0;
+      for (int64_t c = 0; c < D; ++c) v += (double(xr[c]) - m) * (double(xr[c]) - m);
+      const stat_t rs = stat_t(1.0 / std::sqrt(v / double(D) + eps));
+      for (int64_t c = 0; c < D; ++c) {
+        const double xhat = (double(xr[c]) - double(stat_t(m))) * double(rs);
+        yp[r * D + c] = scalar_t(xhat * (wp ? wp[c] : 1.0) + (bp ? bp[c] : 0.0));
+      }
+      if (mp) mp[r] = stat_t(m);
+      rp[r] = rs;
+    }
+  });
+}
+
+// The backward of either norm (mean null: RMSNorm), g = dy * weight, xhat = (x - mean) * rstd:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (RMSNorm: without the mean(g) term)
+//   dweight = sum_rows(dy * xhat), dbias = sum_rows(dy)
+// into dxp / aw / ab where not null; the column sums take the rows in order, so they do not
+// depend on the number of threads.
+template <typename scalar_t>
+void norm_bwd_rows(const scalar_t* xp, const scalar_t* dyp, const double* mp, const double* rp, const double* wp,
+                   int64_t rows, int64_t D, scalar_t* dxp, double* aw, double* ab) {
+  auto xhat = [&](int64_t r, int64_t c) { return (double(xp[r * D + c]) - (mp ? mp[r] : 0.0)) * rp[r]; };
+  if (dxp) {
+    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        double sg = 0, sgx = 0;
+        for (int64_t c = 0; c < D; ++c) {
+          const double g = double(dyp[r * D + c]) * (wp ? wp[c] : 1.0);
+          if (mp) sg += g;
+          sgx += g * xhat(r, c);
+        }
+        sg /= double(D);
+        sgx /= double(D);
+        for (int64_t c = 0; c < D; ++c) {
+          const double g = double(dyp[r * D + c]) * (wp ? wp[c] : 1.0);
+          dxp[r * D + c] = scalar_t(rp[r] * (g - sg - xhat(r, c) * sgx));
+        }
+      }
+    });
+  }
+  if (aw || ab) {
+    at::parallel_for(0, D, 256, [&](int64_t c0, int64_t c1) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          const double g = double(dyp[r * D + c]);
+          if (aw) aw[c] += g * xhat(r, c);
+          if (ab) ab[c] += g;
+        }
+    });
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tensor& x_, at::IntArrayRef nshape,
                                                                   const c10::optional<at::Tensor>& weight,
                                                                   const c10::optional<at::Tensor>& bias, double eps,
@@ -33,33 +100,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(const at::Tens
   at::Tensor mean = kc::new_output(s.lead, x.options().dtype(stat_dtype(x)));
   at::Tensor rstd = kc::new_output(s.lead, x.options().dtype(stat_dtype(x)));
   const at::Tensor w = as_double_or_none(weight), b = as_double_or_none(bias);
-  const int64_t D = s.cols;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "layer_norm_fwd_cpu", [&] {
     using stat_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    stat_t* mp = mean.data_ptr<stat_t>();
-    stat_t* rp = rstd.data_ptr<stat_t>();
-    const double* wp = w.defined() ? w.data_ptr<double>() : nullptr;
-    const double* bp = b.defined() ? b.data_ptr<double>() : nullptr;
-    at::parallel_for(0, s.rows, 16, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const scalar_t* xr = xp + r * D;
-        double m = 0;
-        for (int64_t c = 0; c < D; ++c) m += double(xr[c]);
-        m /= double(D);
-        double v = 0;
-        for (int64_t c = 0; c < D; ++c) v += (double(xr[c]) - m) * (double(xr[c]) - m);
-        // rstd is rounded to the stored dtype first, so y agrees with what the backward sees
-        const stat_t rs = stat_t(1.0 / std::sqrt(v / double(D) + eps));
-        for (int64_t c = 0; c < D; ++c) {
-          const double xhat = (double(xr[c]) - double(stat_t(m))) * double(rs);
-          yp[r * D + c] = scalar_t(xhat * (wp ? wp[c] : 1.0) + (bp ? bp[c] : 0.0));
-        }
-        mp[r] = stat_t(m);
-        rp[r] = rs;
-      }
-    });
+    norm_fwd_rows<scalar_t, stat_t>(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), mean.data_ptr<stat_t>(),
+                                    rstd.data_ptr<stat_t>(), w.defined() ? w.data_ptr<double>() : nullptr,
+                                    b.defined() ? b.data_ptr<double>() : nullptr, s.rows, s.cols, eps);
   });
   return {y, mean, rstd};
 }
@@ -78,50 +123,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cpu(
   at::Tensor dx = mask[0] ? kc::new_output_like(x) : at::empty({0}, x.options());
   at::Tensor dw = mask[1] && has_w ? kc::new_output(nshape, x.options().dtype(wdt)) : at::empty({0}, x.options());
   at::Tensor db = mask[2] ? kc::new_output(nshape, x.options().dtype(wdt)) : at::empty({0}, x.options());
+  const bool want_w = mask[1] && has_w, want_b = mask[2];
+  std::vector<double> aw(want_w ? D : 0, 0.0), ab(want_b ? D : 0, 0.0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "layer_norm_bwd_cpu", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* dyp = dy.data_ptr<scalar_t>();
-    const double* mp = mean.data_ptr<double>();
-    const double* rp = rstd.data_ptr<double>();
-    const double* wp = has_w ? w.data_ptr<double>() : nullptr;
-    if (mask[0]) {
-      scalar_t* dxp = dx.data_ptr<scalar_t>();
-      at::parallel_for(0, s.rows, 16, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * weight
-          double sg = 0, sgx = 0;
-          for (int64_t c = 0; c < D; ++c) {
-            const double g = double(dyp[r * D + c]) * (wp ? wp[c] : 1.0);
-            sg += g;
-            sgx += g * (double(xp[r * D + c]) - mp[r]) * rp[r];
-          }
-          sg /= double(D);
-          sgx /= double(D);
-          for (int64_t c = 0; c < D; ++c) {
-            const double g = double(dyp[r * D + c]) * (wp ? wp[c] : 1.0);
-            const double xhat = (double(xp[r * D + c]) - mp[r]) * rp[r];
-            dxp[r * D + c] = scalar_t(rp[r] * (g - sg - xhat * sgx));
-          }
-        }
-      });
-    }
-    const bool want_w = mask[1] && has_w, want_b = mask[2];
-    if (want_w || want_b) {
-      std::vector<double> aw(D, 0.0), ab(D, 0.0);
-      at::parallel_for(0, D, 256, [&](int64_t c0, int64_t c1) {
-        for (int64_t r = 0; r < s.rows; ++r)
-          for (int64_t c = c0; c < c1; ++c) {
-            const double g = double(dyp[r * D + c]);
-            aw[c] += g * (double(xp[r * D + c]) - mp[r]) * rp[r];
-            ab[c] += g;
-          }
-      });
-      const at::Tensor awt = at::from_blob(aw.data(), {D}, at::kDouble);
-      const at::Tensor abt = at::from_blob(ab.data(), {D}, at::kDouble);
-      if (want_w) dw.copy_(awt.view(nshape));
-      if (want_b) db.copy_(abt.view(nshape));
-    }
+    norm_bwd_rows<scalar_t>(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), mean.data_ptr<double>(),
+                            rstd.data_ptr<double>(), has_w ? w.data_ptr<double>() : nullptr, s.rows, D,
+                            mask[0] ? dx.data_ptr<scalar_t>() : nullptr, want_w ? aw.data() : nullptr,
+                            want_b ? ab.data() : nullptr);
   });
+  if (want_w) dw.copy_(at::from_blob(aw.data(), {D}, at::kDouble).view(nshape));
+  if (want_b) db.copy_(at::from_blob(ab.data(), {D}, at::kDouble).view(nshape));
   // One column: dx is exactly 0 (x - mean is 0), as on CUDA.
   if (D == 1 && mask[0]) dx.zero_();
   return {dx, dw, db};
@@ -137,24 +148,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cpu(const at::Tensor& x_, at::In
   at::Tensor y = kc::new_output_like(x);
   at::Tensor rstd = kc::new_output(s.lead, x.options().dtype(stat_dtype(x)));
   const at::Tensor w = as_double_or_none(weight);
-  const int64_t D = s.cols;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm_fwd_cpu", [&] {
     using stat_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    stat_t* rp = rstd.data_ptr<stat_t>();
-    const double* wp = w.defined() ? w.data_ptr<double>() : nullptr;
-    at::parallel_for(0, s.rows, 16, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const scalar_t* xr = xp + r * D;
-        double q = 0;
-        for (int64_t c = 0; c < D; ++c) q += double(xr[c]) * double(xr[c]);
-        // rounded to the stored dtype first, as in layer_norm_fwd_cpu
-        const stat_t rs = stat_t(1.0 / std::sqrt(q / double(D) + eps));
-        for (int64_t c = 0; c < D; ++c) yp[r * D + c] = scalar_t(double(xr[c]) * double(rs) * (wp ? wp[c] : 1.0));
-        rp[r] = rs;
-      }
-    });
+    norm_fwd_rows<scalar_t, stat_t>(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), nullptr, rstd.data_ptr<stat_t>(),
+                                    w.defined() ? w.data_ptr<double>() : nullptr, nullptr, s.rows, s.cols, eps);
   });
   return {y, rstd};
 }
@@ -175,35 +172,14 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cpu(const at::Tensor& dy_, const
   const auto wdt = has_w ? weight->scalar_type() : x.scalar_type();
   at::Tensor dx = mask[0] ? kc::new_output_like(x) : at::empty({0}, x.options());
   at::Tensor dw = mask[1] && has_w ? kc::new_output(nshape, x.options().dtype(wdt)) : at::empty({0}, x.options());
+  const bool want_w = mask[1] && has_w;
+  std::vector<double> aw(want_w ? D : 0, 0.0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm_bwd_cpu", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* dyp = dy.data_ptr<scalar_t>();
-    const double* rp = rstd.data_ptr<double>();
-    const double* wp = has_w ? w.data_ptr<double>() : nullptr;
-    if (mask[0]) {
-      scalar_t* dxp = dx.data_ptr<scalar_t>();
-      at::parallel_for(0, s.rows, 16, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          double sgx = 0;
-          for (int64_t c = 0; c < D; ++c)
-            sgx += double(dyp[r * D + c]) * (wp ? wp[c] : 1.0) * double(xp[r * D + c]) * rp[r];
-          sgx /= double(D);
-          for (int64_t c = 0; c < D; ++c) {
-            const double g = double(dyp[r * D + c]) * (wp ? wp[c] : 1.0);
-            dxp[r * D + c] = scalar_t(rp[r] * (g - double(xp[r * D + c]) * rp[r] * sgx));
-          }
-        }
-      });
-    }
-    if (mask[1] && has_w) {
-      std::vector<double> aw(D, 0.0);
-      at::parallel_for(0, D, 256, [&](int64_t c0, int64_t c1) {
-        for (int64_t r = 0; r < s.rows; ++r)
-          for (int64_t c = c0; c < c1; ++c) aw[c] += double(dyp[r * D + c]) * double(xp[r * D + c]) * rp[r];
-      });
-      dw.copy_(at::from_blob(aw.data(), {D}, at::kDouble).view(nshape));
-    }
+    norm_bwd_rows<scalar_t>(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), nullptr, rstd.data_ptr<double>(),
+                            has_w ? w.data_ptr<double>() : nullptr, s.rows, D,
+                            mask[0] ? dx.data_ptr<scalar_t>() : nullptr, want_w ? aw.data() : nullptr, nullptr);
   });
+  if (want_w) dw.copy_(at::from_blob(aw.data(), {D}, at::kDouble).view(nshape));
   return {dx, dw};
 }
 
