@@ -281,12 +281,23 @@ MODEL_SHAPES = [(8, 12, 12, 1024, 64, True, "GPT-2 small"), (4, 16, 4, 2048, 64,
 GRID_SHAPES = [(4, 16, 16, n, d, c, "grid") for n in (1024, 2048, 4096, 8192) for d in (64, 128) for c in (True, False)]
 
 
+def plot_cudnn(rows, path, meta):
+    """TF/s against N of the --cudnn grid rows: day50 beside SDPA cuDNN and flash (FA2)."""
+    pts = [{"N": r["N"], "d": r["d"], "causal": r["causal"], "dtype": "bf16",
+            **{f"{who} {pas} TF/s": r.get(f"{pre}{pas} TF/s") for who, pre in
+               (("day50", ""), ("cudnn", "cudnn "), ("flash", "flash ")) for pas in ("fwd", "bwd")}}
+           for r in rows if r.get("group") == "grid"]
+    return bench.plot_attention(pts, path, f"day50 against SDPA, bf16, B={B}, H={H}", meta, ours="day50",
+                                peers={"cudnn": "SDPA cuDNN", "flash": "SDPA flash (FA2)"})
+
+
 def cudnn_rows(args):
     """--cudnn: forward and backward against SDPA's cuDNN kernels at the model shapes and the
-    grid, bf16. GPU time: the call captured in a CUDA graph and replayed (L2 emptied before
-    each replay, median); per call: the eager call timed with CUDA events (host launch work
-    included). deterministic=True beside the default. cuDNN's backward: forward + backward
-    captured together, less its forward."""
+    grid (there beside SDPA's flash backend too), bf16. GPU time: the call captured in a CUDA
+    graph and replayed (L2 emptied before each replay, median); per call: the eager call timed
+    with CUDA events (host launch work included). deterministic=True beside the default. SDPA's
+    backward: forward + backward captured together, less its forward. Writes STEM_cudnn.md and
+    STEM_cudnn.png (TF/s against N over the grid)."""
     meta = bench.device_meta()
     print(f"== vs cuDNN: {meta['device']} {meta['date']} torch {meta['torch']}", flush=True)
 
@@ -298,6 +309,30 @@ def cudnn_rows(args):
             print(f"   ({str(e).splitlines()[0][:100]})")
             return None
 
+    def peer(backend, q, kr, vr, do, causal):
+        """An SDPA backend's forward as training runs it (inputs needing grad: it saves the
+        logsumexp, as ours does) and its backward's GPU time = (forward + backward) - forward,
+        both captured whole (a backward captured alone would run on the stream of a forward
+        outside the graph); eager call times beside."""
+        qr, krr, vrr = (t.detach().requires_grad_() for t in (q, kr, vr))
+        with sdpa_kernel(SDPA[backend]):
+            c_fwd = lambda: F.scaled_dot_product_attention(qr, krr, vrr, is_causal=causal)  # noqa: E731
+
+            def c_both():  # fresh leaves each call: no autograd node outlives a capture
+                xs = [t.detach().requires_grad_() for t in (q, kr, vr)]
+                return torch.autograd.grad(F.scaled_dot_product_attention(*xs, is_causal=causal), xs, do)
+            try:
+                c_both()
+            except RuntimeError as e:  # a shape this backend refuses
+                print(f"   sdpa {backend}: {str(e).splitlines()[0][:100]}")
+                return {}
+            o_c = c_fwd()
+            c_bwd = lambda: torch.autograd.grad(o_c, (qr, krr, vrr), do, retain_graph=True)  # noqa: E731
+            f, both = gpu_us(c_fwd), gpu_us(c_both)
+            return {f"{backend} fwd us": f, f"{backend} fwd call us": timed(c_fwd, args),
+                    f"{backend} bwd us": None if both is None or f is None else both - f,
+                    f"{backend} bwd call us": timed(c_bwd, args)}
+
     rows = []
     for bb, h, hk, n, d, causal, name in (MODEL_SHAPES if args.quick else MODEL_SHAPES + GRID_SHAPES):
         g = torch.Generator(device="cuda").manual_seed(n + d)
@@ -308,55 +343,45 @@ def cudnn_rows(args):
         fwd = lambda: da.attention_forward(q, k, v, causal)  # noqa: E731
         bwd = lambda: da.attention_backward(do, q, k, v, out, lse, None, causal)  # noqa: E731
         det = lambda: da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto", True)  # noqa: E731
-        # cuDNN reads k, v repeated to H heads where grouped (its kernels take no GQA here)
+        # SDPA reads k, v repeated to H heads where grouped (its kernels take no GQA here)
         kr, vr = (t.repeat_interleave(h // hk, 1) for t in (k, v))
-        qr, krr, vrr = (t.detach().requires_grad_() for t in (q, kr, vr))
-        # cuDNN's forward as training runs it (inputs needing grad: it saves the logsumexp, as ours
-        # does); its backward's GPU time = (forward + backward) - forward, both captured whole
-        # (a backward captured alone would run on the stream of a forward outside the graph).
-        with sdpa_kernel(SDPA["cudnn"]):
-            c_fwd = lambda: F.scaled_dot_product_attention(qr, krr, vrr, is_causal=causal)  # noqa: E731
-            def c_both():  # fresh leaves each call: no autograd node outlives a capture
-                xs = [t.detach().requires_grad_() for t in (q, kr, vr)]
-                return torch.autograd.grad(F.scaled_dot_product_attention(*xs, is_causal=causal), xs, do)
-            c_both()
-            o_c = c_fwd()
-            c_bwd = lambda: torch.autograd.grad(o_c, (qr, krr, vrr), do, retain_graph=True)  # noqa: E731
-            t = {"cudnn fwd us": gpu_us(c_fwd), "cudnn fwd call us": timed(c_fwd, args)}
-            both = gpu_us(c_both)
-            t.update({"cudnn bwd us": None if both is None or t["cudnn fwd us"] is None else both - t["cudnn fwd us"],
-                      "cudnn bwd call us": timed(c_bwd, args)})
+        t = {"cudnn fwd us": None, "cudnn bwd us": None, **peer("cudnn", q, kr, vr, do, causal)}
+        if name == "grid":
+            t.update(peer("flash", q, kr, vr, do, causal))
         t.update({"fwd us": gpu_us(fwd), "fwd call us": timed(fwd, args), "bwd us": gpu_us(bwd),
                   "bwd call us": timed(bwd, args), "det bwd us": gpu_us(det)})
         r = {"shape": f"{name}: B{bb} H{h}/{hk} N{n} d{d}{' causal' if causal else ''}", "group": name,
              "N": n, "d": d, "causal": causal, **t}
         for pas, mult in (("fwd", 1.0), ("bwd", 2.5)):
+            for pre in ("", "cudnn ", "flash "):
+                if r.get(f"{pre}{pas} us"):
+                    r[f"{pre}{pas} TF/s"] = tf(mult * fl, r[f"{pre}{pas} us"])
             if r[f"{pas} us"] and r[f"cudnn {pas} us"]:
                 r[f"{pas} vs cudnn"] = r[f"cudnn {pas} us"] / r[f"{pas} us"]
-                r[f"{pas} TF/s"] = tf(mult * fl, r[f"{pas} us"])
-                r[f"cudnn {pas} TF/s"] = tf(mult * fl, r[f"cudnn {pas} us"])
         if r["det bwd us"] and r["bwd us"]:
             r["det/default"] = r["bwd us"] / r["det bwd us"]
         rows.append(r)
         print("   " + "  ".join(f"{c} {r[c]:.3g}" if isinstance(r[c], float) else f"{c} {r[c]}" for c in r
                                 if c not in ("group", "N", "d", "causal")), flush=True)
-        del q, k, v, do, out, lse, kr, vr, qr, krr, vrr, o_c
+        del q, k, v, do, out, lse, kr, vr
         torch.cuda.empty_cache()
     grid = [r for r in rows if r["group"] == "grid"]
     summary = [spread(f"grid {pas} vs cuDNN", [r.get(f"{pas} vs cudnn") for r in grid]) for pas in ("fwd", "bwd")]
     summary.append(spread("deterministic / default backward speed", [r.get("det/default") for r in rows]))
     summary = [x for x in summary if x]
-    cols = ["shape", "fwd us", "cudnn fwd us", "fwd vs cudnn", "fwd TF/s", "bwd us", "cudnn bwd us", "bwd vs cudnn",
-            "bwd TF/s", "det bwd us", "det/default", "fwd call us", "cudnn fwd call us", "bwd call us",
+    cols = ["shape", "fwd us", "cudnn fwd us", "fwd vs cudnn", "fwd TF/s", "flash fwd TF/s", "bwd us", "cudnn bwd us",
+            "bwd vs cudnn", "bwd TF/s", "flash bwd TF/s", "det bwd us", "det/default", "fwd call us", "cudnn fwd call us", "bwd call us",
             "cudnn bwd call us"]
     text = (f"# day50 against SDPA's cuDNN kernels: {meta['device']}, {meta['date']}, torch {meta['torch']}, bf16\n\n"
             "GPU time (us): CUDA-graph replays, L2 emptied before each, median. 'vs cudnn' = cuDNN's time / ours "
             "(above 1: we are faster). Call time: the eager call, CUDA events. TF/s: forward 4*B*H*N*N*d, backward "
-            "2.5x, halved when causal. cuDNN reads k, v repeated to H heads where grouped.\n\n"
+            "2.5x, halved when causal; flash: SDPA's flash backend (FA2), grid rows only. SDPA reads k, v repeated "
+            "to H heads where grouped.\n\n"
             + "\n".join(f"- {x}" for x in summary) + "\n\n" + bench.format_table(rows, cols) + "\n")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + "_cudnn.md", "w") as f:
         f.write(text)
+    plot_cudnn(rows, args.out + "_cudnn.png", meta)
     print(text)
 
 
