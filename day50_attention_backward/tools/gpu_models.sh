@@ -10,12 +10,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:-${OUT:-/tmp/day50_gpu_models}}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root/common" && python3 -m pip install -q --no-build-isolation --no-deps . || exit 1
-cd "$root/day50_attention_backward" || exit 1
-t0=$(date +%s)
-MAX_JOBS=16 TORCH_CUDA_ARCH_LIST=9.0 python3 -m pip install -q --no-build-isolation --no-deps . || exit 1
-echo "== day50 built in $(( $(date +%s) - t0 )) s"
+source "$(dirname "$0")/build.sh"  # common and day50 built and installed; cwd: day50_attention_backward/
 
 python3 -m pytest test_llm.py -q -x -n 8 2>&1 | tee "$out/test_llm.log" | tail -5
 tests=$(tail -1 "$out/test_llm.log")
