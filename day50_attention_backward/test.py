@@ -492,19 +492,23 @@ def test_layouts(device, kind):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_outputs_follow_q_layout(device):
-    """out and dq come back in q's layout (dense, q's dimension order): for q, k, v as
-    (B, N, H, d).transpose(1, 2) views, as a model gets them, out.transpose(1, 2) is
-    contiguous (no copy to reshape it back), as with SDPA; dk, dv stay contiguous. Every
+    """out and dq come back in q's layout (dense, q's dimension order), dk in k's and dv in
+    v's: for q, k, v as (B, N, H, d).transpose(1, 2) views, as a model gets them, out and
+    the gradients transposed back are contiguous (no copy to reshape them), as with SDPA.
+    Also v laid out unlike k (the kernels write dv in dk's layout, then copy it). Every
     backend, and the fakes torch.compile sees (the same strides as the real outputs)."""
     dtypes = [torch.float32] + ([torch.bfloat16] if device == "cuda" else [])
-    for dtype in dtypes:
+    bnhd = lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
+    for dtype, v_kind in [(t, kind) for t in dtypes for kind in ("bnhd", "contiguous")]:
         q, k, v, do = inputs((2, 3, 40, 70, 64), dtype, device, seed=4)
-        qs, ks, vs, dos = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, do))
+        qs, ks, dos = (bnhd(t) for t in (q, k, do))
+        vs = bnhd(v) if v_kind == "bnhd" else v
         for be in backends(device, dtype != torch.float32):
             out, lse = da.attention_forward(qs, ks, vs, True, None, be)
             dq, dk, dv = da.attention_backward(dos, qs, ks, vs, out, lse, None, True, None, be)
             assert out.transpose(1, 2).is_contiguous() and dq.transpose(1, 2).is_contiguous(), be
-            assert dk.is_contiguous() and dv.is_contiguous(), be
+            assert dk.transpose(1, 2).is_contiguous(), be
+            assert (dv.transpose(1, 2) if v_kind == "bnhd" else dv).is_contiguous(), (be, v_kind)
             want = run_ours(q, k, v, do, True, be)
             for n, a, w in zip(["out", "lse", "dq", "dk", "dv"], (out, lse, dq, dk, dv), want):
                 testing.assert_close(a, w, *testing.tolerance(dtype), name=f"{be}:{dtype}:{n}")

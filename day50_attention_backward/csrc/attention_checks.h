@@ -31,11 +31,12 @@ inline Backend parse_backend(const std::string& s) {
   return Backend::Auto;
 }
 
-// The layout of the outputs out and dq (B, H, N, d): q's dimension order, dense. q's
-// dimensions sorted by stride, largest first (ties keep their order); when d comes last,
-// that order, else plain contiguous. A (B, N, H, d).transpose(1, 2) view of q thus gives
-// out and dq with (B, N, H, d) memory, as SDPA's kernels return them, and a model that
-// transposes the output back reshapes it without a copy. Every backend and the fake
+// The layout of the outputs out and dq (B, H, N, d): q's dimension order, dense; of dk and
+// dv: k's and v's. The input's dimensions sorted by stride, largest first (ties keep their
+// order); when d comes last, that order, else plain contiguous. A (B, N, H, d).transpose(1, 2)
+// view of q thus gives out and dq with (B, N, H, d) memory, as SDPA's kernels return them:
+// a model that transposes the output back reshapes it without a copy, and gradients of q, k,
+// v sliced from one projection reshape back without one. Every backend and the fake
 // (ops.py, _layout_strides) follow this one rule, so compiled graphs see the real strides.
 inline std::array<int64_t, 4> layout_strides(const at::Tensor& like, at::IntArrayRef sizes) {
   std::array<int64_t, 4> order = {0, 1, 2, 3};

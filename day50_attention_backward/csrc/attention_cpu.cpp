@@ -133,10 +133,14 @@ std::tuple<Tensor, Tensor, Tensor> reference_backward(const Tensor& grad_out, co
   if (softcap > 0) ds.mul_(1 - tanh_of * tanh_of);
   Tensor dq = at::matmul(ds, ka).mul_(scale).reshape(q.sizes());
   Tensor dk = at::matmul(ds.transpose(-2, -1), qa).sum(2).mul_(scale);
-  const auto t = q.scalar_type();
+  // each gradient in its input's layout (attention_checks.h, layout_strides), as the kernels
   Tensor dq_out = new_output_in_layout_of(q, q.sizes(), q.options());
+  Tensor dk_out = new_output_in_layout_of(k, k.sizes(), k.options());
+  Tensor dv_out = new_output_in_layout_of(v, v.sizes(), v.options());
   dq_out.copy_(dq);
-  return {dq_out, dk.to(t).contiguous(), dv.to(t).contiguous()};
+  dk_out.copy_(dk);
+  dv_out.copy_(dv);
+  return {dq_out, dk_out, dv_out};
 }
 
 double check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,

@@ -254,7 +254,8 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
 }
 
 // The dense backward's parameters, the same for the tensor-core and SIMT families: inputs as
-// the family reads them, the outputs dq (q's layout), dk, dv (contiguous), lse and grad_lse.
+// the family reads them, the outputs dq (q's layout), dk and dv (one layout: dk's strides),
+// lse and grad_lse.
 day50::FusedParams backward_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
                                    const Tensor& out, const Tensor& lse, const Tensor& grad_lse, const Tensor& dq,
                                    const Tensor& dk, const Tensor& dv, bool causal, double scale,
@@ -271,7 +272,17 @@ day50::FusedParams backward_params(const Tensor& q, const Tensor& k, const Tenso
   p.dq_sr = dq.stride(2);
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
+  p.dk_sb = dk.stride(0);
+  p.dk_sh = dk.stride(1);
+  p.dk_sr = dk.stride(2);
   return p;
+}
+
+// The kernels write dk and dv with one set of strides (dk's). dv comes back in v's layout;
+// where that differs from k's (rare: k and v laid out differently), they write a buffer in
+// dk's layout and dv is copied from it.
+Tensor dv_buffer(const Tensor& dk, const Tensor& dv) {
+  return dv.strides() == dk.strides() ? dv : at::empty_strided(dk.sizes(), dk.strides(), dv.options());
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_out, const Tensor& q, const Tensor& k,
@@ -308,12 +319,15 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   if (why_not_fused == nullptr) why_not_fused = "order their dq adds only in the Hopper backward (deterministic=True)";
   const bool simt = !fused && choose_simt(backend, q, why_not_fused);
   Tensor dq = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
-  Tensor dk = kc::new_output({B, Hk, Nk, d}, q.options());
-  Tensor dv = kc::new_output({B, Hk, Nk, d}, q.options());
+  // dk and dv in k's and v's layouts, as dq in q's: for k, v sliced from a fused projection
+  // as (B, N, H, d) views, the gradients reshape back without a copy (SDPA's rule too)
+  Tensor dk = day50::new_output_in_layout_of(k, {B, Hk, Nk, d}, q.options());
+  Tensor dv = day50::new_output_in_layout_of(v, {B, Hk, Nk, d}, q.options());
+  const Tensor dvw = fused || simt ? dv_buffer(dk, dv) : dv;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (fused) {
     const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v), go = fused_ready(grad_out);
-    day50::FusedParams p = backward_params(qq, kk, vv, go, out, lse, grad_lse, dq, dk, dv, causal, scale, w, softcap);
+    day50::FusedParams p = backward_params(qq, kk, vv, go, out, lse, grad_lse, dq, dk, dvw, causal, scale, w, softcap);
     // Workspaces: O(B H N d), never N x N.
     Tensor dsum = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));
     Tensor dq_accum = at::empty({B * H * Nq * d}, q.options().dtype(at::kFloat));
@@ -339,7 +353,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, stream));
   } else if (simt) {  // any strides: no copies; workspace: D, one float a query row
     day50::FusedParams p =
-        backward_params(q, k, v, grad_out, out, lse, grad_lse, dq, dk, dv, causal, scale, w, softcap);
+        backward_params(q, k, v, grad_out, out, lse, grad_lse, dq, dk, dvw, causal, scale, w, softcap);
     Tensor dsum = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));
     p.dsum = dsum.data_ptr<float>();
     KC_TORCH_CHECK_CUDA(day50::simt_attention_backward(p, stream));
@@ -349,13 +363,17 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     const auto acc = day50::lse_dtype(q.scalar_type());
     Tensor ws_p = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));
     Tensor ws_dp = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));
-    Tensor dqc = dq.is_contiguous() ? dq : at::empty({B, H, Nq, d}, q.options());  // naive writes contiguous
+    auto dense = [](const Tensor& t) { return t.is_contiguous() ? t : at::empty(t.sizes(), t.options()); };
+    const Tensor dqc = dense(dq), dkc = dense(dk), dvc = dense(dv);  // naive writes contiguous
     KC_TORCH_CHECK_CUDA(day50::naive_attention_backward(
         view4(grad_out), view4(q), view4(k), view4(v), lse.data_ptr(),
-        grad_lse.defined() ? grad_lse.data_ptr() : nullptr, dqc.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+        grad_lse.defined() ? grad_lse.data_ptr() : nullptr, dqc.data_ptr(), dkc.data_ptr(), dvc.data_ptr(),
         ws_p.data_ptr(), ws_dp.data_ptr(), B, H, Hk, Nq, Nk, d, causal, scale, naive_type(q), stream));
-    if (!dqc.is_same(dq)) dq.copy_(dqc);
+    const std::pair<Tensor, Tensor> written[] = {{dq, dqc}, {dk, dkc}, {dv, dvc}};
+    for (const auto& [o, c] : written)
+      if (!c.is_same(o)) o.copy_(c);
   }
+  if (!dvw.is_same(dv)) dv.copy_(dvw);
   return {dq, dk, dv};
 }
 

@@ -141,13 +141,15 @@ __global__ void dq_convert_kernel(const FusedParams p, int64_t n) {
   }
 }
 
-// dK, dV (B*Hk, Nk, d) = sum over s < splits of the fp32 partials (B*Hk, splits, Nk, d)
-// (dK's partials first, then dV's), in order s = 0, 1, ...: deterministic.
-// n = B*Hk*Nk*d and nkd = Nk*d are multiples of 4 (d % 8 == 0), the partials 16-byte
-// aligned (cudaMalloc'd by torch), so a float4 never straddles two kv heads or dK/dV.
+// dK, dV (B, Hk, Nk, d) = sum over s < splits of the fp32 partials (B*Hk, splits, Nk, d)
+// (dK's partials first, then dV's), in order s = 0, 1, ...: deterministic. dK, dV at
+// p.dk_s* strides. n = B*Hk*Nk*d and nkd = Nk*d are multiples of 4 (d % 8 == 0), the
+// partials 16-byte aligned (cudaMalloc'd by torch), so a float4 never straddles two rows,
+// kv heads or dK/dV.
 template <typename T>
 __global__ void dkv_reduce_kernel(const float* __restrict__ part, T* __restrict__ dk, T* __restrict__ dv, int64_t n,
-                                  int64_t nkd, int64_t splits) {
+                                  int64_t splits, FusedParams p) {
+  const int64_t nkd = p.Nk * p.d;
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < 2 * n;
        i += int64_t(gridDim.x) * blockDim.x * 4) {
     const bool is_v = i >= n;
@@ -161,7 +163,7 @@ __global__ void dkv_reduce_kernel(const float* __restrict__ part, T* __restrict_
       acc.z += x.z;
       acc.w += x.w;
     }
-    T* dst = (is_v ? dv : dk) + j;
+    T* dst = (is_v ? dv : dk) + (kv / p.Hk) * p.dk_sb + (kv % p.Hk) * p.dk_sh + (r / p.d) * p.dk_sr + r % p.d;
     dst[0] = kc::from_float<T>(acc.x);
     dst[1] = kc::from_float<T>(acc.y);
     dst[2] = kc::from_float<T>(acc.z);
@@ -197,8 +199,7 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
   if (p.H != p.Hk && p.dkv_partial != nullptr) {
     const int64_t n = p.B * p.Hk * p.Nk * p.d, blocks = (2 * n / 4 + 255) / 256;
     dkv_reduce_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
-        p.dkv_partial, static_cast<T*>(p.dk), static_cast<T*>(p.dv), n, p.Nk * p.d,
-        p.H / p.Hk / p.heads_per_cta);
+        p.dkv_partial, static_cast<T*>(p.dk), static_cast<T*>(p.dv), n, p.H / p.Hk / p.heads_per_cta, p);
     KC_CUDA_LAUNCH_TRY();
   }
   const int64_t n = rows * p.d;

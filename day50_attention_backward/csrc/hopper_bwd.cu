@@ -71,8 +71,9 @@ struct Args {
   const float* lse;           // (B, H, Nq), natural log
   const float* dsum;          // (B, H, Nq): rowsum(dO * O) - grad_lse
   CUtensorMap dq_accum;       // (d, Nq, H, B) fp32, zeroed by the pre-kernel; boxes of 32 x kBlockM
-  void* dk;                   // (B, Hk, Nk, d), contiguous (multi-head attention: written here)
+  void* dk;                   // (B, Hk, Nk, d) at the dk_s* strides (multi-head attention: written here)
   void* dv;
+  int64_t dk_sb, dk_sh, dk_sr;  // of dk and dv, elements (unit column stride)
   float* dkv_partial;         // grouped-query attention: fp32 partials (flash_bwd.cu's layout), else null
   int* dq_sem;                // deterministic: per (q head, query tile) the key blocks added so far
   hopper_common::Order order;
@@ -401,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         *reinterpret_cast<float2*>(pk) = make_float2(k_lo, k_hi);
         *reinterpret_cast<float2*>(pk + v_off) = make_float2(v_lo, v_hi);
       } else {
-        const int64_t at = int64_t(bh) * nkd + int64_t(key) * kD + col;
+        const int64_t at = b * a.dk_sb + h * a.dk_sh + key * a.dk_sr + col;
         *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dk) + at) = flash::pack2<T>(k_lo, k_hi);
         *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv) + at) = flash::pack2<T>(v_lo, v_hi);
       }
@@ -432,6 +433,9 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   }
   a.dk = p.dk;
   a.dv = p.dv;
+  a.dk_sb = p.dk_sb;
+  a.dk_sh = p.dk_sh;
+  a.dk_sr = p.dk_sr;
   a.dkv_partial = p.H != p.Hk ? p.dkv_partial : nullptr;
   if (p.H != p.Hk && (p.dkv_partial == nullptr || p.heads_per_cta != 1)) return cudaErrorInvalidValue;  // the plan says
   a.group = int(p.H / p.Hk);

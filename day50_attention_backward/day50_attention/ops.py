@@ -178,7 +178,7 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _layout_strides(like: torch.Tensor) -> list[int]:
-    """Strides of out and dq: like's dimension order, dense (csrc/attention_checks.h,
+    """Strides of out, dq, dk and dv: like's (q's, k's, v's) dimension order, dense (csrc/attention_checks.h,
     layout_strides, is the rule every backend follows; this copy is for the fakes)."""
     order = sorted(range(4), key=lambda i: -like.stride(i))  # stable: ties keep their order
     if order[3] != 3:
@@ -215,8 +215,8 @@ def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, causal=
                              backend="auto", deterministic=False, window=(-1, -1), softcap=0.0):
     _check_one_device("attention_backward", grad_out=grad_out, q=q, k=k, v=v, out=out, lse=lse, grad_lse=grad_lse)
     return (q.new_empty_strided(q.shape, _layout_strides(q)),
-            k.new_empty(k.shape),
-            v.new_empty(v.shape))
+            k.new_empty_strided(k.shape, _layout_strides(k)),
+            v.new_empty_strided(v.shape, _layout_strides(v)))
 
 
 @torch.library.register_fake("day50::attention_varlen_forward")
