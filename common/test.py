@@ -586,6 +586,8 @@ def test_attention_plot_is_readable(tmp_path):
     fig = seen["fig"]
     assert (tmp_path / "a.png").stat().st_size > 0
     assert len(fig.axes) == 4  # one panel per (d, causal); only bwd columns given
+    # nothing to draw (a quick run times no grid): no file, no error
+    assert bench.plot_attention([], tmp_path / "b.png", "attn") is None and not (tmp_path / "b.png").exists()
     for ax in fig.axes:
         assert ax.get_xlabel() == "sequence length N" and len(ax.get_lines()) == 3
     assert fig.axes[0].get_ylabel() == "bwd TFLOP/s" and "DEV" in fig._suptitle.get_text()

@@ -257,7 +257,8 @@ def plot_attention(rows: list[dict], path: str | Path, title: str, meta: dict | 
     """Attention's PNG: TFLOP/s against sequence length N, one panel per
     (dtype, head dim d, causal) and pass (fwd / bwd), ours beside the peers.
     Rows carry N, d, causal (and dtype, else meta["dtype"], else bf16) and
-    "<name> <pass> TF/s" columns. Returns the path, or None without matplotlib."""
+    "<name> <pass> TF/s" columns. Returns the path, or None without matplotlib or without
+    a point to draw (e.g. a quick run that timed no grid)."""
     plt = _pyplot()
     if plt is None:
         return None
@@ -270,6 +271,8 @@ def plot_attention(rows: list[dict], path: str | Path, title: str, meta: dict | 
 
     panels = sorted({key(r) for r in rows if "N" in r and "d" in r})
     passes = [p for p in passes if any(f"{n} {p} TF/s" in r for r in rows for n in names)]
+    if not panels or not passes:
+        return None
     ncol = max(1, len(panels))
     fig, axes = plt.subplots(len(passes) or 1, ncol, figsize=(3.6 * ncol, 3.2 * max(1, len(passes))),
                              squeeze=False)
