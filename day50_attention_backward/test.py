@@ -325,8 +325,11 @@ def test_fused_backward_versions_grad_lse_scale_layouts(version):
                          ids=lambda s: "B{}_Hq{}_Hkv{}_{}x{}_d{}".format(*s))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fused_backward_versions_gqa(causal, shape, version):
-    """Grouped- and multi-query heads: version 2 runs one q head per CTA and sums each group's
-    dK, dV partials in a fixed order (flash_bwd.cu), so dk, dv are bitwise reproducible."""
+    """Grouped- and multi-query heads. Version 1 sums a group's dK, dV in registers or its
+    partials in a fixed order: bitwise reproducible. Version 2 runs one q head per CTA; by
+    default the group's CTAs add their fp32 dK, dV with the copy engine in whatever order
+    they finish (as dQ's adds): close from run to run, not equal; deterministic=True gives
+    the fixed-order partials back (test_deterministic_backward checks the bits)."""
     q, k, v, do = gqa_inputs(shape, torch.bfloat16, "cuda", seed=13)
     ref = reference(q, k, v, do, causal)
     theirs = torch_same_precision(q, k, v, do, causal)
@@ -334,8 +337,14 @@ def test_fused_backward_versions_gqa(causal, shape, version):
     with da.ops.bwd_version(version):
         dq, dk, dv = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused")
         _, dk2, dv2 = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused")
+        det = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused", version == 2)
     check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs, f"bwd v{version}:")
-    assert torch.equal(dk, dk2) and torch.equal(dv, dv2)
+    check_lowp([out, *det], [ref[0], *ref[2:]], theirs, f"bwd v{version} det={version == 2}:")
+    if version == 1:
+        assert torch.equal(dk, dk2) and torch.equal(dv, dv2)
+    else:
+        testing.assert_close(dk2, dk, *testing.tolerance(torch.bfloat16), name="dk run to run")
+        testing.assert_close(dv2, dv, *testing.tolerance(torch.bfloat16), name="dv run to run")
 
 
 @requires_cuda

@@ -150,6 +150,9 @@ struct FusedBwdPlan {
   int64_t heads_per_cta = 1;
   int64_t splits = 1;
   int64_t partial_floats = 0;  // fp32 workspace for the partial sums (0 when splits == 1)
+  // Version 2 runs, not deterministic: it adds into a (2, B, Hk, Nk, d) fp32 accumulator, the
+  // workspace's first accum_floats, zeroed by the caller.
+  int64_t accum_floats = 0;
 };
 FusedBwdPlan fused_backward_plan(const FusedParams& p);
 

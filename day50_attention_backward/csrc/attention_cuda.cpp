@@ -350,6 +350,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
       dkv_partial = at::empty({plan.partial_floats}, q.options().dtype(at::kFloat));
       p.dkv_partial = dkv_partial.data_ptr<float>();
     }
+    if (plan.accum_floats > 0) dkv_partial.narrow(0, 0, plan.accum_floats).zero_();  // version 2 adds into it
     KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, stream));
   } else if (simt) {  // any strides: no copies; workspace: D, one float a query row
     day50::FusedParams p =

@@ -190,8 +190,10 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
   // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention), else version 1
   const cudaError_t v2 =
       p.bwd_version != 1 && dense_masking(p) ? hopper_attention_backward_main(p, stream) : cudaErrorNotSupported;
+  int64_t splits = p.H / p.Hk / p.heads_per_cta;
   if (v2 != cudaErrorNotSupported) {
     KC_CUDA_TRY(v2);
+    if (!p.deterministic) splits = 1;  // version 2 summed each group into the accumulator: converted below
   } else {
     if (p.bwd_version == 2 || p.deterministic) return cudaErrorNotSupported;  // version 1 cannot order its adds
     KC_CUDA_TRY((p.d <= 64 ? launch_bwd_dkdv<T, 64>(p, stream) : launch_bwd_dkdv<T, 128>(p, stream)));
@@ -199,7 +201,7 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
   if (p.H != p.Hk && p.dkv_partial != nullptr) {
     const int64_t n = p.B * p.Hk * p.Nk * p.d, blocks = (2 * n / 4 + 255) / 256;
     dkv_reduce_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
-        p.dkv_partial, static_cast<T*>(p.dk), static_cast<T*>(p.dv), n, p.H / p.Hk / p.heads_per_cta, p);
+        p.dkv_partial, static_cast<T*>(p.dk), static_cast<T*>(p.dv), n, splits, p);
     KC_CUDA_LAUNCH_TRY();
   }
   const int64_t n = rows * p.d;
@@ -236,6 +238,7 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   plan.heads_per_cta = hpc;
   plan.splits = G / hpc;
   plan.partial_floats = plan.splits > 1 ? 2 * p.B * (p.H / hpc) * p.Nk * p.d : 0;
+  if (v2 && !p.deterministic) plan.accum_floats = 2 * p.B * p.Hk * p.Nk * p.d;
   return plan;
 }
 

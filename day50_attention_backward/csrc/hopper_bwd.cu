@@ -74,7 +74,11 @@ struct Args {
   void* dk;                   // (B, Hk, Nk, d) at the dk_s* strides (multi-head attention: written here)
   void* dv;
   int64_t dk_sb, dk_sh, dk_sr;  // of dk and dv, elements (unit column stride)
-  float* dkv_partial;         // grouped-query attention: fp32 partials (flash_bwd.cu's layout), else null
+  // Grouped-query attention. Default: the fp32 accumulator (d, Nk, Hk, 2 B) (dK's batches, then
+  // dV's) the copy engine adds into. Deterministic: fp32 partials (flash_bwd.cu's layout).
+  CUtensorMap dkv_accum;
+  float* dkv_partial;
+  bool gqa;
   int* dq_sem;                // deterministic: per (q head, query tile) the key blocks added so far
   hopper_common::Order order;
   int H, group, Nq, Nk;
@@ -382,9 +386,47 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     kc::mbar_arrive(&dq_full[buf]);
   }
 
-  // dK (times the softmax scale, which dS^T leaves out) and dV, rows < Nk. Grouped-query
-  // attention: fp32 partials of this q head (split h % group of kv head b * Hk + hk), which
-  // flash_bwd.cu's dkv_reduce_kernel sums over the group in a fixed order.
+  // dK (times the softmax scale, which dS^T leaves out) and dV, rows < Nk.
+  if (!kDeterministic && a.gqa) {
+    // Grouped-query attention: the group's G q heads (G CTAs of this key block) add their fp32
+    // dK, dV into the (2, B, Hk, Nk, d) accumulator by the copy engine, in whatever order they
+    // come (as dQ's adds); flash_bwd.cu then converts it. Both consumers stage their tiles in
+    // shared memory (the K, V, Q, dO buffers: every product is done once both are past the
+    // barrier), swizzled as dQ's, then one thread adds them.
+    kc::named_barrier_sync(kDsBar, 256);
+    const uint32_t tiles = kc::smem_u32(sm) + (16 * warp + g) * 128 + 8 * t;  // + (matrix * 2 + w) tiles
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int c = 0; c < kD / 8; ++c) {
+          const float* acc = m == 0 ? dk : dv;
+          const float sc = m == 0 ? a.scale : 1.f;
+          const uint32_t at =
+              (tiles + (m * 2 + w) * L::kDqBytes + (c / 4) * L::kDqBox + r * 8 * 128 + 32 * (c % 4)) ^ (g << 4);
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[4 * c + 2 * r] * sc),
+                       "f"(acc[4 * c + 2 * r + 1] * sc));
+        }
+    kc::fence_async_shared();
+    kc::named_barrier_sync(kDsBar, 256);
+    if (threadIdx.x == 128) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int ww = 0; ww < 2; ++ww)
+#pragma unroll
+          for (int j = 0; j < kD / 32; ++j)
+            kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * 2 + ww) * L::kDqBytes + j * L::kDqBox, 32 * j,
+                                  k0 + 64 * ww, hk, m * (a.order.bh / a.H) + b);
+      kc::bulk_commit();
+      kc::bulk_wait<0>();  // shared memory read before the CTA exits
+    }
+    return;
+  }
+  // Multi-head attention: dK, dV written here. Grouped-query and deterministic: fp32 partials
+  // of this q head (split h % group of kv head b * Hk + hk), which flash_bwd.cu's
+  // dkv_reduce_kernel sums over the group in a fixed order.
   const int64_t nkd = int64_t(a.Nk) * kD;
   const int64_t part = (int64_t(b) * (a.H / a.group) + hk) * a.group + h % a.group;  // (kv head, split)
   const int64_t v_off = int64_t(a.order.bh) * nkd;  // dV's partials follow dK's: B * H * Nk * d floats
@@ -397,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       const int col = 8 * c + 2 * t;
       const float k_lo = dk[4 * c + 2 * r] * a.scale, k_hi = dk[4 * c + 2 * r + 1] * a.scale;
       const float v_lo = dv[4 * c + 2 * r], v_hi = dv[4 * c + 2 * r + 1];
-      if (a.dkv_partial != nullptr) {
+      if (a.gqa) {
         float* pk = a.dkv_partial + part * nkd + int64_t(key) * kD + col;
         *reinterpret_cast<float2*>(pk) = make_float2(k_lo, k_hi);
         *reinterpret_cast<float2*>(pk + v_off) = make_float2(v_lo, v_hi);
@@ -436,8 +478,17 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.dk_sb = p.dk_sb;
   a.dk_sh = p.dk_sh;
   a.dk_sr = p.dk_sr;
-  a.dkv_partial = p.H != p.Hk ? p.dkv_partial : nullptr;
-  if (p.H != p.Hk && (p.dkv_partial == nullptr || p.heads_per_cta != 1)) return cudaErrorInvalidValue;  // the plan says
+  a.gqa = p.H != p.Hk;
+  a.dkv_partial = p.dkv_partial;
+  if (a.gqa && (p.dkv_partial == nullptr || p.heads_per_cta != 1)) return cudaErrorInvalidValue;  // the plan says
+  if (a.gqa && !kDet) {  // the accumulator: the workspace's first 2 * B * Hk * Nk * d floats (the plan zeroed them)
+    const uint64_t dims[4] = {uint64_t(kD), uint64_t(p.Nk), uint64_t(p.Hk), uint64_t(2 * p.B)};
+    const uint64_t strides[3] = {uint64_t(kD) * 4, uint64_t(p.Nk) * kD * 4, uint64_t(p.Hk) * p.Nk * kD * 4};
+    const uint32_t box[4] = {32, 64, 1, 1};
+    if (kc::make_tensor_map(&a.dkv_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.dkv_partial, dims, strides, box,
+                            CU_TENSOR_MAP_SWIZZLE_128B) != cudaSuccess)
+      return cudaErrorNotSupported;
+  }
   a.group = int(p.H / p.Hk);
   a.H = int(p.H);
   a.Nq = int(p.Nq);
