@@ -230,9 +230,12 @@ FWD_VERSIONS = [pytest.param(1, marks=requires_cuda),
 # odd N, Nq != Nk both ways (fewer keys than one 128-key tile, and many tiles), d 40 / 64 / 96 / 128
 VERSION_SHAPES = [(1, 1, 1, 1, 64), (2, 3, 17, 17, 64), (1, 2, 128, 128, 128), (1, 2, 17, 300, 64),
                   (1, 2, 300, 17, 128), (1, 2, 1000, 1000, 64), (1, 1, 1000, 333, 128), (1, 2, 77, 130, 96),
-                  (1, 2, 77, 130, 40), (2, 2, 257, 513, 128), (1, 1, 640, 640, 96)]
+                  (1, 2, 77, 130, 40), (2, 2, 257, 513, 128), (1, 1, 640, 640, 96),
+                  # d 64 forward in 192-row tiles (three consumers): Nq a multiple, then one
+                  # leaving the last tile's third warpgroup with no row (it takes turns only)
+                  (1, 2, 384, 200, 64), (1, 2, 2000, 2000, 64)]
 if SANITIZE:
-    VERSION_SHAPES = [(1, 1, 1, 1, 64), (1, 2, 17, 300, 64), (1, 1, 130, 129, 96)]
+    VERSION_SHAPES = [(1, 1, 1, 1, 64), (1, 2, 17, 300, 64), (1, 1, 130, 129, 96), (1, 1, 192, 130, 64)]
 
 
 def check_forward(out, lse, q, k, v, causal, name, scale=None):

@@ -2,13 +2,16 @@
 // specialization. Version 2 of the fused forward (flash_fwd.cu, mma.sync, is version 1;
 // naive.cu the step-by-step one). Same contract as flash_fwd.cu: O (contiguous) and lse.
 //
-// CTA: 3 warpgroups, one tile of kBlockM = 128 query rows of one (batch, head).
+// CTA: 1 + C warpgroups, one tile of 64 C query rows of one (batch, head). C = 3 consumers at
+//   d = 64 where 192-row tiles cut Nq with little padding (a K, V tile feeds three, and their
+//   exponentials, as many as at d = 128 for half the products, hide behind two others'
+//   products), else C = 2 (128 rows; above d = 64 the registers of O and S allow no third).
 //   warpgroup 0, the producer: one thread issues every copy. Q once, then K and V
 //     tiles (kBlockN = 128 keys) into a ring of kStages shared-memory stages, each
 //     stage guarded by "full" barriers (the copy engine completes them) and an
 //     "empty" barrier (all consumer threads arrive when done reading). Its other
 //     threads exit at once; it gives most of its registers to the consumers.
-//   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
+//   warpgroups 1 .. C, the consumers: 64 query rows each. Per key tile:
 //     S = Q K^T        wgmma, A = Q and B = K both from shared memory (K-major)
 //     online softmax   in registers, fp32: the row max of the raw scores, then
 //                      exp2(x * scale * log2(e) - max * scale * log2(e)), one FFMA + EX2 each
@@ -17,8 +20,9 @@
 //                      (MN-major: V's rows are the product's K dimension)
 //   Overlap inside a warpgroup: the next tile's Q K^T is issued before the current P V,
 //   and the softmax of the next tile runs while P V is still on the tensor cores.
-//   Overlap between the two ("pingpong"): they take turns issuing their products, so
-//   one's softmax runs under the other's matrix work.
+//   Overlap between them ("pingpong"): they take turns issuing their products, in a ring,
+//   so one's softmax runs under the others' matrix work. A consumer whose rows all lie
+//   past Nq (the last tile's) takes its turns and releases its stages but issues nothing.
 // Shared memory: tiles are stored as 128-byte-wide "panels" (64 columns of d each),
 //   128-byte swizzled as TMA writes them and wgmma reads them (kc/tma.cuh, kc/wgmma.cuh);
 //   d = 96 uses two panels, the second half filled with zeros by the copy engine.
@@ -51,10 +55,13 @@ namespace day50 {
 namespace hopper {
 namespace {
 
-constexpr int kBlockM = 128, kBlockN = 128;
-constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-constexpr int kTurnBar = 1;  // named barriers 1 and 2: the consumers' turns (pingpong)
+constexpr int kBlockN = 128;
+// kC consumer warpgroups (64 query rows each); the register split: the block's 65536
+// registers less the producer's 24 x 128, over the consumers, a multiple of 8 (240 for two,
+// 160 for three).
+constexpr int kProducerRegs = 24;
+__host__ __device__ constexpr int consumer_regs(int kC) { return (65536 - 128 * kProducerRegs) / (128 * kC) / 8 * 8; }
+constexpr int kTurnBar = 1;  // named barriers 1 .. C: the consumers' turns (pingpong)
 constexpr float kLn2 = 0.6931471805599453f;
 using hopper_common::kLog2e;
 
@@ -70,10 +77,10 @@ struct Args {
 
 // Byte offsets inside the (1024-byte aligned) dynamic shared memory: Q, then kStages
 // stages of K and of V (3 stages: d = 128 fills 225 KB of the 227 KB a block may have).
-template <int kD>
+template <int kD, int kC>
 struct Layout {
   static constexpr int kPanels = (kD + 63) / 64;           // 128-byte column panels
-  static constexpr int kQPanel = kBlockM * 128, kKVPanel = kBlockN * 128;
+  static constexpr int kQPanel = 64 * kC * 128, kKVPanel = kBlockN * 128;
   static constexpr int kQBytes = kPanels * kQPanel, kKVBytes = kPanels * kKVPanel;
   static constexpr int kStages = 3;
   static constexpr int kQ = 0, kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
@@ -81,10 +88,11 @@ struct Layout {
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;  // + slack to align the base
 };
 
-template <typename T, int kD, bool kCausal>
-__global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_constant__ Args a) {
+template <typename T, int kD, int kConsumers, bool kCausal>
+__global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = Layout<kD>;
+  using L = Layout<kD, kConsumers>;
+  constexpr int kBlockM = 64 * kConsumers;
   constexpr int kStages = L::kStages;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -138,11 +146,12 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
   }
 
   // ------------------------------------------------------------------------ consumers
-  kc::warpgroup_reg_alloc<kConsumerRegs>();
+  kc::warpgroup_reg_alloc<consumer_regs(kConsumers)>();
   using Qk = kc::WgmmaOp<T, kBlockN>;
   using Pv = kc::WgmmaOp<T, kD>;
   const int cw = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  const bool idle = q0 + cw * 64 >= a.Nq;          // every row past Nq: turns, no products
   // Descriptors of the operands at k-step 0, stage 0; later steps add byte offsets / 16.
   const uint64_t dq = kc::gmma_desc_sw128(sm + L::kQ + cw * 64 * 128, 16, 1024);
   const uint64_t dk = kc::gmma_desc_sw128(sm + L::kK, 16, 1024);
@@ -232,13 +241,23 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
   };
   auto release = [&](int it) { kc::mbar_arrive(&empty[it % kStages]); };
 
-  // Pingpong: the two consumer warpgroups take turns issuing their products (named
-  // barriers kTurnBar + cw), so one's softmax runs while the other's products occupy the
-  // tensor cores. Each warpgroup takes n_blocks + 1 turns; warpgroup 0 goes first, and
-  // warpgroup 1 leaves out its last hand-over so that every arrival is waited for.
+  // Pingpong: the consumer warpgroups take turns issuing their products, in a ring (named
+  // barriers kTurnBar + cw, each between a warpgroup and the one before it), so one's
+  // softmax runs while the others' products occupy the tensor cores. Each warpgroup takes
+  // n_blocks + 1 turns; warpgroup 0 goes first (the last one hands it its first turn), and
+  // the last one leaves out its final hand-over so that every arrival is waited for.
   auto wait_turn = [&] { kc::named_barrier_sync(kTurnBar + cw, 256); };
-  auto pass_turn = [&] { kc::named_barrier_arrive(kTurnBar + 1 - cw, 256); };
-  if (cw == 1) pass_turn();
+  auto pass_turn = [&] { kc::named_barrier_arrive(kTurnBar + (cw + 1) % kConsumers, 256); };
+  if (cw == kConsumers - 1) pass_turn();
+  if (idle) {  // the same turns and the same waits for the stages it releases, no products
+    for (int it = 0; it <= n_blocks; ++it) {
+      wait_turn();
+      if (it > 0) kc::mbar_wait(&v_full[(it - 1) % kStages], ((it - 1) / kStages) & 1);
+      if (it < n_blocks || cw != kConsumers - 1) pass_turn();
+      if (it > 0) release(it - 1);
+    }
+    return;
+  }
   kc::mbar_wait(q_full, 0);
   wait_turn();
   issue_qk(0);
@@ -263,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
   }
   wait_turn();
   issue_pv(n_blocks - 1);
-  if (cw == 0) pass_turn();
+  if (cw != kConsumers - 1) pass_turn();
   kc::wgmma_wait<0>();
   kc::fence_operands(o);
   release(n_blocks - 1);
@@ -291,9 +310,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const __grid_co
 #endif
 }
 
-template <typename T, int kD, bool kCausal>
+template <typename T, int kD, int kC, bool kCausal>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
+  constexpr int kBlockM = 64 * kC;
   if (hopper_common::make_map<T>(&a.q, p.q, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess ||
       hopper_common::make_map<T>(&a.k, p.k, p.B, p.Hk, p.Nk, p.d, kBlockN) != cudaSuccess ||
       hopper_common::make_map<T>(&a.v, p.v, p.B, p.Hk, p.Nk, p.d, kBlockN) != cudaSuccess)
@@ -309,20 +329,25 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.Nk = int(p.Nk);
   a.d = int(p.d);
   a.scale_log2 = p.scale * kLog2e;
-  auto kernel = hopper_fwd_kernel<T, kD, kCausal>;
-  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
+  auto kernel = hopper_fwd_kernel<T, kD, kC, kCausal>;
+  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD, kC>::kBytes));
   const int64_t n_qt = (p.Nq + kBlockM - 1) / kBlockM;
   // K and V of a kv head, shared by its group of q heads
   a.order = hopper_common::make_order(n_qt, p.B * p.H, 2 * p.Nk * kD * int64_t(sizeof(T)) / (p.H / p.Hk));
-  kernel<<<unsigned(n_qt * p.B * p.H), kThreads, Layout<kD>::kBytes, stream>>>(a);
+  kernel<<<unsigned(n_qt * p.B * p.H), 128 * (1 + kC), Layout<kD, kC>::kBytes, stream>>>(a);
   return cudaGetLastError();
 }
 
+// Three consumers at d <= 64 unless 192-row tiles pad Nq by more than a sixteenth (N 1024:
+// 128 padded rows, the whole last tile's work on one warpgroup): measured, 192 rows made the
+// small-Llama forward (N 2048) 5.5% faster and GPT-2's (N 1024) no faster.
+bool three_consumers(const FusedParams& p) { return p.d <= 64 && ((p.Nq + 191) / 192 * 192 - p.Nq) * 16 <= p.Nq; }
+
 template <typename T, bool kCausal>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  if (p.d <= 64) return launch<T, 64, kCausal>(p, stream);
-  if (p.d <= 96) return launch<T, 96, kCausal>(p, stream);
-  return launch<T, 128, kCausal>(p, stream);
+  if (p.d <= 64) return three_consumers(p) ? launch<T, 64, 3, kCausal>(p, stream) : launch<T, 64, 2, kCausal>(p, stream);
+  if (p.d <= 96) return launch<T, 96, 2, kCausal>(p, stream);
+  return launch<T, 128, 2, kCausal>(p, stream);
 }
 
 template <typename T>
