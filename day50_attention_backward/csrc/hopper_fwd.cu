@@ -3,9 +3,9 @@
 // naive.cu the step-by-step one). Same contract as flash_fwd.cu: O (contiguous) and lse.
 //
 // CTA: 1 + C warpgroups, one tile of 64 C query rows of one (batch, head). C = 3 consumers at
-//   d = 64 where 192-row tiles cut Nq with little padding (a K, V tile feeds three, and their
-//   exponentials, as many as at d = 128 for half the products, hide behind two others'
-//   products), else C = 2 (128 rows; above d = 64 the registers of O and S allow no third).
+//   d = 64 (a K, V tile feeds three, and their exponentials, as many as at d = 128 for half
+//   the products, hide behind two others' products), else C = 2 (128 rows: above d = 64 the
+//   registers of O and S allow no third).
 //   warpgroup 0, the producer: one thread issues every copy. Q once, then K and V
 //     tiles (kBlockN = 128 keys) into a ring of kStages shared-memory stages, each
 //     stage guarded by "full" barriers (the copy engine completes them) and an
@@ -27,8 +27,10 @@
 //   128-byte swizzled as TMA writes them and wgmma reads them (kc/tma.cuh, kc/wgmma.cuh);
 //   d = 96 uses two panels, the second half filled with zeros by the copy engine.
 //   d = 128: Q 32 KB + 3 stages x (K 32 KB + V 32 KB) = 224 KB.
-// Tails: the tensor maps know N and d, so rows beyond Nq or Nk and columns beyond d
-//   arrive as zeros; keys >= Nk are masked to -inf; rows >= Nq are not stored.
+// Tails: query tiles are aligned to Nq's end (tile t holds rows Nq - (t + 1) M .. Nq - t M),
+//   so a partial tile is the first one, which causal attention makes the shortest; its rows
+//   below 0 (and the tensor maps' rows beyond Nk, columns beyond d) arrive as zeros (the
+//   copy engine fills what lies outside a tensor) and are not stored; keys >= Nk are masked.
 // Causal (top-left aligned): a query tile reads key tiles up to its last row, the
 //   diagonal one first (so only the first steps need masking).
 // Grid: one dimension, (query tile, B * H) in hopper_common::Order: heads in chunks whose
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   int step, bh;
   hopper_common::order_of(blockIdx.x, a.order, step, bh);
   const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
-  const int q0 = (a.order.steps - 1 - step) * kBlockM;
+  const int q0 = a.Nq - (step + 1) * kBlockM;  // may be negative for the last step (Tails above)
   const int kend = kCausal ? min(a.Nk, q0 + kBlockM) : a.Nk;
   const int n_blocks = (kend + kBlockN - 1) / kBlockN;
   const int wg = threadIdx.x / 128;
@@ -151,7 +153,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   using Pv = kc::WgmmaOp<T, kD>;
   const int cw = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
-  const bool idle = q0 + cw * 64 >= a.Nq;          // every row past Nq: turns, no products
+  const bool idle = q0 + cw * 64 + 64 <= 0;        // every row below 0: turns, no products
   // Descriptors of the operands at k-step 0, stage 0; later steps add byte offsets / 16.
   const uint64_t dq = kc::gmma_desc_sw128(sm + L::kQ + cw * 64 * 128, 16, 1024);
   const uint64_t dk = kc::gmma_desc_sw128(sm + L::kK, 16, 1024);
@@ -294,7 +296,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int row = row0 + 8 * r;
-    if (row >= a.Nq) continue;
+    if (row < 0) continue;
     const float inv = 1.f / l[r];
 #pragma unroll
     for (int c = 0; c < kD / 8; ++c) {
@@ -338,14 +340,9 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Three consumers at d <= 64 unless 192-row tiles pad Nq by more than a sixteenth (N 1024:
-// 128 padded rows, the whole last tile's work on one warpgroup): measured, 192 rows made the
-// small-Llama forward (N 2048) 5.5% faster and GPT-2's (N 1024) no faster.
-bool three_consumers(const FusedParams& p) { return p.d <= 64 && ((p.Nq + 191) / 192 * 192 - p.Nq) * 16 <= p.Nq; }
-
 template <typename T, bool kCausal>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  if (p.d <= 64) return three_consumers(p) ? launch<T, 64, 3, kCausal>(p, stream) : launch<T, 64, 2, kCausal>(p, stream);
+  if (p.d <= 64) return launch<T, 64, 3, kCausal>(p, stream);
   if (p.d <= 96) return launch<T, 96, 2, kCausal>(p, stream);
   return launch<T, 128, 2, kCausal>(p, stream);
 }
