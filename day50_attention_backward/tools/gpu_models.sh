@@ -20,23 +20,19 @@ python3 bench.py --models --model-rounds "${ROUNDS:-5}" --out "$out/day50" 2>&1 
 python3 - "$out" <<'EOF'
 # The Llama steps under the profiler: which attention kernels run, and their GPU time per step,
 # day50 against SDPA; then attention alone at the Llama shape, in transformers' layout.
-import collections
 import sys
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 import day50_attention as da
 from kernel_common import bench, models
 
+sys.path.insert(0, "tools")
+from profile_step import kernel_times  # noqa: E402  (one profiled step, kernel time by name)
+
 NAIVE = ("tiled_matmul_kernel", "softmax_forward_kernel", "softmax_backward_kernel", "probs_from_lse_kernel")
 SDPA = ("flash", "fmha", "cudnn", "attention", "sm90_xmma")
-
-
-def short(k):
-    return k.replace("(anonymous namespace)::", "").replace("void ", "").split("<")[0].split("(")[0][:70]
-
 
 name = da.register_transformers()
 lines = []
@@ -46,25 +42,12 @@ for spec_name in ("llama", "llama_packed"):
     for variant in ("torch", "day50"):
         model = spec.model if variant == "torch" else models.apply_swap(
             spec, spec.model, "day50", models.Swap(hf_attention=name), {})
-        step = models.make_step(spec, model, x, y)
-        for _ in range(3):
-            models.clear_grads(model)
-            step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            models.clear_grads(model)
-            step()
-            torch.cuda.synchronize()
-        us, count = collections.Counter(), collections.Counter()
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                us[e.name] += e.time_range.elapsed_us()
-                count[e.name] += 1
+        us, count = kernel_times(spec, model, x, y)
         attn = {k: t for k, t in us.items() if "day50::" in k or any(s in k.lower() for s in SDPA)}
         naive = [k for k in us if any(s in k for s in NAIVE)]
         total = sum(us.values()) / 1e3
         lines.append(f"{spec_name} / {variant}: GPU kernels {total:.2f} ms, attention {sum(attn.values()) / 1e3:.2f} ms: "
-                     + ", ".join(f"{short(k)} x{count[k]} {t / 1e3:.2f}" for k, t in sorted(attn.items(), key=lambda a: -a[1])))
+                     + ", ".join(f"{k} x{count[k]} {t / 1e3:.2f}" for k, t in sorted(attn.items(), key=lambda a: -a[1])))
         if naive:
             lines.append(f"{spec_name} / {variant}: FAIL, a naive kernel ran: {naive}")
     del spec, model
