@@ -12,11 +12,14 @@
 //      (hopper_bwd.cu) where it applies, else flash_bwd_dkdv_kernel (flash_bwd.cuh).
 //   3. dq_convert_kernel: dQ = scale * dq_accum, stored as T in q's layout.
 //   4. grouped-query attention with the group split over CTAs only: dkv_reduce_kernel,
-//      dK, dV = the sum of the fp32 partials of the splits, in split order, stored as T.
+//      dK, dV = the sum of the fp32 partials of the splits, in split order, stored as T;
+//      after version 2 (not deterministic) one "split": the accumulator its CTAs added
+//      into with the copy engine, converted to T.
 // dQ by atomics (FA2's choice) rather than a second pass over K, V per query
 // tile: the second pass would recompute S and dP (7 products instead of 5);
 // the atomics cost L2 traffic of Nk / kBc * Nq * d floats per (b, h). The
-// price is that dQ is not bitwise reproducible run to run (dK and dV are).
+// price is that dQ is not bitwise reproducible run to run (nor, on version 2,
+// a grouped-query dK, dV); deterministic=True orders every sum.
 //
 // Grouped-query attention (H = G * Hk): dK and dV of a kv head sum the
 // contributions of its G q heads. fused_backward_plan picks how many of them one
