@@ -80,9 +80,9 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool 
 
     deterministic=True: every sum in a fixed order, so dq, dk, dv are bitwise the same from run
     to run. The fused path's dq is otherwise summed over key blocks with fp32 adds (atomics, or
-    the copy engine's reduce-add on Hopper) in whatever order they land; deterministic orders
-    them key block by key block (Hopper version 2, where it applies; it costs some speed:
-    README). Where version 2 does not run,
+    the copy engine's reduce-add on Hopper) in whatever order they land, and on Hopper so are
+    a grouped-query group's dk, dv over its q heads; deterministic orders them (Hopper version
+    2, where it applies; it costs some speed: README). Where version 2 does not run,
     backend="auto" takes the "simt" kernels (no atomics; O(N) memory) and "fused" is an error.
     CPU and naive are deterministic anyway."""
     return torch.ops.day50.attention_backward(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend,
