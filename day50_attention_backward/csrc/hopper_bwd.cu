@@ -38,8 +38,10 @@
 // Grid: one dimension in hopper_common::Order: heads in chunks whose Q and dO fit in half
 // the L2, and inside a chunk key block 0 (causal: the longest) of every head first.
 // Grouped-query attention: one CTA per (key block, q head), as for multi-head attention,
-// reading its kv head's K, V; dK, dV leave as fp32 partials per q head that flash_bwd.cu's
-// reduce kernel sums over each group in a fixed order (fused_backward_plan: one head per CTA).
+// reading its kv head's K, V. Its fp32 dK, dV are staged in shared memory (the K, V, Q, dO
+// buffers, free once both consumers are done) and added by the copy engine into one
+// (2, B, Hk, Nk, d) accumulator that flash_bwd.cu converts; deterministic: fp32 partials
+// per q head that its reduce kernel sums over each group in a fixed order.
 // Applies to d = 64 and 128; other head dims run version 1.
 #include "attention.h"
 
@@ -108,6 +110,25 @@ __device__ __forceinline__ int load_acquire(const int* p) {
 }
 __device__ __forceinline__ void store_release(int* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// A consumer's fp32 accumulator fragment (kGroups groups of 8 columns; rows 16 warp + g and
+// + 8 of its 64) times `scale`, stored to shared tiles of 64-row x 32-column boxes, 128-byte
+// swizzled as the copy engine reads them: `row` is this thread's unswizzled address in the
+// first box (row 16 warp + g, column 2 t). Element (row, column) lies in box column / 32,
+// 16-byte chunk (column % 32) / 4 XOR row % 8: the swizzle is address bits 4-6 XOR bits 7-9,
+// and bits 7-9 are g (boxes 1024-aligned). The XOR is applied to each address, not folded
+// into per-store constants that the compiler would keep in registers (d = 128 spilled so).
+template <int kGroups>
+__device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const float* acc, float scale) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int c = 0; c < kGroups; ++c) {
+      const uint32_t at = (row + (c / 4) * (kBlockM * 128) + r * 8 * 128 + 32 * (c % 4)) ^ (g << 4);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[4 * c + 2 * r] * scale),
+                   "f"(acc[4 * c + 2 * r + 1] * scale));
+    }
 }
 
 // kDeterministic: the key blocks of one q head add their dQ tiles in key-block order.
@@ -364,24 +385,13 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     kc::fence_operands(dv);
     kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
 
-    // dQ to this iteration's shared tile (free once the writer has read what it held two
-    // tiles ago), then the writer's turn. Element (query, column) lies in box column / 32,
-    // row query, 16-byte chunk (column % 32) / 4 XOR query % 8: the 128-byte swizzle is
-    // address bits 4-6 XOR bits 7-9, and bits 7-9 are this thread's g (boxes 1024-aligned).
-    // The XOR is applied to each address here, not folded into per-store constants that
-    // the compiler would keep in registers across the loop (d = 128 spilled that way).
+    // dQ (this consumer's d / 2 columns) to this iteration's shared tile, free once the
+    // writer has read what it held two tiles ago; then the writer's turn.
     const int buf = it & 1;
     if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
-    const uint32_t dq_row = kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox +
-                            (16 * warp + g) * 128 + 8 * t;
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int c = 0; c < kD / 16; ++c) {
-        const uint32_t at = (dq_row + (c / 4) * L::kDqBox + r * 8 * 128 + 32 * (c % 4)) ^ (g << 4);
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[4 * c + 2 * r]),
-                     "f"(dq[4 * c + 2 * r + 1]));
-      }
+    store_swizzled_f32<kD / 16>(kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox +
+                                    (16 * warp + g) * 128 + 8 * t,
+                                g, dq, 1.f);
     kc::fence_async_shared();
     kc::mbar_arrive(&dq_full[buf]);
   }
@@ -394,20 +404,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     // shared memory (the K, V, Q, dO buffers: every product is done once both are past the
     // barrier), swizzled as dQ's, then one thread adds them.
     kc::named_barrier_sync(kDsBar, 256);
-    const uint32_t tiles = kc::smem_u32(sm) + (16 * warp + g) * 128 + 8 * t;  // + (matrix * 2 + w) tiles
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int c = 0; c < kD / 8; ++c) {
-          const float* acc = m == 0 ? dk : dv;
-          const float sc = m == 0 ? a.scale : 1.f;
-          const uint32_t at =
-              (tiles + (m * 2 + w) * L::kDqBytes + (c / 4) * L::kDqBox + r * 8 * 128 + 32 * (c % 4)) ^ (g << 4);
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[4 * c + 2 * r] * sc),
-                       "f"(acc[4 * c + 2 * r + 1] * sc));
-        }
+    const uint32_t tiles = kc::smem_u32(sm) + (16 * warp + g) * 128 + 8 * t;  // tile (matrix * 2 + w)
+    store_swizzled_f32<kD / 8>(tiles + w * L::kDqBytes, g, dk, a.scale);
+    store_swizzled_f32<kD / 8>(tiles + (2 + w) * L::kDqBytes, g, dv, 1.f);
     kc::fence_async_shared();
     kc::named_barrier_sync(kDsBar, 256);
     if (threadIdx.x == 128) {
@@ -465,14 +464,8 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
   a.lse = p.lse;
   a.dsum = p.dsum;
-  {  // dq_accum: contiguous (B, H, Nq, d) fp32; boxes of 32 columns (128 bytes) x kBlockM queries
-    const uint64_t dims[4] = {uint64_t(kD), uint64_t(p.Nq), uint64_t(p.H), uint64_t(p.B)};
-    const uint64_t strides[3] = {uint64_t(kD) * 4, uint64_t(p.Nq) * kD * 4, uint64_t(p.H) * p.Nq * kD * 4};
-    const uint32_t box[4] = {32, uint32_t(kBlockM), 1, 1};
-    if (p.d != kD || kc::make_tensor_map(&a.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.dq_accum, dims, strides,
-                                         box, CU_TENSOR_MAP_SWIZZLE_128B) != cudaSuccess)
-      return cudaErrorNotSupported;
-  }
+  if (p.d != kD || hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, p.B, p.H, p.Nq, kD, kBlockM) != cudaSuccess)
+    return cudaErrorNotSupported;
   a.dk = p.dk;
   a.dv = p.dv;
   a.dk_sb = p.dk_sb;
@@ -481,14 +474,11 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.gqa = p.H != p.Hk;
   a.dkv_partial = p.dkv_partial;
   if (a.gqa && (p.dkv_partial == nullptr || p.heads_per_cta != 1)) return cudaErrorInvalidValue;  // the plan says
-  if (a.gqa && !kDet) {  // the accumulator: the workspace's first 2 * B * Hk * Nk * d floats (the plan zeroed them)
-    const uint64_t dims[4] = {uint64_t(kD), uint64_t(p.Nk), uint64_t(p.Hk), uint64_t(2 * p.B)};
-    const uint64_t strides[3] = {uint64_t(kD) * 4, uint64_t(p.Nk) * kD * 4, uint64_t(p.Hk) * p.Nk * kD * 4};
-    const uint32_t box[4] = {32, 64, 1, 1};
-    if (kc::make_tensor_map(&a.dkv_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.dkv_partial, dims, strides, box,
-                            CU_TENSOR_MAP_SWIZZLE_128B) != cudaSuccess)
-      return cudaErrorNotSupported;
-  }
+  // the accumulator: the workspace's first 2 * B * Hk * Nk * d floats (the plan zeroed them),
+  // dK's batches then dV's; boxes of 64 keys (a consumer's)
+  if (a.gqa && !kDet &&
+      hopper_common::make_accum_map(&a.dkv_accum, p.dkv_partial, 2 * p.B, p.Hk, p.Nk, kD, 64) != cudaSuccess)
+    return cudaErrorNotSupported;
   a.group = int(p.H / p.Hk);
   a.H = int(p.H);
   a.Nq = int(p.Nq);

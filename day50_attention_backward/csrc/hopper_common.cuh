@@ -31,6 +31,18 @@ cudaError_t make_map(CUtensorMap* map, const View4& x, int64_t batch, int64_t he
   return kc::make_tensor_map(map, dt, 4, x.ptr, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// An fp32 buffer the backward adds into with the copy engine (dq_accum, the grouped-query
+// dK, dV accumulator): contiguous (batch, heads, n, d), boxes of 32 columns (128 bytes) x
+// box_rows rows, 128-byte swizzled as the shared tiles it adds from.
+inline cudaError_t make_accum_map(CUtensorMap* map, float* ptr, int64_t batch, int64_t heads, int64_t n, int64_t d,
+                                  int box_rows) {
+  const uint64_t dims[4] = {uint64_t(d), uint64_t(n), uint64_t(heads), uint64_t(batch)};
+  const uint64_t strides[3] = {uint64_t(d) * 4, uint64_t(n) * d * 4, uint64_t(heads) * n * d * 4};
+  const uint32_t box[4] = {32, uint32_t(box_rows), 1, 1};
+  return kc::make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, ptr, dims, strides, box,
+                             CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 // Launch order of a grid of `steps` tiles x `bh` (batch, head) pairs, flattened into
 // blockIdx.x. Heads go in chunks of `chunk` whose re-read tensors (the forward's K, V, the
 // backward's Q, dO) fit in half the L2 together; inside a chunk, step 0 of every head
