@@ -36,8 +36,16 @@ namespace {
 // Assumptions (launcher): blockDim.x = slots * tpr, tpr a multiple of 32,
 // ITERS * VEC * tpr >= Dc; kCluster: VEC = 16 bytes of T, D = cluster size *
 // Dc, every pointer and Dc allow VEC; kAdd: res and sum aligned as x.
+// Two 512-thread blocks an SM (64 registers a thread) for 16-bit rows of 2
+// vectors a thread with weights of their dtype (ptxas: 71 -> 63 registers, no
+// spill): rows of 4097-8192 columns get 2 slots an SM instead of 1 (README's
+// results); with fp32 weights the cap spilled and the forward at 4096 columns
+// measured 1.7% slower, so those keep ptxas's choice, as every other kernel.
+template <typename T, typename TW, int ITERS, bool kCluster, bool kAdd>
+constexpr int kFwdV4MinBlocks = sizeof(T) == 2 && std::is_same<TW, T>::value && ITERS == 2 && !kCluster && !kAdd ? 2 : 0;
+
 template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf, bool kAdd = false>
-__global__ void __launch_bounds__(kV4SmallThreads)
+__global__ void __launch_bounds__(kV4SmallThreads, kFwdV4MinBlocks<T, TW, ITERS, kCluster, kAdd>)
 ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
           int64_t rows, int64_t D, int64_t Dc, float eps, int tpr, bool w_f32, const T* __restrict__ res,
