@@ -163,11 +163,12 @@ __device__ __forceinline__ void bwd_pass2_wv(const kc::Vec<T, VEC>& xv, const kc
 
 // 3, 4, 5, 6:
 // Write a thread's register sums (columns (it * tpr + t) * VEC + j < D) into a
-// partial row: out[c] = dweight partial, out[ld + c] = dbias partial.
+// partial row: out[c] = dweight partial, out[ld + c] = dbias partial, the latter
+// only with_b (LayerNorm; RMSNorm has no bias, and its finalize reads no dbias half).
 template <int VEC, int ITERS>
 __device__ __forceinline__ void store_partial_row(float* out, const float (&accw)[ITERS][VEC],
                                                   const float (&accb)[ITERS][VEC], int64_t D, int64_t ld, int tpr,
-                                                  int t) {
+                                                  int t, bool with_b) {
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int64_t c = (int64_t(it) * tpr + t) * VEC;
@@ -177,14 +178,15 @@ __device__ __forceinline__ void store_partial_row(float* out, const float (&accw
         for (int j = 0; j < VEC; j += 4) {
           *reinterpret_cast<float4*>(out + c + j) =
               make_float4(accw[it][j], accw[it][j + 1], accw[it][j + 2], accw[it][j + 3]);
-          *reinterpret_cast<float4*>(out + ld + c + j) =
-              make_float4(accb[it][j], accb[it][j + 1], accb[it][j + 2], accb[it][j + 3]);
+          if (with_b)
+            *reinterpret_cast<float4*>(out + ld + c + j) =
+                make_float4(accb[it][j], accb[it][j + 1], accb[it][j + 2], accb[it][j + 3]);
         }
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           out[c + j] = accw[it][j];
-          out[ld + c + j] = accb[it][j];
+          if (with_b) out[ld + c + j] = accb[it][j];
         }
       }
     }
@@ -194,13 +196,14 @@ __device__ __forceinline__ void store_partial_row(float* out, const float (&accw
 // The end of a row-slot kernel (v4, v4 ring) with register sums: slots 1, 2, ...
 // park their sums in `buf` ([slots - 1][ITERS][2 * VEC][tpr] floats: consecutive
 // threads, consecutive words; written once, read once), slot 0 adds them in slot
-// order and writes the block's partial row `out` (columns < D, dbias at out + ld).
+// order and writes the block's partial row `out` (columns < D, dbias at out + ld
+// with_b: the dbias sums are neither parked nor written without it).
 // Every thread of the block calls it, after its last use of the shared memory
 // that `buf` overlays.
 template <int VEC, int ITERS>
 __device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], float (&accb)[ITERS][VEC],
                                                     float* buf, float* out, int64_t D, int64_t ld, int slots,
-                                                    int slot, int tpr, int t) {
+                                                    int slot, int tpr, int t, bool with_b) {
   if (slots > 1) {
     __syncthreads();  // every slot is done with its rows (and with what buf overlays)
     if (slot > 0) {
@@ -210,7 +213,7 @@ __device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], f
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           b[(it * 2 * VEC + j) * tpr] = accw[it][j];
-          b[(it * 2 * VEC + VEC + j) * tpr] = accb[it][j];
+          if (with_b) b[(it * 2 * VEC + VEC + j) * tpr] = accb[it][j];
         }
     }
     __syncthreads();
@@ -222,12 +225,12 @@ __device__ __forceinline__ void slots_store_partial(float (&accw)[ITERS][VEC], f
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             accw[it][j] += b[(it * 2 * VEC + j) * tpr];
-            accb[it][j] += b[(it * 2 * VEC + VEC + j) * tpr];
+            if (with_b) accb[it][j] += b[(it * 2 * VEC + VEC + j) * tpr];
           }
       }
     }
   }
-  if (slot == 0) store_partial_row<VEC, ITERS>(out, accw, accb, D, ld, tpr, t);
+  if (slot == 0) store_partial_row<VEC, ITERS>(out, accw, accb, D, ld, tpr, t, with_b);
 }
 
 // 4, 5, 6:

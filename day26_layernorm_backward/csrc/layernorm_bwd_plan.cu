@@ -136,7 +136,8 @@ cudaError_t ln_backward(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_
 
 // ------------------------------------------------------------- the finalize
 // The finalize of versions 2-6. The main kernels write one fp32 partial row of
-// (dweight, dbias) per block (or cluster); these kernels sum the partial rows
+// (dweight, dbias) per block (or cluster; RMSNorm's without the dbias half, which
+// the finalize reads only where dbias is asked for); these kernels sum the partial rows
 // per column in a fixed order, so the same inputs give bitwise the same
 // dweight/dbias. Launched with programmatic dependent launch where the
 // GPU has it (sm_90+): its launch overlaps the main kernel's tail (the main
@@ -160,18 +161,18 @@ __device__ __forceinline__ void finalize_columns(const float* __restrict__ parti
     if (c < D) {
       int64_t g = sy;
       for (; g + 3 * nsl < G; g += 4 * nsl) {
-        float vw[4], vb[4];
+        float vw[4], vb[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           vw[k] = partial[((g + k * nsl) * 2) * D + c];
-          vb[k] = partial[((g + k * nsl) * 2 + 1) * D + c];
+          if (db) vb[k] = partial[((g + k * nsl) * 2 + 1) * D + c];
         }
 #pragma unroll
         for (int k = 0; k < 4; ++k) aw += vw[k], ab += vb[k];
       }
       for (; g < G; g += nsl) {
         aw += partial[(g * 2) * D + c];
-        ab += partial[(g * 2 + 1) * D + c];
+        if (db) ab += partial[(g * 2 + 1) * D + c];
       }
     }
     red[sy * 32 + cx] = aw;
@@ -239,7 +240,7 @@ ln_bwd_finalize_narrow(const float* __restrict__ partial, int64_t G, int64_t D, 
 #pragma unroll
         for (int k = 0; k < kFinRows; ++k) {
           vw[k] = q[0];
-          vb[k] = q[D];
+          vb[k] = db ? q[D] : 0.f;
           if (k + 1 < left) q += step;
         }
 #pragma unroll

@@ -223,7 +223,8 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   // every row issued was waited for above: no copy is in flight into the buffer below
   if constexpr (kPartials)
     slots_store_partial<VEC, ITERS>(accw, accb, reinterpret_cast<float*>(ring_smem),
-                                    partial + group * 2 * D + col0, Dc, D, slots, slot, tpr, t);
+                                    partial + group * 2 * D + col0, Dc, D, slots, slot, tpr, t,
+                                    mean != nullptr);
   if constexpr (kCluster) kc::cluster_sync();  // no CTA leaves while a peer may still access its shared memory
 }
 

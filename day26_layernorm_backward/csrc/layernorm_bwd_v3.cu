@@ -96,7 +96,8 @@ ln_bwd_v3(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
   kc::cp_async_wait(0);
-  if (partial) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, D, tpr, t);
+  if (partial) store_partial_row<VEC, ITERS>(partial + int64_t(blockIdx.x) * 2 * D, accw, accb, D, D, tpr, t,
+                                                         mean != nullptr);
 }
 
 template <typename T>

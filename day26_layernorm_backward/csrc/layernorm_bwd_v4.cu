@@ -110,7 +110,7 @@ ln_bwd_v4(const T* __restrict__ dy, const T* __restrict__ x, const float* __rest
   }
   if constexpr (kPartials) {
     slots_store_partial<VEC, ITERS>(accw, accb, slot_acc, partial + int64_t(blockIdx.x) * 2 * D, D, D, slots, slot,
-                                    tpr, t);
+                                    tpr, t, mean != nullptr);
   }
 }
 
