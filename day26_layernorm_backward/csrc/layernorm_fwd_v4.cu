@@ -37,12 +37,14 @@ namespace {
 // ITERS * VEC * tpr >= Dc; kCluster: VEC = 16 bytes of T, D = cluster size *
 // Dc, every pointer and Dc allow VEC; kAdd: res and sum aligned as x.
 // Two 512-thread blocks an SM (64 registers a thread) for 16-bit rows of 2
-// vectors a thread with weights of their dtype (ptxas: 71 -> 63 registers, no
-// spill): rows of 4097-8192 columns get 2 slots an SM instead of 1 (README's
-// results); with fp32 weights the cap spilled and the forward at 4096 columns
-// measured 1.7% slower, so those keep ptxas's choice, as every other kernel.
+// vectors a thread (2049-8192 columns) with weights of their dtype (ptxas: 71 ->
+// 63 registers, no spill): 4 slots an SM instead of 3 at 4096 columns, 2 instead
+// of 1 at 8192 (results/h100_2026-11-27_rms_after.md); with fp32 weights the cap
+// spilled and the forward at 4096 columns measured 1-2% slower, so those keep
+// ptxas's choice, as every other kernel.
 template <typename T, typename TW, int ITERS, bool kCluster, bool kAdd>
-constexpr int kFwdV4MinBlocks = sizeof(T) == 2 && std::is_same<TW, T>::value && ITERS == 2 && !kCluster && !kAdd ? 2 : 0;
+constexpr int kFwdV4MinBlocks =
+    sizeof(T) == 2 && std::is_same<TW, T>::value && ITERS == 2 && !kCluster && !kAdd ? 2 : 0;
 
 template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf, bool kAdd = false>
 __global__ void __launch_bounds__(kV4SmallThreads, kFwdV4MinBlocks<T, TW, ITERS, kCluster, kAdd>)
