@@ -278,6 +278,54 @@ def test_fused_forward_versions_gqa_scale_layouts(causal, version):
     assert torch.equal(out, out_c) and torch.equal(lse, lse_c)  # same kernel, same order of sums
 
 
+# Head dims over 128 (multiples of 8 up to 256): "auto" runs the forward on the Hopper kernel
+# (64-key tiles, O in two 128-column products), the backward on the SIMT kernels.
+WIDE_SHAPES = [(1, 1, 1, 1, 256), (2, 2, 150, 97, 256), (1, 2, 97, 300, 256), (1, 1, 333, 333, 192),
+               (1, 2, 130, 129, 136)]
+if SANITIZE:
+    WIDE_SHAPES = [(1, 1, 1, 1, 256), (1, 2, 130, 129, 136)]
+
+
+@pytest.mark.skipif(not HOPPER, reason="the wide forward is version 2's: a compute capability 9.0 GPU (H100, H200)")
+@pytest.mark.parametrize("shape", WIDE_SHAPES, ids=sid)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", LOWP, ids=["f16", "bf16"])
+def test_cuda_hopper_forward_wide_head_dims(dtype, causal, shape):
+    """d over 128 on Hopper: out and lse from the version-2 forward (the profiler sees it, and
+    no SIMT forward) within the 2x rule; one query, fewer keys than a tile, Nq != Nk both ways,
+    a d between multiples of 64 (the copy engine fills the rest of the panel with zeros)."""
+    q, k, v, _ = inputs(shape, dtype, "cuda", seed=shape[-1] + shape[2])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, lse = da.attention_forward(q, k, v, causal, None, "auto")
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("hopper_fwd_kernel" in n for n in names) and not any("simt" in n for n in names), names
+    check_forward(out, lse, q, k, v, causal, "v2-wide")
+
+
+@requires_cuda
+def test_cuda_wide_head_dims_grouped_query_through_autograd():
+    """Grouped-query heads at d = 256 under "auto" through autograd (the forward on Hopper where
+    it runs, the backward on SIMT from its out and lse), (B, N, H, d) views: every output and
+    gradient within the 2x rule."""
+    g = torch.Generator().manual_seed(9)
+    q = testing.fresh(2, 120, 8, 256, dtype=torch.bfloat16, device="cuda", gen=g).transpose(1, 2)
+    k = testing.fresh(2, 77, 2, 256, dtype=torch.bfloat16, device="cuda", gen=g).transpose(1, 2)
+    v = testing.fresh(2, 77, 2, 256, dtype=torch.bfloat16, device="cuda", gen=g).transpose(1, 2)
+    do = testing.fresh(2, 8, 120, 256, dtype=torch.bfloat16, device="cuda", gen=g)
+    for causal in (False, True):
+        qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
+        out = da.attention(qs, ks, vs, causal=causal)
+        dq, dk, dv = torch.autograd.grad(out, (qs, ks, vs), do)
+        ref = reference(q, k, v, do, causal)
+        theirs = torch_same_precision(q, k, v, do, causal) or (None,) * 4
+        for name, a, r, t in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref[0], *ref[2:]), theirs):
+            if t is None:  # under compute-sanitizer: a fixed bound (torch_same_precision)
+                testing.assert_close_to_ref(a, r, name=f"causal={causal}:{name}", scale=4.0)
+            else:
+                testing.assert_lowp_close(a, r, t, name=f"causal={causal}:{name}")
+
+
 # Backward main kernel: version 1 (flash_bwd.cuh) and version 2 (hopper_bwd.cu: multi-head
 # attention, d 64 or 128), each pinned (ops.bwd_version); the forward is auto.
 BWD_VERSIONS = FWD_VERSIONS

@@ -60,6 +60,10 @@ cudaError_t naive_attention_backward(View4 dout, View4 q, View4 k, View4 v, cons
 // of 8 elements, the innermost stride 1 and the base pointers 16-byte aligned
 // (fused_layout_ok); the caller copies otherwise.
 constexpr int kFusedMaxHeadDim = 128;
+// Head dims over 128, up to 256, under "auto" (attention_cuda.cpp): the Hopper forward
+// (version 2) and version 1's backward main kernel in column halves (flash_bwd.cuh); the
+// fused forward of version 1 stops at 128.
+constexpr int kHopperFwdMaxHeadDim = 256, kFusedBwdMaxHeadDim = 256;
 
 bool fused_layout_ok(const View4& v);
 
@@ -160,7 +164,7 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p);
 // was asked for and cannot run these inputs here.
 cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream);
 // Version 2 alone: whether it can run p on the current device (an sm_90a build, a
-// compute capability 9.0 GPU, fp16/bf16, d a multiple of 8 up to 128), and the launch
+// compute capability 9.0 GPU, fp16/bf16, d a multiple of 8 up to kHopperFwdMaxHeadDim), and the launch
 // (cudaErrorNotSupported when it cannot, e.g. a stride the copy engine refuses).
 bool hopper_forward_applies(const FusedParams& p);
 cudaError_t hopper_attention_forward(const FusedParams& p, cudaStream_t stream);
@@ -170,6 +174,9 @@ cudaError_t hopper_attention_forward(const FusedParams& p, cudaStream_t stream);
 bool hopper_backward_applies(const FusedParams& p);
 int64_t hopper_bwd_query_tiles(int64_t Nq);  // query tiles of version 2's backward (its semaphores)
 cudaError_t hopper_attention_backward_main(const FusedParams& p, cudaStream_t stream);
+// Whether the current device gives a block the shared memory of the backward's kernel for
+// head dims over 128 (213 KB: Hopper has 227, an A100 163).
+bool fused_backward_wide_fits();
 // p.heads_per_cta and p.dkv_partial as fused_backward_plan(p) says. Runs main-kernel
 // version p.bwd_version; cudaErrorNotSupported when 2 was asked for and cannot run p.
 cudaError_t fused_attention_backward(const FusedParams& p, cudaStream_t stream);

@@ -71,6 +71,29 @@ bool choose_fused(Backend backend, const Tensor& q) {
   return backend == Backend::Auto && why == nullptr;
 }
 
+// fp16 / bf16 dense attention at a head dim over 128 (a multiple of 8, at most
+// kHopperFwdMaxHeadDim): "auto" runs the forward on the Hopper kernel (version 2) where the
+// GPU and the build have it and no version-1 pin says otherwise; elsewhere, and for the
+// backward, the SIMT kernels.
+bool wide_hopper_forward(Backend backend, const Tensor& q, bool masked) {
+  const int64_t d = q.size(3);
+  return backend == Backend::Auto && !masked && (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) &&
+         d > day50::kFusedMaxHeadDim && d <= day50::kHopperFwdMaxHeadDim && d % 8 == 0 &&
+         day50::fused_fwd_version() != 1;
+}
+
+// The backward of fp16 / bf16 at a head dim over 128 (a multiple of 8, at most
+// kFusedBwdMaxHeadDim) under "auto": version 1's main kernel in column halves, windows and
+// softcaps included, where the GPU gives a block its shared memory; not deterministic (its
+// dq adds are unordered) and not under a version-2 pin: the SIMT kernels then.
+bool wide_fused_backward(Backend backend, const Tensor& q, bool deterministic) {
+  const int64_t d = q.size(3);
+  return backend == Backend::Auto && !deterministic &&
+         (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) && d > day50::kFusedMaxHeadDim &&
+         d <= day50::kFusedBwdMaxHeadDim && d % 8 == 0 && day50::fused_bwd_version() != 2 &&
+         day50::fused_backward_wide_fits();
+}
+
 // Why the SIMT kernels (flash_simt.cu) cannot run these inputs (nullptr: they can).
 const char* simt_unsupported(const Tensor& q) {
   if (q.scalar_type() == at::kDouble) return "takes float32, float16 or bfloat16 inputs, not float64";
@@ -216,8 +239,8 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
   Tensor lse = kc::new_output({B, H, Nq}, q.options().dtype(day50::lse_dtype(q.scalar_type())));
   Tensor out;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (choose_fused(backend, q)) {
-    const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v);
+  // the kernels' parameters, out (in q's layout) and lse included
+  auto params = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv) {
     day50::FusedParams p = fused_params(qq, kk, vv, causal, scale);
     set_masking(p, w, softcap);
     out = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
@@ -226,18 +249,24 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
     p.o_sh = out.stride(1);
     p.o_sr = out.stride(2);
     p.lse = lse.data_ptr<float>();
+    return p;
+  };
+  const bool fused = choose_fused(backend, q);
+  if (!fused && wide_hopper_forward(backend, q, masked)) {
+    day50::FusedParams p = params(fused_ready(q), fused_ready(k), fused_ready(v));
+    const cudaError_t e = day50::hopper_attention_forward(p, stream);
+    if (e != cudaErrorNotSupported) {  // not supported here (GPU, build, a layout): SIMT below
+      KC_TORCH_CHECK_CUDA(e);
+      return {out, lse};
+    }
+  }
+  if (fused) {
+    day50::FusedParams p = params(fused_ready(q), fused_ready(k), fused_ready(v));
     p.fwd_version = day50::fused_fwd_version();  // 0 (auto) unless a benchmark or test pinned one
     check_version1(p, p.fwd_version, "forward");
     KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, stream));
   } else if (choose_simt(backend, q, fused_unsupported(q))) {  // any strides: no copies
-    day50::FusedParams p = fused_params(q, k, v, causal, scale);
-    set_masking(p, w, softcap);
-    out = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
-    p.o = out.data_ptr();
-    p.o_sb = out.stride(0);
-    p.o_sh = out.stride(1);
-    p.o_sr = out.stride(2);
-    p.lse = lse.data_ptr<float>();
+    day50::FusedParams p = params(q, k, v);
     KC_TORCH_CHECK_CUDA(day50::simt_attention_forward(p, stream));
   } else if (masked) {  // the reference math on the GPU (N x N scores)
     std::tie(out, lse) = day50::reference_forward(q, k, v, scale, w, softcap);
@@ -315,8 +344,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
                 "kernels, which have no atomics)");
     fused = v2;
   }
+  if (!fused && wide_fused_backward(backend, q, deterministic)) fused = true;
   const char* why_not_fused = fused_unsupported(q);
-  if (why_not_fused == nullptr) why_not_fused = "order their dq adds only in the Hopper backward (deterministic=True)";
+  if (why_not_fused == nullptr || wide_fused_backward(backend, q, false))  // here only for deterministic=True
+    why_not_fused = "order their dq adds only in the Hopper backward (deterministic=True)";
   const bool simt = !fused && choose_simt(backend, q, why_not_fused);
   Tensor dq = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
   // dk and dv in k's and v's layouts, as dq in q's: for k, v sliced from a fused projection

@@ -199,7 +199,9 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     if (!p.deterministic) splits = 1;  // version 2 summed each group into the accumulator: converted below
   } else {
     if (p.bwd_version == 2 || p.deterministic) return cudaErrorNotSupported;  // version 1 cannot order its adds
-    KC_CUDA_TRY((p.d <= 64 ? launch_bwd_dkdv<T, 64>(p, stream) : launch_bwd_dkdv<T, 128>(p, stream)));
+    KC_CUDA_TRY((p.d <= 64    ? launch_bwd_dkdv<T, 64>(p, stream)
+                 : p.d <= 128 ? launch_bwd_dkdv<T, 128>(p, stream)
+                              : launch_bwd_dkdv<T, 256>(p, stream)));
   }
   if (p.H != p.Hk && p.dkv_partial != nullptr) {
     const int64_t n = p.B * p.Hk * p.Nk * p.d, blocks = (2 * n / 4 + 255) / 256;
@@ -245,8 +247,21 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   return plan;
 }
 
+bool fused_backward_wide_fits() {
+  constexpr int need = flash::BwdTile<256, flash::kBwdWarps, flash::kWideBr, flash::kWideCols>::smem_bytes<__half>();
+  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (cached[dev] == 0) {
+    int optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cached[dev] = optin >= need ? 1 : 2;
+  }
+  return cached[dev] == 1;
+}
+
 cudaError_t fused_attention_backward(const FusedParams& p, cudaStream_t stream) {
-  if (p.d % 8 != 0 || p.d > kFusedMaxHeadDim || p.d <= 0 || p.Nk <= 0) return cudaErrorInvalidValue;
+  if (p.d % 8 != 0 || p.d > kFusedBwdMaxHeadDim || p.d <= 0 || p.Nk <= 0) return cudaErrorInvalidValue;
   if (!fused_layout_ok(p.q) || !fused_layout_ok(p.k) || !fused_layout_ok(p.v) || !fused_layout_ok(p.dout))
     return cudaErrorMisalignedAddress;
   if (p.B * p.H == 0) return cudaSuccess;

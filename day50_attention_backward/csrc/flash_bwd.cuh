@@ -32,6 +32,11 @@
 //                        B = K by ldmatrix.trans), float2 atomicAdd into dq_accum
 //   epilogue: dK * scale, dV stored as T.
 //   smem: K, V (kBc x kD), Q, dO (2 x kBr x kD), dS^T (kBc x kBr), lse, D (2 x kBr), pitch +8.
+// Head dims over 128 (kDo < kD): dK, dV of 256 columns would not fit the registers, so
+//   kD / kDo CTAs share a key block (grid z), each keeping dK, dV of its kDo columns
+//   [c0, c0 + kDo) and adding the same columns of dQ. Each computes S^T and dP^T over all
+//   of d (the reductions need every column), so those two products run kD / kDo times.
+//   d = 256: 8 warps, 32-query tiles (K, V, Q, dO of 256 columns fill 213 KB).
 // Grouped-query attention (kGQA: H = G * Hk q heads, q head h reads kv head h / G):
 //   dK and dV of a kv head are sums over its G q heads. A CTA owns heads_per_cta
 //   (a divisor of G) consecutive q heads of one group and runs the query-tile loop
@@ -71,11 +76,12 @@ namespace flash {
 
 constexpr float kLog2eBwd = 1.4426950408889634f;
 
-template <int kD, int kWarps, int kBr>
+template <int kD, int kWarps, int kBr, int kDo = kD>
 struct BwdTile {
   static constexpr int kThreads = kWarps * 32, kBc = 16 * kWarps, kP = kD + 8, kPs = kBr + 8;
-  static constexpr int kWM = kBr / 16, kWN = kWarps / kWM, kNq = kD / kWN;  // dQ split
-  static_assert(kWarps % kWM == 0 && kNq % 16 == 0, "dQ warp split must tile kBr x kD");
+  static constexpr int kWM = kBr / 16, kWN = kWarps / kWM, kNq = kDo / kWN;  // dQ split
+  static_assert(kWarps % kWM == 0 && kNq % 16 == 0, "dQ warp split must tile kBr x kDo");
+  static_assert(kD % kDo == 0, "a CTA's output columns: a whole part of kD");
   template <typename T> static constexpr int smem_bytes() {
     return (2 * kBc * kP + 4 * kBr * kP + kBc * kPs) * int(sizeof(T)) + 4 * kBr * int(sizeof(float));
   }
@@ -91,12 +97,15 @@ __device__ __forceinline__ void atomic_add2(float* addr, float a, float b) {
 }
 
 // The main kernel's one tiling (multi-head and grouped-query): 8 warps own 128 keys, query
-// tiles of 64 rows; fused_backward_plan counts CTAs with its kBc.
+// tiles of 64 rows; fused_backward_plan counts CTAs with its kBc. Head dims over 128: 32-row
+// query tiles and 128 columns of dK, dV, dQ a CTA (flash_bwd_*_hd256.cu).
 constexpr int kBwdWarps = 8, kBwdBr = 64, kBwdBc = 16 * kBwdWarps;
+constexpr int kWideBr = 32, kWideCols = 128;
 
-template <typename T, int kD, int kWarps, int kBr, bool kLocal, bool kGQA, bool kSoftcap, bool kVarlen>
+template <typename T, int kD, int kWarps, int kBr, bool kLocal, bool kGQA, bool kSoftcap, bool kVarlen,
+          int kDo = kD>
 __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel(const FusedParams p) {
-  using Tile = BwdTile<kD, kWarps, kBr>;
+  using Tile = BwdTile<kD, kWarps, kBr, kDo>;
   constexpr int kThreads = Tile::kThreads, kBc = Tile::kBc, kP = Tile::kP, kPs = Tile::kPs;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
@@ -108,6 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   float* sD = sLse + 2 * kBr;                               // [2][kBr]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int c0 = kDo < kD ? int(blockIdx.z) * kDo : 0;  // this CTA's columns of dK, dV, dQ: [c0, c0 + kDo)
   // bh = b * H + h: this CTA's (first) q head; hk: the kv head it reads.
   const int64_t bh = kGQA ? int64_t(blockIdx.x) * p.heads_per_cta : int64_t(blockIdx.x), b = bh / p.H, h = bh % p.H;
   const int64_t hk = kGQA ? h / (p.H / p.Hk) : h;
@@ -150,9 +160,9 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
     }
   };
 
-  float dk[kD / 8][4], dv[kD / 8][4];
+  float dk[kDo / 8][4], dv[kDo / 8][4];
 #pragma unroll
-  for (int i = 0; i < kD / 8; ++i)
+  for (int i = 0; i < kDo / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
 
@@ -283,8 +293,8 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
         *reinterpret_cast<uint32_t*>(row + 8 * kPs + 8) = ad[3];
       }
 #pragma unroll
-      for (int np = 0; np < kD / 16; ++np) {
-        const int brow = kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), bcol = np * 16 + 8 * (lane >> 4);
+      for (int np = 0; np < kDo / 16; ++np) {
+        const int brow = kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), bcol = c0 + np * 16 + 8 * (lane >> 4);
         uint32_t bo[4], bq[4];
         ldmatrix_x4_trans(bo, smem_addr(sdOb + brow * kP + bcol));
         ldmatrix_x4_trans(bq, smem_addr(sQb + brow * kP + bcol));
@@ -311,7 +321,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
 #pragma unroll
         for (int np = 0; np < kNq / 16; ++np) {
           uint32_t bk[4];
-          ldmatrix_x4_trans(bk, smem_addr(sK + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kP + wn * kNq +
+          ldmatrix_x4_trans(bk, smem_addr(sK + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kP + c0 + wn * kNq +
                                           np * 16 + 8 * (lane >> 4)));
           mma16816<T>(acc[2 * np], a, bk[0], bk[1]);
           mma16816<T>(acc[2 * np + 1], a, bk[2], bk[3]);
@@ -323,7 +333,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
         if (q >= nq) continue;
 #pragma unroll
         for (int nt = 0; nt < kNq / 8; ++nt) {
-          const int col = wn * kNq + nt * 8 + 2 * t;
+          const int col = c0 + wn * kNq + nt * 8 + 2 * t;
           if (col < p.d) atomic_add2(dqa + (hl * p.row_sh + q) * p.d + col, acc[nt][2 * r], acc[nt][2 * r + 1]);
         }
       }
@@ -341,8 +351,8 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
         const int64_t key = k0 + key_w + g + 8 * r;
         if (key >= p.Nk) continue;
 #pragma unroll
-        for (int nt = 0; nt < kD / 8; ++nt) {
-          const int col = nt * 8 + 2 * t;
+        for (int nt = 0; nt < kDo / 8; ++nt) {
+          const int col = c0 + nt * 8 + 2 * t;
           if (col >= p.d) continue;
           *reinterpret_cast<float2*>(pK + key * p.d + col) =
               make_float2(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
@@ -360,8 +370,8 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
     const int64_t key = k0 + key_w + g + 8 * r;
     if (key >= nk) continue;
 #pragma unroll
-    for (int nt = 0; nt < kD / 8; ++nt) {
-      const int col = nt * 8 + 2 * t;
+    for (int nt = 0; nt < kDo / 8; ++nt) {
+      const int col = c0 + nt * 8 + 2 * t;
       if (col >= p.d) continue;
       *reinterpret_cast<uint32_t*>(dK + key * p.dk_sr + col) =
           pack2<T>(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
@@ -370,16 +380,17 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
   }
 }
 
-// kGQA: p.heads_per_cta divides H / Hk (checked by fused_attention_backward).
-template <typename T, int kD, int kWarps, int kBr, bool kGQA = false>
+// kGQA: p.heads_per_cta divides H / Hk (checked by fused_attention_backward). kDo < kD:
+// kD / kDo CTAs per key block (grid z), each its kDo columns of dK, dV and dQ.
+template <typename T, int kD, int kWarps, int kBr, bool kGQA = false, int kDo = kD>
 cudaError_t launch_bwd_dkdv_cfg(const FusedParams& p, cudaStream_t stream) {
-  using Tile = BwdTile<kD, kWarps, kBr>;
+  using Tile = BwdTile<kD, kWarps, kBr, kDo>;
   constexpr int smem = Tile::template smem_bytes<T>();
   const int64_t n_kt = (p.Nk + Tile::kBc - 1) / Tile::kBc;
   const int64_t ctas = kGQA ? p.B * p.H / p.heads_per_cta : p.B * p.H;
   if (n_kt > 65535 || ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if (kGQA && ((p.Nq + kBr - 1) / kBr) * p.heads_per_cta > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(n_kt));
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(n_kt), unsigned(kD / kDo));
   const FusedParams kp = kernel_masking(p);
   auto launch = [&](auto kernel) -> cudaError_t {
     KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -389,8 +400,8 @@ cudaError_t launch_bwd_dkdv_cfg(const FusedParams& p, cudaStream_t stream) {
   const bool local = p.window_left >= 0 || p.window_right >= 0;
   auto by_varlen = [&](auto local_c, auto softcap_c) -> cudaError_t {
     constexpr bool kL = decltype(local_c)::value, kS = decltype(softcap_c)::value;
-    return p.cu_seqlens_q != nullptr ? launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, kL, kGQA, kS, true>)
-                                     : launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, kL, kGQA, kS, false>);
+    return p.cu_seqlens_q != nullptr ? launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, kL, kGQA, kS, true, kDo>)
+                                     : launch(flash_bwd_dkdv_kernel<T, kD, kWarps, kBr, kL, kGQA, kS, false, kDo>);
   };
   using Yes = std::true_type;
   using No = std::false_type;

@@ -7,7 +7,7 @@
 //   the products, hide behind two others' products), else C = 2 (128 rows: above d = 64 the
 //   registers of O and S allow no third).
 //   warpgroup 0, the producer: one thread issues every copy. Q once, then K and V
-//     tiles (kBlockN = 128 keys) into a ring of kStages shared-memory stages, each
+//     tiles (kBlockN = 128 keys, 64 above d = 128) into a ring of kStages shared-memory stages, each
 //     stage guarded by "full" barriers (the copy engine completes them) and an
 //     "empty" barrier (all consumer threads arrive when done reading). Its other
 //     threads exit at once; it gives most of its registers to the consumers.
@@ -26,7 +26,10 @@
 // Shared memory: tiles are stored as 128-byte-wide "panels" (64 columns of d each),
 //   128-byte swizzled as TMA writes them and wgmma reads them (kc/tma.cuh, kc/wgmma.cuh);
 //   d = 96 uses two panels, the second half filled with zeros by the copy engine.
-//   d = 128: Q 32 KB + 3 stages x (K 32 KB + V 32 KB) = 224 KB.
+//   d = 128: Q 32 KB + 3 stages x (K 32 KB + V 32 KB) = 224 KB. Above d = 128 (up to 256: four
+//   panels, a d between multiples of 64 zero-filled as d = 96 is) a K, V tile holds 64 keys, and
+//   two stages: Q 64 KB + 2 x (K 32 KB + V 32 KB) = 192 KB; O's 256 columns are two 128-wide
+//   products (wgmma's N), each over its two panels of V, into its half of O's accumulators.
 // Tails: query tiles are aligned to Nq's end (tile t holds rows Nq - (t + 1) M .. Nq - t M),
 //   so a partial tile is the first one, which causal attention makes the shortest; its rows
 //   below 0 (and the tensor maps' rows beyond Nk, columns beyond d) arrive as zeros (the
@@ -57,7 +60,6 @@ namespace day50 {
 namespace hopper {
 namespace {
 
-constexpr int kBlockN = 128;
 // kC consumer warpgroups (64 query rows each); the register split: the block's 65536
 // registers less the producer's 24 x 128, over the consumers, a multiple of 8 (240 for two,
 // 160 for three).
@@ -68,7 +70,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 using hopper_common::kLog2e;
 
 struct Args {
-  CUtensorMap q, k, v;  // (d, N, heads, batch) maps, boxes of 64 x kBlockM / kBlockN
+  CUtensorMap q, k, v;  // (d, N, heads, batch) maps, boxes of 64 x kBlockM / Layout::kBlockN
   void* o;
   int64_t o_sb, o_sh, o_sr;  // out's strides (q's layout; attention_cuda.cpp)
   float* lse;
@@ -78,13 +80,15 @@ struct Args {
 };
 
 // Byte offsets inside the (1024-byte aligned) dynamic shared memory: Q, then kStages
-// stages of K and of V (3 stages: d = 128 fills 225 KB of the 227 KB a block may have).
+// stages of K and of V (3 stages: d = 128 fills 225 KB of the 227 KB a block may have;
+// above d = 128, tiles of 64 keys and 2 stages: 193 KB).
 template <int kD, int kC>
 struct Layout {
+  static constexpr int kBlockN = kD > 128 ? 64 : 128;      // keys per K, V tile
   static constexpr int kPanels = (kD + 63) / 64;           // 128-byte column panels
   static constexpr int kQPanel = 64 * kC * 128, kKVPanel = kBlockN * 128;
   static constexpr int kQBytes = kPanels * kQPanel, kKVBytes = kPanels * kKVPanel;
-  static constexpr int kStages = 3;
+  static constexpr int kStages = kD > 128 ? 2 : 3;
   static constexpr int kQ = 0, kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
   static constexpr int kNumBars = 1 + 3 * kStages;         // q_full, k_full[], v_full[], empty[]
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;  // + slack to align the base
@@ -94,7 +98,7 @@ template <typename T, int kD, int kConsumers, bool kCausal>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD, kConsumers>;
-  constexpr int kBlockM = 64 * kConsumers;
+  constexpr int kBlockM = 64 * kConsumers, kBlockN = L::kBlockN;
   constexpr int kStages = L::kStages;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -150,7 +154,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   // ------------------------------------------------------------------------ consumers
   kc::warpgroup_reg_alloc<consumer_regs(kConsumers)>();
   using Qk = kc::WgmmaOp<T, kBlockN>;
-  using Pv = kc::WgmmaOp<T, kD>;
+  constexpr int kPvN = kD > 128 ? 128 : kD, kPvParts = kD / kPvN;  // O = P V in products of N <= 128 columns
+  using Pv = kc::WgmmaOp<T, kPvN>;
   const int cw = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
   const bool idle = q0 + cw * 64 + 64 <= 0;        // every row below 0: turns, no products
@@ -183,7 +188,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
     kc::fence_operands(o);
     kc::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) Pv::template rs<1>(o, pa[kk], dv + (st * L::kKVBytes + kk * 16 * 128) / 16, 1);
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+      for (int h = 0; h < kPvParts; ++h)  // columns h kPvN .. (h + 1) kPvN: their panels of V, their part of O
+        Pv::template rs<1>(*reinterpret_cast<float(*)[kPvN / 2]>(o + h * (kPvN / 2)), pa[kk],
+                           dv + (st * L::kKVBytes + h * (kPvN / 64) * L::kKVPanel + kk * 16 * 128) / 16, 1);
     kc::wgmma_commit();
   };
   // Scores of step `it` (in s) -> unnormalised probabilities (in s), running max and
@@ -317,8 +326,8 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
   constexpr int kBlockM = 64 * kC;
   if (hopper_common::make_map<T>(&a.q, p.q, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess ||
-      hopper_common::make_map<T>(&a.k, p.k, p.B, p.Hk, p.Nk, p.d, kBlockN) != cudaSuccess ||
-      hopper_common::make_map<T>(&a.v, p.v, p.B, p.Hk, p.Nk, p.d, kBlockN) != cudaSuccess)
+      hopper_common::make_map<T>(&a.k, p.k, p.B, p.Hk, p.Nk, p.d, Layout<kD, kC>::kBlockN) != cudaSuccess ||
+      hopper_common::make_map<T>(&a.v, p.v, p.B, p.Hk, p.Nk, p.d, Layout<kD, kC>::kBlockN) != cudaSuccess)
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
   a.o = p.o;
   a.o_sb = p.o_sb;
@@ -344,7 +353,8 @@ template <typename T, bool kCausal>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
   if (p.d <= 64) return launch<T, 64, 3, kCausal>(p, stream);
   if (p.d <= 96) return launch<T, 96, 2, kCausal>(p, stream);
-  return launch<T, 128, 2, kCausal>(p, stream);
+  if (p.d <= 128) return launch<T, 128, 2, kCausal>(p, stream);
+  return launch<T, 256, 2, kCausal>(p, stream);
 }
 
 template <typename T>
@@ -372,7 +382,7 @@ bool device_is_sm90() {
 bool hopper_forward_applies(const FusedParams& p) {
 #if defined(KC_HAS_SM90A)
   return (p.dtype == kc::DType::F16 || p.dtype == kc::DType::BF16) && p.d > 0 && p.d % 8 == 0 &&
-         p.d <= kFusedMaxHeadDim && p.Nq < (int64_t(1) << 31) && p.Nk < (int64_t(1) << 31) &&
+         p.d <= kHopperFwdMaxHeadDim && p.Nq < (int64_t(1) << 31) && p.Nk < (int64_t(1) << 31) &&
          (p.Nq + 127) / 128 * p.B * p.H <= INT32_MAX && p.scale > 0.f &&
          hopper::device_is_sm90();
 #else
