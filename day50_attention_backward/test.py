@@ -744,12 +744,15 @@ def test_empty_and_single(device):
     dtypes = [torch.float32] + (LOWP if device == "cuda" else [])
     for dtype in dtypes:
         for be in backends(device, dtype != torch.float32):
-            q, k, v, do = inputs((2, 2, 0, 5, 64), dtype, device)
-            out, lse, dq, dk, dv = run_ours(q, k, v, do, True, be)
-            assert out.shape == (2, 2, 0, 64) and lse.shape == (2, 2, 0) and dq.shape == (2, 2, 0, 64)
-            assert torch.equal(dk, torch.zeros_like(dk)) and torch.equal(dv, torch.zeros_like(dv))
-            q, k, v, do = inputs((0, 2, 3, 5, 64), dtype, device)
-            assert run_ours(q, k, v, do, False, be)[0].shape == (0, 2, 3, 64)
+            for d in (64, 256):  # 256: "auto" takes the kernels for head dims over 128
+                if d == 256 and be != "auto":
+                    continue
+                q, k, v, do = inputs((2, 2, 0, 5, d), dtype, device)
+                out, lse, dq, dk, dv = run_ours(q, k, v, do, True, be)
+                assert out.shape == (2, 2, 0, d) and lse.shape == (2, 2, 0) and dq.shape == (2, 2, 0, d)
+                assert torch.equal(dk, torch.zeros_like(dk)) and torch.equal(dv, torch.zeros_like(dv))
+                q, k, v, do = inputs((0, 2, 3, 5, d), dtype, device)
+                assert run_ours(q, k, v, do, False, be)[0].shape == (0, 2, 3, d)
 
 
 @pytest.mark.parametrize("device", DEVICES)

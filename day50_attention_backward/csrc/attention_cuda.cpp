@@ -73,11 +73,12 @@ bool choose_fused(Backend backend, const Tensor& q) {
 
 // fp16 / bf16 dense attention at a head dim over 128 (a multiple of 8, at most
 // kHopperFwdMaxHeadDim): "auto" runs the forward on the Hopper kernel (version 2) where the
-// GPU and the build have it and no version-1 pin says otherwise; elsewhere, and for the
-// backward, the SIMT kernels.
+// GPU and the build have it and no version-1 pin says otherwise; elsewhere the SIMT kernels
+// (the backward: wide_fused_backward).
 bool wide_hopper_forward(Backend backend, const Tensor& q, bool masked) {
   const int64_t d = q.size(3);
-  return backend == Backend::Auto && !masked && (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) &&
+  return backend == Backend::Auto && !masked && q.numel() > 0 &&  // empty: SIMT (no grid to launch)
+         (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) &&
          d > day50::kFusedMaxHeadDim && d <= day50::kHopperFwdMaxHeadDim && d % 8 == 0 &&
          day50::fused_fwd_version() != 1;
 }
