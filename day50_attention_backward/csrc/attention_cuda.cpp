@@ -85,11 +85,11 @@ bool wide_hopper_forward(Backend backend, const Tensor& q, bool masked) {
 
 // The backward of fp16 / bf16 at a head dim over 128 (a multiple of 8, at most
 // kFusedBwdMaxHeadDim) under "auto": version 1's main kernel in column halves, windows and
-// softcaps included, where the GPU gives a block its shared memory; not deterministic (its
-// dq adds are unordered) and not under a version-2 pin: the SIMT kernels then.
-bool wide_fused_backward(Backend backend, const Tensor& q, bool deterministic) {
+// softcaps included, where the GPU gives a block its shared memory and no version-2 pin says
+// otherwise. Not for deterministic=True (its dq adds are unordered): the SIMT kernels then.
+bool wide_fused_backward(Backend backend, const Tensor& q) {
   const int64_t d = q.size(3);
-  return backend == Backend::Auto && !deterministic &&
+  return backend == Backend::Auto &&
          (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) && d > day50::kFusedMaxHeadDim &&
          d <= day50::kFusedBwdMaxHeadDim && d % 8 == 0 && day50::fused_bwd_version() != 2 &&
          day50::fused_backward_wide_fits();
@@ -345,9 +345,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
                 "kernels, which have no atomics)");
     fused = v2;
   }
-  if (!fused && wide_fused_backward(backend, q, deterministic)) fused = true;
+  const bool wide = !fused && wide_fused_backward(backend, q);
+  if (wide && !deterministic) fused = true;
   const char* why_not_fused = fused_unsupported(q);
-  if (why_not_fused == nullptr || wide_fused_backward(backend, q, false))  // here only for deterministic=True
+  if (why_not_fused == nullptr || wide)  // not fused here only for deterministic=True
     why_not_fused = "order their dq adds only in the Hopper backward (deterministic=True)";
   const bool simt = !fused && choose_simt(backend, q, why_not_fused);
   Tensor dq = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
