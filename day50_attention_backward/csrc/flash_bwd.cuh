@@ -248,32 +248,40 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
     // key before the last query's lo
     const bool need_mask = (q0 + kBr > nq) || (k0 + kBc > nk) ||
                            (kLocal && (k0 + kBc - 1 > q0 + off + wr || k0 < q0 + kBr - 1 + off - wl));
+    // two compiled paths (masked: std::true_type): a run-time `if` around the mask became
+    // selects that every tile paid for
+    auto probabilities = [&](auto masked) {
 #pragma unroll
-    for (int nt = 0; nt < kBr / 8; ++nt) {
+      for (int nt = 0; nt < kBr / 8; ++nt) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = nt * 8 + 2 * t + c;
-        const float l2 = sLseb[col] * kLog2eBwd, dd = sDb[col];
+        for (int c = 0; c < 2; ++c) {
+          const int col = nt * 8 + 2 * t + c;
+          const float l2 = sLseb[col] * kLog2eBwd, dd = sDb[col];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int e = 2 * r + c;
-          float pv, dcap = 1.f;  // dcap: d(capped score) / d(scale q.k)
-          if constexpr (kSoftcap) {
-            const float th = tanhf(s[nt][e] * cap_in);
-            pv = fast_exp2(cap_out * th - l2);
-            dcap = 1.f - th * th;
-          } else {
-            pv = fast_exp2(s[nt][e] * sl2 - l2);
+          for (int r = 0; r < 2; ++r) {
+            const int e = 2 * r + c;
+            float pv, dcap = 1.f;  // dcap: d(capped score) / d(scale q.k)
+            if constexpr (kSoftcap) {
+              const float th = tanhf(s[nt][e] * cap_in);
+              pv = fast_exp2(cap_out * th - l2);
+              dcap = 1.f - th * th;
+            } else {
+              pv = fast_exp2(s[nt][e] * sl2 - l2);
+            }
+            if constexpr (decltype(masked)::value) {
+              const int64_t key = k0 + key_w + g + 8 * r, q = q0 + col;
+              if (q >= nq || key >= nk || (kLocal && (key > q + off + wr || key < q + off - wl))) pv = 0.f;
+            }
+            s[nt][e] = pv;
+            dp[nt][e] = pv * (dp[nt][e] - dd) * dcap;
           }
-          if (need_mask) {
-            const int64_t key = k0 + key_w + g + 8 * r, q = q0 + col;
-            if (q >= nq || key >= nk || (kLocal && (key > q + off + wr || key < q + off - wl))) pv = 0.f;
-          }
-          s[nt][e] = pv;
-          dp[nt][e] = pv * (dp[nt][e] - dd) * dcap;
         }
       }
-    }
+    };
+    if (need_mask)
+      probabilities(std::true_type{});
+    else
+      probabilities(std::false_type{});
 
     // dV += P^T dO, dK += dS^T Q  (K-dim: the kBr queries)
 #pragma unroll

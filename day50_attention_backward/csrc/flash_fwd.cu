@@ -33,6 +33,7 @@
 #include "attention.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "flash_common.cuh"
 #include "kc/check.cuh"
@@ -153,23 +154,31 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
     // key before the last row's lo
     const bool need_mask =
         (k0 + kBc > nk) || (kLocal && (k0 + kBc - 1 > q0 + off + wr || k0 < q0 + kBr - 1 + off - wl));
+    // two compiled paths (masked: std::true_type): a run-time `if` around the mask became
+    // selects that every tile paid for
+    auto scale_and_mask = [&](auto masked) {
 #pragma unroll
-    for (int nt = 0; nt < kBc / 8; ++nt) {
+      for (int nt = 0; nt < kBc / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x;
-        if constexpr (kSoftcap) {
-          x = cap_out * tanhf(s[nt][e] * cap_in);
-        } else {
-          x = s[nt][e] * sl2;
+        for (int e = 0; e < 4; ++e) {
+          float x;
+          if constexpr (kSoftcap) {
+            x = cap_out * tanhf(s[nt][e] * cap_in);
+          } else {
+            x = s[nt][e] * sl2;
+          }
+          if constexpr (decltype(masked)::value) {
+            const int64_t key = k0 + nt * 8 + 2 * t + (e & 1), diag = qrow0 + 8 * (e >> 1) + off;
+            if (key >= nk || (kLocal && (key > diag + wr || key < diag - wl))) x = -INFINITY;
+          }
+          s[nt][e] = x;
         }
-        if (need_mask) {
-          const int64_t key = k0 + nt * 8 + 2 * t + (e & 1), diag = qrow0 + 8 * (e >> 1) + off;
-          if (key >= nk || (kLocal && (key > diag + wr || key < diag - wl))) x = -INFINITY;
-        }
-        s[nt][e] = x;
       }
-    }
+    };
+    if (need_mask)
+      scale_and_mask(std::true_type{});
+    else
+      scale_and_mask(std::false_type{});
     // online softmax
     float mx[2] = {m[0], m[1]}, mu[2];
 #pragma unroll

@@ -47,6 +47,7 @@
 #include "attention.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "flash_common.cuh"
 #include "hopper_common.cuh"
@@ -196,17 +197,25 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
     kc::wgmma_commit();
   };
   // Scores of step `it` (in s) -> unnormalised probabilities (in s), running max and
-  // sum updated; corr = the factor O must be multiplied by.
-  auto softmax = [&](int it) {
-    const int k0 = (n_blocks - 1 - it) * kBlockN;
-    const bool need_mask = k0 + kBlockN > a.Nk || (kCausal && k0 + kBlockN - 1 > q0 + cw * 64);
+  // sum updated; corr = the factor O must be multiplied by. Two compiled paths (masked:
+  // std::true_type): a run-time `if` around the mask became selects that every step paid
+  // for (five instructions a score beside the softmax's own five). The masked steps are
+  // the first ones (the tile holding Nk's end, the diagonal: both come first).
+  auto tile_k0 = [&](int it) { return (n_blocks - 1 - it) * kBlockN; };
+  auto needs_mask = [&](int it) {
+    const int k0 = tile_k0(it);
+    return k0 + kBlockN > a.Nk || (kCausal && k0 + kBlockN - 1 > q0 + cw * 64);
+  };
+  auto softmax = [&](auto masked, int it) {
+    constexpr bool kMask = decltype(masked)::value;
+    const int k0 = tile_k0(it);
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int c = 0; c < kBlockN / 8; ++c) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = s[4 * c + e];  // raw q.k: the max commutes with the (positive) scale
-        if (need_mask) {
+        if constexpr (kMask) {
           const int col = k0 + 8 * c + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
           if (col >= a.Nk || (kCausal && col > row)) x = -INFINITY;
         }
@@ -234,6 +243,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
         l[e >> 1] += pexp;
       }
     }
+  };
+  auto softmax_step = [&](int it) {
+    if (needs_mask(it))
+      softmax(std::true_type{}, it);
+    else
+      softmax(std::false_type{}, it);
   };
   auto pack_p = [&]() {
 #pragma unroll
@@ -275,7 +290,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   pass_turn();
   kc::wgmma_wait<0>();
   kc::fence_operands(s);
-  softmax(0);
+  softmax_step(0);
   pack_p();
   for (int it = 1; it < n_blocks; ++it) {
     wait_turn();
@@ -284,7 +299,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
     pass_turn();
     kc::wgmma_wait<1>();
     kc::fence_operands(s);
-    softmax(it);        // runs while P V (and the other warpgroup's products) are on the tensor cores
+    softmax_step(it);   // runs while P V (and the other warpgroup's products) are on the tensor cores
     kc::wgmma_wait<0>();
     kc::fence_operands(o);
     release(it - 1);
