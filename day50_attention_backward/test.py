@@ -278,6 +278,48 @@ def test_fused_forward_versions_gqa_scale_layouts(causal, version):
     assert torch.equal(out, out_c) and torch.equal(lse, lse_c)  # same kernel, same order of sums
 
 
+# The Hopper forward over more tiles than an H100 has SMs: causal lengths that differ per tile,
+# a first tile with idle warpgroups (d 64, N 1000: 40 rows of 192), grouped-query heads, d 128
+# and 256; and replayed from a CUDA graph (every allocation and launch of the op captured).
+MANY_TILES = [(2, 16, 16, 1000, 1000, 64), (2, 16, 4, 1100, 700, 64), (2, 16, 16, 1000, 1000, 128),
+              (2, 32, 8, 600, 600, 256)]
+
+
+@pytest.mark.skipif(not HOPPER, reason="version 2 needs a compute capability 9.0 GPU (H100, H200)")
+@pytest.mark.skipif(SANITIZE, reason="hundreds of tiles: too slow under compute-sanitizer")
+@pytest.mark.parametrize("shape", MANY_TILES, ids=sid)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cuda_hopper_forward_many_tiles_and_graph_replay(causal, shape):
+    """out and lse within the 2x rule; bitwise the same from call to call (each tile's sums in
+    a fixed order), and the same again when replayed from a CUDA graph, also after new inputs
+    are copied into the captured ones."""
+    B, H, Hk, Nq, Nk, d = shape
+    g = torch.Generator().manual_seed(Nq + d)
+    q = testing.fresh(B, H, Nq, d, dtype=torch.bfloat16, device="cuda", gen=g)
+    k = testing.fresh(B, Hk, Nk, d, dtype=torch.bfloat16, device="cuda", gen=g)
+    v = testing.fresh(B, Hk, Nk, d, dtype=torch.bfloat16, device="cuda", gen=g)
+    with da.ops.fwd_version(2):
+        out, lse = da.attention_forward(q, k, v, causal, None, "auto")
+        again = da.attention_forward(q, k, v, causal, None, "auto")
+    check_forward(out, lse, q, k, v, causal, "v2:many tiles")
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+    qg, kg, vg = q.clone(), k.clone(), v.clone()
+    with da.ops.fwd_version(2):
+        da.attention_forward(qg, kg, vg, causal, None, "auto")  # warm-up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gout, glse = da.attention_forward(qg, kg, vg, causal, None, "auto")
+    graph.replay()
+    assert torch.equal(gout, out) and torch.equal(glse, lse)
+    q2 = testing.fresh(B, H, Nq, d, dtype=torch.bfloat16, device="cuda", gen=g)
+    qg.copy_(q2)
+    graph.replay()
+    with da.ops.fwd_version(2):
+        want = da.attention_forward(q2, k, v, causal, None, "auto")
+    assert torch.equal(gout, want[0]) and torch.equal(glse, want[1])
+
+
 # Head dims over 128 (multiples of 8 up to 256): "auto" runs the forward on the Hopper kernel
 # (64-key tiles, O in two 128-column products), the backward on the SIMT kernels.
 WIDE_SHAPES = [(1, 1, 1, 1, 256), (2, 2, 150, 97, 256), (1, 2, 97, 300, 256), (1, 1, 333, 333, 192),
