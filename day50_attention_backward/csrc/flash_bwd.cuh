@@ -248,8 +248,8 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) flash_bwd_dkdv_kernel
     // key before the last query's lo
     const bool need_mask = (q0 + kBr > nq) || (k0 + kBc > nk) ||
                            (kLocal && (k0 + kBc - 1 > q0 + off + wr || k0 < q0 + kBr - 1 + off - wl));
-    // two compiled paths (masked: std::true_type): a run-time `if` around the mask became
-    // selects that every tile paid for
+    // flash::with_mask's two compiled paths, written out here: called through it, this
+    // kernel's machine code came out different (the other kernels' did not), unmeasured
     auto probabilities = [&](auto masked) {
 #pragma unroll
       for (int nt = 0; nt < kBr / 8; ++nt) {

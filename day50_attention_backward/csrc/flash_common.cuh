@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -86,6 +87,19 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool p
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// A tile's element mask, compiled only where it is needed: f(std::true_type{}) for a tile that
+// crosses a bound (causal diagonal, window, sequence end), f(std::false_type{}) for one that
+// does not, so f tests the elements under `if constexpr`. A warp-uniform branch picks the path
+// per tile. A run-time `if (need_mask)` around the per-element test instead became selects
+// that every tile paid for (about five instructions a score; docs/hopper.md).
+template <typename F>
+__device__ __forceinline__ void with_mask(bool need_mask, F&& f) {
+  if (need_mask)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -33,7 +33,6 @@
 #include "attention.h"
 
 #include <cmath>
-#include <type_traits>
 
 #include "flash_common.cuh"
 #include "kc/check.cuh"
@@ -154,9 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
     // key before the last row's lo
     const bool need_mask =
         (k0 + kBc > nk) || (kLocal && (k0 + kBc - 1 > q0 + off + wr || k0 < q0 + kBr - 1 + off - wl));
-    // two compiled paths (masked: std::true_type): a run-time `if` around the mask became
-    // selects that every tile paid for
-    auto scale_and_mask = [&](auto masked) {
+    with_mask(need_mask, [&](auto masked) {
 #pragma unroll
       for (int nt = 0; nt < kBc / 8; ++nt) {
 #pragma unroll
@@ -174,11 +171,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const FusedParam
           s[nt][e] = x;
         }
       }
-    };
-    if (need_mask)
-      scale_and_mask(std::true_type{});
-    else
-      scale_and_mask(std::false_type{});
+    });
     // online softmax
     float mx[2] = {m[0], m[1]}, mu[2];
 #pragma unroll

@@ -46,7 +46,6 @@
 #include "attention.h"
 
 #include <cmath>
-#include <type_traits>
 
 #include "flash_common.cuh"
 #include "hopper_common.cuh"
@@ -318,24 +317,18 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       lse2[2 * c] = x.x;
       lse2[2 * c + 1] = x.y;
     }
-    // Two compiled paths (masked: std::true_type), chosen per tile: a run-time `if` around
-    // the mask became selects that every tile paid for.
-    auto probabilities = [&](auto masked) {
-      constexpr bool kMask = decltype(masked)::value;
+    // the mask on a tile crossing the diagonal only (flash::with_mask)
+    flash::with_mask(kCausal && q0 < k0 + kBlockN, [&](auto masked) {
 #pragma unroll
       for (int c = 0; c < kBlockM / 8; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float pv = flash::fast_exp2(fmaf(sacc[4 * c + e], a.scale_log2, -lse2[2 * c + (e & 1)]));
-          if constexpr (kMask)
+          if constexpr (decltype(masked)::value)
             if (k0 + key_local + 8 * (e >> 1) > q0 + 8 * c + 2 * t + (e & 1)) pv = 0.f;
           sacc[4 * c + e] = pv;
         }
-    };
-    if (kCausal && q0 < k0 + kBlockN)  // a tile crossing the diagonal
-      probabilities(std::true_type{});
-    else
-      probabilities(std::false_type{});
+    });
     uint32_t pa[kBlockM / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)

@@ -47,7 +47,6 @@
 #include "attention.h"
 
 #include <cmath>
-#include <type_traits>
 
 #include "flash_common.cuh"
 #include "hopper_common.cuh"
@@ -197,10 +196,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
     kc::wgmma_commit();
   };
   // Scores of step `it` (in s) -> unnormalised probabilities (in s), running max and
-  // sum updated; corr = the factor O must be multiplied by. Two compiled paths (masked:
-  // std::true_type): a run-time `if` around the mask became selects that every step paid
-  // for (five instructions a score beside the softmax's own five). The masked steps are
-  // the first ones (the tile holding Nk's end, the diagonal: both come first).
+  // sum updated; corr = the factor O must be multiplied by. The element mask is compiled
+  // only into the steps that need it (flash::with_mask): the first ones (the tile holding
+  // Nk's end, the diagonal: both come first).
   auto tile_k0 = [&](int it) { return (n_blocks - 1 - it) * kBlockN; };
   auto needs_mask = [&](int it) {
     const int k0 = tile_k0(it);
@@ -245,10 +243,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
     }
   };
   auto softmax_step = [&](int it) {
-    if (needs_mask(it))
-      softmax(std::true_type{}, it);
-    else
-      softmax(std::false_type{}, it);
+    flash::with_mask(needs_mask(it), [&](auto masked) { softmax(masked, it); });
   };
   auto pack_p = [&]() {
 #pragma unroll
