@@ -37,6 +37,7 @@
 // Causal (top-left): a key block starts at the query tile holding its first key.
 // Grid: one dimension in hopper_common::Order: heads in chunks whose Q and dO fit in half
 // the L2, and inside a chunk key block 0 (causal: the longest) of every head first.
+// dK, dV: multi-head attention, staged as T in the K, V buffers and stored by the copy engine.
 // Grouped-query attention: one CTA per (key block, q head), as for multi-head attention,
 // reading its kv head's K, V. Its fp32 dK, dV are staged in shared memory (the K, V, Q, dO
 // buffers, free once both consumers are done) and added by the copy engine into one
@@ -73,9 +74,7 @@ struct Args {
   const float* lse;           // (B, H, Nq), natural log
   const float* dsum;          // (B, H, Nq): rowsum(dO * O) - grad_lse
   CUtensorMap dq_accum;       // (d, Nq, H, B) fp32, zeroed by the pre-kernel; boxes of 32 x kBlockM
-  void* dk;                   // (B, Hk, Nk, d) at the dk_s* strides (multi-head attention: written here)
-  void* dv;
-  int64_t dk_sb, dk_sh, dk_sr;  // of dk and dv, elements (unit column stride)
+  CUtensorMap dk, dv;         // (d, Nk, H, B) maps of dk, dv (multi-head attention: stored here), boxes of 64 x kBlockN
   // Grouped-query attention. Default: the fp32 accumulator (d, Nk, Hk, 2 B) (dK's batches, then
   // dV's) the copy engine adds into. Deterministic: fp32 partials (flash_bwd.cu's layout).
   CUtensorMap dkv_accum;
@@ -227,7 +226,6 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         }
         kc::mbar_arrive(&dq_empty[buf]);
       }
-      kc::bulk_wait<0>();
     }
     if (threadIdx.x == 0) {
       kc::mbar_arrive_expect_tx(kv_full, 2 * L::kKVBytes);
@@ -306,17 +304,24 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     const int s = it % kStages, q0 = tile(it) * kBlockM;
     const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
     issue_sdp(it);
+    // lse of this thread's 16 query columns 8 c + 2 t + e. At d = 64 loaded while S^T is
+    // computed (loaded after the wait, their latency stalled every tile); at d = 128 the 16
+    // registers held across the wait would spill.
+    float lse2[16];
+    auto load_lse = [&] {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float2 x = *reinterpret_cast<const float2*>(rows + 8 * c + 2 * t);
+        lse2[2 * c] = x.x;
+        lse2[2 * c + 1] = x.y;
+      }
+    };
+    if constexpr (kD == 64) load_lse();
 
     // P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 above the causal diagonal
     kc::wgmma_wait<1>();
     kc::fence_operands(sacc);
-    float lse2[16];  // this thread's 16 query columns 8 c + 2 t + e
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const float2 x = *reinterpret_cast<const float2*>(rows + 8 * c + 2 * t);
-      lse2[2 * c] = x.x;
-      lse2[2 * c + 1] = x.y;
-    }
+    if constexpr (kD != 64) load_lse();
     // the mask on a tile crossing the diagonal only (flash::with_mask)
     flash::with_mask(kCausal && q0 < k0 + kBlockN, [&](auto masked) {
 #pragma unroll
@@ -422,13 +427,44 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
             kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * 2 + ww) * L::kDqBytes + j * L::kDqBox, 32 * j,
                                   k0 + 64 * ww, hk, m * (a.order.bh / a.H) + b);
       kc::bulk_commit();
-      kc::bulk_wait<0>();  // shared memory read before the CTA exits
+      kc::bulk_wait_read<0>();  // shared memory read before the CTA exits (the adds land on their own)
     }
     return;
   }
-  // Multi-head attention: dK, dV written here. Grouped-query and deterministic: fp32 partials
-  // of this q head (split h % group of kv head b * Hk + hk), which flash_bwd.cu's
-  // dkv_reduce_kernel sums over the group in a fixed order.
+  if (!a.gqa) {
+    // Multi-head attention: dK (times the scale) and dV as T into the K and V buffers, in the
+    // layout the copy engine loaded K and V in (rows = keys, 128-byte swizzled panels of 64
+    // columns; each thread's 4-byte pairs spread over all banks, as dS^T's), then one thread
+    // stores both through the dk, dv maps (rows past Nk are not written). Written by every
+    // thread straight to global memory instead, 16 bytes a row a warp instruction, these
+    // stores stalled the CTA's end for about a tile's time at N = 1024.
+    kc::named_barrier_sync(kDsBar, 256);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = key_local + 8 * r;
+#pragma unroll
+      for (int c = 0; c < kD / 8; ++c) {
+        const int at = (c / 8) * L::kKVPanel + row * 128 + (((c % 8) ^ g) << 4) + 4 * t;
+        *reinterpret_cast<uint32_t*>(sm + L::kK + at) =
+            flash::pack2<T>(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
+        *reinterpret_cast<uint32_t*>(sm + L::kV + at) = flash::pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
+      }
+    }
+    kc::fence_async_shared();
+    kc::named_barrier_sync(kDsBar, 256);
+    if (threadIdx.x == 128) {
+#pragma unroll
+      for (int p = 0; p < L::kPanels; ++p) {
+        kc::tma_store_4d(&a.dk, sm + L::kK + p * L::kKVPanel, p * 64, k0, h, b);
+        kc::tma_store_4d(&a.dv, sm + L::kV + p * L::kKVPanel, p * 64, k0, h, b);
+      }
+      kc::bulk_commit();
+      kc::bulk_wait_read<0>();
+    }
+    return;
+  }
+  // Grouped-query and deterministic: fp32 partials of this q head (split h % group of kv head
+  // b * Hk + hk), which flash_bwd.cu's dkv_reduce_kernel sums over the group in a fixed order.
   const int64_t nkd = int64_t(a.Nk) * kD;
   const int64_t part = (int64_t(b) * (a.H / a.group) + hk) * a.group + h % a.group;  // (kv head, split)
   const int64_t v_off = int64_t(a.order.bh) * nkd;  // dV's partials follow dK's: B * H * Nk * d floats
@@ -439,17 +475,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #pragma unroll
     for (int c = 0; c < kD / 8; ++c) {
       const int col = 8 * c + 2 * t;
-      const float k_lo = dk[4 * c + 2 * r] * a.scale, k_hi = dk[4 * c + 2 * r + 1] * a.scale;
-      const float v_lo = dv[4 * c + 2 * r], v_hi = dv[4 * c + 2 * r + 1];
-      if (a.gqa) {
-        float* pk = a.dkv_partial + part * nkd + int64_t(key) * kD + col;
-        *reinterpret_cast<float2*>(pk) = make_float2(k_lo, k_hi);
-        *reinterpret_cast<float2*>(pk + v_off) = make_float2(v_lo, v_hi);
-      } else {
-        const int64_t at = b * a.dk_sb + h * a.dk_sh + key * a.dk_sr + col;
-        *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dk) + at) = flash::pack2<T>(k_lo, k_hi);
-        *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv) + at) = flash::pack2<T>(v_lo, v_hi);
-      }
+      float* pk = a.dkv_partial + part * nkd + int64_t(key) * kD + col;
+      *reinterpret_cast<float2*>(pk) = make_float2(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
+      *reinterpret_cast<float2*>(pk + v_off) = make_float2(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
     }
   }
 #else
@@ -469,12 +497,12 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.dsum = p.dsum;
   if (p.d != kD || hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, p.B, p.H, p.Nq, kD, kBlockM) != cudaSuccess)
     return cudaErrorNotSupported;
-  a.dk = p.dk;
-  a.dv = p.dv;
-  a.dk_sb = p.dk_sb;
-  a.dk_sh = p.dk_sh;
-  a.dk_sr = p.dk_sr;
   a.gqa = p.H != p.Hk;
+  if (!a.gqa && (hopper_common::make_map<T>(&a.dk, View4{p.dk, p.dk_sb, p.dk_sh, p.dk_sr, 1}, p.B, p.H, p.Nk, p.d,
+                                            kBlockN) != cudaSuccess ||
+                 hopper_common::make_map<T>(&a.dv, View4{p.dv, p.dk_sb, p.dk_sh, p.dk_sr, 1}, p.B, p.H, p.Nk, p.d,
+                                            kBlockN) != cudaSuccess))
+    return cudaErrorNotSupported;
   a.dkv_partial = p.dkv_partial;
   if (a.gqa && (p.dkv_partial == nullptr || p.heads_per_cta != 1)) return cudaErrorInvalidValue;  // the plan says
   // the accumulator: the workspace's first 2 * B * Hk * Nk * d floats (the plan zeroed them),

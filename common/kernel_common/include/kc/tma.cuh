@@ -17,8 +17,9 @@
 //         kc::tma_prefetch_map(&map) warms the map's cache line (optional).
 //         kc::tma_reduce_add_4d(&map, src, c0, c1, c2, c3) adds the box at `src` (shared,
 //         laid out as a load would write it) into global memory element-wise (fp32: the
-//         L2 does the adds); elements outside the tensor are left alone. It joins the
-//         thread's bulk group: kc::bulk_commit() closes the group, then
+//         L2 does the adds); elements outside the tensor are left alone.
+//         kc::tma_store_4d(&map, src, ...) copies such a box back unchanged (its limits
+//         below). Both join the thread's bulk group: kc::bulk_commit() closes the group, then
 //         kc::bulk_wait_read<n>() returns when all but the newest n groups have read
 //         their shared memory (the buffer may be rewritten), kc::bulk_wait<n>() when
 //         their writes are done. Threads that wrote `src` with ordinary stores call
@@ -90,6 +91,22 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const 
           reinterpret_cast<uint64_t>(map)),
       "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+#else
+  __trap();
+#endif
+}
+
+// A box of shared memory (laid out as the map's box, swizzle included) stored to the tensor at
+// the given coordinates; elements past the tensor's end are not written, but a box starting
+// below 0 is an illegal instruction (H100, unlike loads, which fill there with zeros).
+// Completion: bulk_commit, then bulk_wait_read before the shared memory is reused (or the
+// block exits).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
 #else
   __trap();
 #endif
