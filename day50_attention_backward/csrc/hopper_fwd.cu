@@ -66,13 +66,15 @@ namespace {
 constexpr int kProducerRegs = 24;
 __host__ __device__ constexpr int consumer_regs(int kC) { return (65536 - 128 * kProducerRegs) / (128 * kC) / 8 * 8; }
 constexpr int kTurnBar = 1;  // named barriers 1 .. C: the consumers' turns (pingpong)
+// named barriers C + 1 .. 2 C: a consumer's O is in shared memory (its own 128 threads)
 constexpr float kLn2 = 0.6931471805599453f;
 using hopper_common::kLog2e;
 
 struct Args {
   CUtensorMap q, k, v;  // (d, N, heads, batch) maps, boxes of 64 x kBlockM / Layout::kBlockN
-  void* o;
-  int64_t o_sb, o_sh, o_sr;  // out's strides (q's layout; attention_cuda.cpp)
+  CUtensorMap o;        // out (q's layout; attention_cuda.cpp), boxes of 64 x 64: a consumer's rows
+  void* o_ptr;          // out again, for the rows the map cannot store (the epilogue)
+  int64_t o_sb, o_sh, o_sr;
   float* lse;
   hopper_common::Order order;
   int H, group, Nq, Nk, d;
@@ -308,23 +310,46 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   kc::fence_operands(o);
   release(n_blocks - 1);
 
-  // epilogue: O / l and lse = (m + log2 l) ln 2, rows < Nq, columns < d
-  T* O = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
+  // epilogue: O / l as T into this warpgroup's rows of Q (no longer read), in Q's layout
+  // (128-byte swizzled panels: each thread's 4-byte pairs spread over all banks), then one
+  // thread stores them through the map of out (columns past d are not written). Stored by
+  // every thread straight to global memory instead (16 bytes a row a warp instruction), they
+  // stalled the CTA's end. The copy engine takes no store box that starts below row 0 (an
+  // illegal instruction): a warpgroup whose rows straddle 0 (a head's first tile, at most
+  // one a head) stores its rows >= 0 directly. lse = (m + log2 l) ln 2, rows >= 0.
+  const bool straddles = q0 + cw * 64 < 0;
+  unsigned char* my_q = sm + L::kQ + cw * 64 * 128;
+  T* O = static_cast<T*>(a.o_ptr) + b * a.o_sb + h * a.o_sh;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int row = row0 + 8 * r;
-    if (row < 0) continue;
     const float inv = 1.f / l[r];
+    const int row = warp * 16 + g + 8 * r;  // within the warpgroup's 64
+    if (straddles) {
+      if (row0 + 8 * r >= 0)
 #pragma unroll
-    for (int c = 0; c < kD / 8; ++c) {
-      const int col = 8 * c + 2 * t;
-      if (col < a.d)
-        *reinterpret_cast<uint32_t*>(O + row * a.o_sr + col) =
+        for (int c = 0; c < kD / 8; ++c)
+          if (8 * c + 2 * t < a.d)
+            *reinterpret_cast<uint32_t*>(O + (row0 + 8 * r) * a.o_sr + 8 * c + 2 * t) =
+                flash::pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
+    } else {
+#pragma unroll
+      for (int c = 0; c < kD / 8; ++c)
+        *reinterpret_cast<uint32_t*>(my_q + (c / 8) * L::kQPanel + row * 128 + (((c % 8) ^ g) << 4) + 4 * t) =
             flash::pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
     }
-    if (t == 0) a.lse[int64_t(bh) * a.Nq + row] = (m[r] * a.scale_log2 + __log2f(l[r])) * kLn2;
+    if (t == 0 && row0 + 8 * r >= 0)
+      a.lse[int64_t(bh) * a.Nq + row0 + 8 * r] = (m[r] * a.scale_log2 + __log2f(l[r])) * kLn2;
+  }
+  if (straddles) return;
+  kc::fence_async_shared();
+  kc::named_barrier_sync(kTurnBar + kConsumers + cw, 128);
+  if (tid == 0) {
+#pragma unroll
+    for (int p = 0; p < L::kPanels; ++p) kc::tma_store_4d(&a.o, my_q + p * L::kQPanel, p * 64, q0 + cw * 64, h, b);
+    kc::bulk_commit();
+    kc::bulk_wait_read<0>();
   }
 #else
   __trap();
@@ -339,7 +364,9 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
       hopper_common::make_map<T>(&a.k, p.k, p.B, p.Hk, p.Nk, p.d, Layout<kD, kC>::kBlockN) != cudaSuccess ||
       hopper_common::make_map<T>(&a.v, p.v, p.B, p.Hk, p.Nk, p.d, Layout<kD, kC>::kBlockN) != cudaSuccess)
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
-  a.o = p.o;
+  if (hopper_common::make_map<T>(&a.o, View4{p.o, p.o_sb, p.o_sh, p.o_sr, 1}, p.B, p.H, p.Nq, p.d, 64) != cudaSuccess)
+    return cudaErrorNotSupported;
+  a.o_ptr = p.o;
   a.o_sb = p.o_sb;
   a.o_sh = p.o_sh;
   a.o_sr = p.o_sr;
