@@ -299,6 +299,15 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     kc::wgmma_commit();
   };
 
+  // A tile's dQ goes to the writer (dq_full) once its shared-memory stores are visible to the
+  // copy engine: the fence waits for them. At d = 64 that wait stalled every tile, so there the
+  // hand-off comes in the next tile, once its S^T is done (2% at the GPT-2 and small-Llama
+  // shapes); at d = 128 no gain, and the deterministic chain runs slower with a later writer.
+  constexpr bool kLateHandoff = kD == 64 && !kDeterministic;
+  auto hand_off = [&](int i) {
+    kc::fence_async_shared();
+    kc::mbar_arrive(&dq_full[i & 1]);
+  };
   kc::mbar_wait(kv_full, 0);
   for (int it = 0; it < n_it; ++it) {
     const int s = it % kStages, q0 = tile(it) * kBlockM;
@@ -322,6 +331,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     kc::wgmma_wait<1>();
     kc::fence_operands(sacc);
     if constexpr (kD != 64) load_lse();
+    if constexpr (kLateHandoff)
+      if (it > 0) hand_off(it - 1);
     // the mask on a tile crossing the diagonal only (flash::with_mask)
     flash::with_mask(kCausal && q0 < k0 + kBlockN, [&](auto masked) {
 #pragma unroll
@@ -394,15 +405,16 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
 
     // dQ (this consumer's d / 2 columns) to this iteration's shared tile, free once the
-    // writer has read what it held two tiles ago; then the writer's turn.
+    // writer has read what it held two tiles ago; then the writer's turn (hand_off).
     const int buf = it & 1;
     if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
     store_swizzled_f32<kD / 16>(kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox +
                                     (16 * warp + g) * 128 + 8 * t,
                                 g, dq, 1.f);
-    kc::fence_async_shared();
-    kc::mbar_arrive(&dq_full[buf]);
+    if constexpr (!kLateHandoff) hand_off(it);
   }
+  if constexpr (kLateHandoff)
+    if (n_it > 0) hand_off(n_it - 1);
 
   // dK (times the softmax scale, which dS^T leaves out) and dV, rows < Nk.
   if (!kDeterministic && a.gqa) {
