@@ -54,13 +54,6 @@ namespace {
 
 constexpr int kPreWarps = 8;
 
-// Dense attention (no window beyond plain causal, no softcap, no packed sequences): what
-// version 2's main kernel (hopper_bwd.cu) runs.
-bool dense_masking(const FusedParams& p) {
-  return p.window_left < 0 && p.window_right <= 0 && !p.bottom_right && p.softcap <= 0 &&
-         p.cu_seqlens_q == nullptr && (p.window_right < 0) != p.causal;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kPreWarps * 32) bwd_preprocess_kernel(const FusedParams p) {
   const int lane = threadIdx.x % 32;
@@ -190,9 +183,9 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     }
     KC_CUDA_LAUNCH_TRY();
   }
-  // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention), else version 1
-  const cudaError_t v2 =
-      p.bwd_version != 1 && dense_masking(p) ? hopper_attention_backward_main(p, stream) : cudaErrorNotSupported;
+  // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention, windows
+  // included: hopper_masking), else version 1
+  const cudaError_t v2 = p.bwd_version != 1 ? hopper_attention_backward_main(p, stream) : cudaErrorNotSupported;
   int64_t splits = p.H / p.Hk / p.heads_per_cta;
   if (v2 != cudaErrorNotSupported) {
     KC_CUDA_TRY(v2);
@@ -228,7 +221,7 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   int64_t hpc = 1;
   // Version 2's main kernel (hopper_bwd.cu) runs one q head per CTA; its partials need the
   // version 1 kernel's one-head plan too, should version 2 fall back at launch.
-  const bool v2 = p.bwd_version != 1 && flash::dense_masking(p) && hopper_backward_applies(p);
+  const bool v2 = p.bwd_version != 1 && hopper_backward_applies(p);
   // Packed sequences: a whole group per CTA (the partials' layout is dense (B, Hk, Nk, d)).
   if (p.cu_seqlens_q != nullptr) {
     plan.heads_per_cta = G;

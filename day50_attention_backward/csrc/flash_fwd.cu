@@ -283,12 +283,11 @@ cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream) {
   if (!fused_layout_ok(p.q) || !fused_layout_ok(p.k) || !fused_layout_ok(p.v)) return cudaErrorMisalignedAddress;
   if (p.B * p.H == 0 || p.Nq == 0) return cudaSuccess;
   if (p.Hk <= 0 || p.H % p.Hk != 0) return cudaErrorInvalidValue;
-  // Version 2 (Hopper) runs dense attention, plain causal included; a window, a softcap and
+  // Version 2 (Hopper) runs dense attention, windows included (hopper_masking); a softcap and
   // packed sequences run version 1.
-  const bool dense = p.window_left < 0 && p.window_right <= 0 && !p.bottom_right && p.softcap <= 0 &&
-                     p.cu_seqlens_q == nullptr && (p.window_right < 0) != p.causal;
-  if (!dense && p.fwd_version == 2) return cudaErrorNotSupported;
-  if (p.fwd_version != 1 && dense) {
+  const bool v2_masking = hopper_masking(p);
+  if (!v2_masking && p.fwd_version == 2) return cudaErrorNotSupported;
+  if (p.fwd_version != 1 && v2_masking) {
     const cudaError_t e = hopper_attention_forward(p, stream);
     if (e != cudaErrorNotSupported || p.fwd_version == 2) return e;
   }

@@ -35,6 +35,9 @@
 // Tails: tensor maps zero-fill rows past Nq / Nk; queries past Nq get lse = +inf (P = 0),
 //   keys past Nk have K = V = 0 rows (no contribution to dQ) and are not stored.
 // Causal (top-left): a key block starts at the query tile holding its first key.
+// Sliding window (kLocal: hopper_common::Band, query i sees keys i - wl .. i + wr): a key
+//   block reads only the query tiles whose rows see one of its keys, k0 - wr .. k0 + 127 + wl;
+//   tiles crossing either edge are masked. Rows that see no key have lse = +inf (P = 0).
 // Grid: one dimension in hopper_common::Order: heads in chunks whose Q and dO fit in half
 // the L2, and inside a chunk key block 0 (causal: the longest) of every head first.
 // dK, dV: multi-head attention, staged as T in the K, V buffers and stored by the copy engine.
@@ -84,6 +87,7 @@ struct Args {
   hopper_common::Order order;
   int H, group, Nq, Nk;
   float scale, scale_log2;
+  hopper_common::Band w;      // kLocal: the window
 };
 
 template <int kD>
@@ -131,14 +135,16 @@ __device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const fl
 }
 
 // kDeterministic: the key blocks of one q head add their dQ tiles in key-block order.
-// Block n's dQ writer waits until the counter of the query tile reads n, adds, waits for
-// its adds to land, and sets n + 1. Every block before n contributes to every query tile
-// n does (causal: block n starts at query tile 2n), so the count it waits for is n. The
-// blocks it waits for come earlier in launch order (hopper_common::Order launches a
-// head's key block n - 1 before its block n), so they are running or done: no deadlock.
+// Block n's dQ writer waits until the counter of the query tile reads n - f, adds, waits for
+// its adds to land, and sets n - f + 1, where f is the first key block that reaches the tile:
+// the blocks that do are f, f + 1, .. (the window's band is convex), 0 unless a window has a
+// left edge (causal: block n starts at query tile 2n; every block before it reaches the
+// tiles it does). The blocks it waits for come earlier in launch order
+// (hopper_common::Order launches a head's key block n - 1 before its block n), so they are
+// running or done: no deadlock.
 // The consumers run on while the writer waits (two dQ tiles in flight). Same inputs,
 // same order of fp32 adds: bitwise equal dq.
-template <typename T, int kD, bool kCausal, bool kDeterministic>
+template <typename T, int kD, bool kCausal, bool kLocal, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD>;
@@ -156,13 +162,19 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   hopper_common::order_of(blockIdx.x, a.order, kb, bh);
   const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
   const int k0 = kb * kBlockN;
-  const int j_first = kCausal ? k0 / kBlockM : 0;  // causal: the query tile holding key k0
   const int n_qt = (a.Nq + kBlockM - 1) / kBlockM;
-  const int n_it = n_qt > j_first ? n_qt - j_first : 0;
+  // The query tiles that see a key of the block: j_first .. j_end - 1 (causal: from the one
+  // holding key k0; a window: rows k0 - wr .. k0 + kBlockN - 1 + wl)
+  int j_first = kCausal ? k0 / kBlockM : 0, j_end = n_qt;
+  if constexpr (kLocal) {
+    j_first = max(0, k0 - a.w.wr) / kBlockM;
+    j_end = min(n_qt, (k0 + kBlockN - 1 + a.w.wl) / kBlockM + 1);
+  }
+  const int n_it = j_end > j_first ? j_end - j_first : 0;
   // The query tile of step it. Deterministic: the last tile first, so that every key block
   // starts on a tile all blocks share and the ordered adds pipeline from the first step
   // (in ascending order a causal block n would wait for block 0 to reach tile 2n).
-  auto tile = [&](int it) { return kDeterministic ? n_qt - 1 - it : j_first + it; };
+  auto tile = [&](int it) { return kDeterministic ? j_end - 1 - it : j_first + it; };
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -206,9 +218,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         const int buf = it & 1;
         kc::mbar_wait(&dq_full[buf], (it >> 1) & 1);
         int* sem = nullptr;
+        int turn = kb;  // the key blocks before this one that reach the tile (above)
         if constexpr (kDeterministic) {
           sem = a.dq_sem + int64_t(bh) * n_qt + tile(it);
-          while (load_acquire(sem) != kb) {
+          if constexpr (kLocal) turn = kb - max(0, tile(it) * kBlockM - a.w.wl) / kBlockN;
+          while (load_acquire(sem) != turn) {
           }
         }
 #pragma unroll
@@ -220,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
           kc::bulk_wait<0>();
           asm volatile("fence.proxy.async.global;\n" ::: "memory");
           __threadfence();
-          store_release(sem, kb + 1);
+          store_release(sem, turn + 1);
         } else {
           kc::bulk_wait_read<0>();
         }
@@ -333,15 +347,19 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     if constexpr (kD != 64) load_lse();
     if constexpr (kLateHandoff)
       if (it > 0) hand_off(it - 1);
-    // the mask on a tile crossing the diagonal only (flash::with_mask)
-    flash::with_mask(kCausal && q0 < k0 + kBlockN, [&](auto masked) {
+    // the mask on a tile crossing the diagonal or a window's edge only (flash::with_mask)
+    const bool crosses = (kCausal && q0 < k0 + kBlockN) ||
+                         (kLocal && (k0 + kBlockN - 1 > q0 + a.w.wr || k0 < q0 + kBlockM - 1 - a.w.wl));
+    flash::with_mask(crosses, [&](auto masked) {
 #pragma unroll
       for (int c = 0; c < kBlockM / 8; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float pv = flash::fast_exp2(fmaf(sacc[4 * c + e], a.scale_log2, -lse2[2 * c + (e & 1)]));
-          if constexpr (decltype(masked)::value)
-            if (k0 + key_local + 8 * (e >> 1) > q0 + 8 * c + 2 * t + (e & 1)) pv = 0.f;
+          if constexpr (decltype(masked)::value) {
+            const int key = k0 + key_local + 8 * (e >> 1), q = q0 + 8 * c + 2 * t + (e & 1);
+            if ((kCausal && key > q) || (kLocal && (key > q + a.w.wr || key < q - a.w.wl))) pv = 0.f;
+          }
           sacc[4 * c + e] = pv;
         }
     });
@@ -497,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #endif
 }
 
-template <typename T, int kD, bool kCausal, bool kDet>
+template <typename T, int kD, bool kCausal, bool kLocal, bool kDet>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
   if (hopper_common::make_map<T>(&a.q, p.q, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess ||
@@ -529,8 +547,9 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.scale = p.scale;
   a.scale_log2 = p.scale * kLog2e;
   a.dq_sem = p.dq_sem;
+  a.w = hopper_common::band(p);
   if (kDet && p.dq_sem == nullptr) return cudaErrorInvalidValue;
-  auto kernel = hopper_bwd_kernel<T, kD, kCausal, kDet>;
+  auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kDet>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
   const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
   a.order = hopper_common::make_order(n_kt, p.B * p.H, 2 * p.Nq * kD * int64_t(sizeof(T)));  // Q, dO of a head
@@ -538,10 +557,15 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <typename T, int kD, bool kDet>
+cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
+  if (hopper_common::local(p)) return launch<T, kD, false, true, kDet>(p, stream);  // a window: covers causal
+  return p.causal ? launch<T, kD, true, false, kDet>(p, stream) : launch<T, kD, false, false, kDet>(p, stream);
+}
+
 template <typename T, bool kDet>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  if (p.d == 64) return p.causal ? launch<T, 64, true, kDet>(p, stream) : launch<T, 64, false, kDet>(p, stream);
-  return p.causal ? launch<T, 128, true, kDet>(p, stream) : launch<T, 128, false, kDet>(p, stream);
+  return p.d == 64 ? dispatch<T, 64, kDet>(p, stream) : dispatch<T, 128, kDet>(p, stream);
 }
 
 template <typename T>

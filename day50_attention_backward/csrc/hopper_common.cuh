@@ -31,6 +31,22 @@ cudaError_t make_map(CUtensorMap* map, const View4& x, int64_t batch, int64_t he
   return kc::make_tensor_map(map, dt, 4, x.ptr, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// A window as the kernels test it (attention.h: query i sees key j when i - wl <= j <= i + wr,
+// top-left aligned): an unbounded side, or one past every index, becomes Nq (left) or Nk
+// (right), which masks nothing, so that index sums stay small (hopper_forward_applies asks
+// Nq + Nk <= 2^30 of a window). `local`: a bound other than plain causal's is set (the
+// kernels' kLocal variants; plain causal keeps kCausal).
+struct Band {
+  int wl = 0, wr = 0;
+};
+inline bool local(const FusedParams& p) { return p.window_left >= 0 || p.window_right > 0; }
+inline Band band(const FusedParams& p) {
+  Band w;
+  w.wl = int(p.window_left < 0 || p.window_left > p.Nq ? p.Nq : p.window_left);
+  w.wr = int(p.window_right < 0 || p.window_right > p.Nk ? p.Nk : p.window_right);
+  return w;
+}
+
 // An fp32 buffer the backward adds into with the copy engine (dq_accum, the grouped-query
 // dK, dV accumulator): contiguous (batch, heads, n, d), boxes of 32 columns (128 bytes) x
 // box_rows rows, 128-byte swizzled as the shared tiles it adds from.

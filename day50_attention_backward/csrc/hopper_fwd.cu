@@ -36,6 +36,10 @@
 //   copy engine fills what lies outside a tensor) and are not stored; keys >= Nk are masked.
 // Causal (top-left aligned): a query tile reads key tiles up to its last row, the
 //   diagonal one first (so only the first steps need masking).
+// Sliding window (kLocal: hopper_common::Band, query i sees keys i - wl .. i + wr): a tile
+//   reads only the key tiles its rows' windows reach, right edge first, so the cost grows as
+//   N x window; the tiles crossing either edge are masked. A row that sees no key stores O = 0
+//   and lse = +inf (attention.h); a CTA none of whose rows sees a key loads nothing.
 // Grid: one dimension, (query tile, B * H) in hopper_common::Order: heads in chunks whose
 //   K and V fit in half the L2 (read from DRAM about once per head), and inside a chunk
 //   the last query tile of every head first: causal, the longest go first and the short
@@ -43,7 +47,8 @@
 // Grouped-query attention: q head h reads kv head h / (H / Hk) through the map's head
 //   coordinate; the heads of a group are neighbours in a chunk and share K, V in L2.
 // Falls back to version 1 (hopper_forward_applies): scale <= 0 (the max is taken on raw
-//   scores), more than 2^31 - 1 CTAs, or a layout the copy engine refuses.
+//   scores), more than 2^31 - 1 CTAs, a layout the copy engine refuses, a softcap or packed
+//   sequences (hopper_masking).
 #include "attention.h"
 
 #include <cmath>
@@ -79,6 +84,7 @@ struct Args {
   hopper_common::Order order;
   int H, group, Nq, Nk, d;
   float scale_log2;  // softmax scale * log2(e)
+  hopper_common::Band w;  // kLocal: the window
 };
 
 // Byte offsets inside the (1024-byte aligned) dynamic shared memory: Q, then kStages
@@ -96,7 +102,7 @@ struct Layout {
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;  // + slack to align the base
 };
 
-template <typename T, int kD, int kConsumers, bool kCausal>
+template <typename T, int kD, int kConsumers, bool kCausal, bool kLocal>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD, kConsumers>;
@@ -116,8 +122,17 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   hopper_common::order_of(blockIdx.x, a.order, step, bh);
   const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
   const int q0 = a.Nq - (step + 1) * kBlockM;  // may be negative for the last step (Tails above)
-  const int kend = kCausal ? min(a.Nk, q0 + kBlockM) : a.Nk;
-  const int n_blocks = (kend + kBlockN - 1) / kBlockN;
+  // the keys its rows see: [kbeg, kend), in key tiles jb .. jb + n_blocks - 1
+  int kbeg = 0, kend = a.Nk;
+  if constexpr (kCausal) kend = min(a.Nk, q0 + kBlockM);
+  if constexpr (kLocal) {
+    kbeg = max(0, max(q0, 0) - a.w.wl);
+    kend = min(a.Nk, q0 + kBlockM + a.w.wr);
+  }
+  const int jb = kbeg / kBlockN;
+  const int n_blocks = !kLocal       ? (kend + kBlockN - 1) / kBlockN
+                       : kend > kbeg ? (kend + kBlockN - 1) / kBlockN - jb
+                                     : 0;  // a window none of its rows sees into
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -133,14 +148,14 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
     kc::warpgroup_reg_dealloc<kProducerRegs>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && (!kLocal || n_blocks > 0)) {
       kc::tma_prefetch_map(&a.q);
       kc::tma_prefetch_map(&a.k);
       kc::tma_prefetch_map(&a.v);
       kc::mbar_arrive_expect_tx(q_full, L::kQBytes);
       for (int p = 0; p < L::kPanels; ++p) kc::tma_load_4d(sm + L::kQ + p * L::kQPanel, &a.q, q_full, p * 64, q0, h, b);
       for (int it = 0; it < n_blocks; ++it) {
-        const int j = n_blocks - 1 - it, s = it % kStages;
+        const int j = jb + n_blocks - 1 - it, s = it % kStages;
         if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
         kc::mbar_arrive_expect_tx(&k_full[s], L::kKVBytes);
         for (int p = 0; p < L::kPanels; ++p)
@@ -201,10 +216,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   // sum updated; corr = the factor O must be multiplied by. The element mask is compiled
   // only into the steps that need it (flash::with_mask): the first ones (the tile holding
   // Nk's end, the diagonal: both come first).
-  auto tile_k0 = [&](int it) { return (n_blocks - 1 - it) * kBlockN; };
+  auto tile_k0 = [&](int it) { return (jb + n_blocks - 1 - it) * kBlockN; };
   auto needs_mask = [&](int it) {
-    const int k0 = tile_k0(it);
-    return k0 + kBlockN > a.Nk || (kCausal && k0 + kBlockN - 1 > q0 + cw * 64);
+    const int k0 = tile_k0(it), r0 = q0 + cw * 64;  // this warpgroup's rows r0 .. r0 + 63
+    return k0 + kBlockN > a.Nk || (kCausal && k0 + kBlockN - 1 > r0) ||
+           (kLocal && (k0 + kBlockN - 1 > r0 + a.w.wr || k0 < r0 + 63 - a.w.wl));
   };
   auto softmax = [&](auto masked, int it) {
     constexpr bool kMask = decltype(masked)::value;
@@ -217,7 +233,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
         float x = s[4 * c + e];  // raw q.k: the max commutes with the (positive) scale
         if constexpr (kMask) {
           const int col = k0 + 8 * c + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
-          if (col >= a.Nk || (kCausal && col > row)) x = -INFINITY;
+          if (col >= a.Nk || (kCausal && col > row) || (kLocal && (col > row + a.w.wr || col < row - a.w.wl)))
+            x = -INFINITY;
         }
         s[4 * c + e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -271,44 +288,48 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   // the last one leaves out its final hand-over so that every arrival is waited for.
   auto wait_turn = [&] { kc::named_barrier_sync(kTurnBar + cw, 256); };
   auto pass_turn = [&] { kc::named_barrier_arrive(kTurnBar + (cw + 1) % kConsumers, 256); };
-  if (cw == kConsumers - 1) pass_turn();
-  if (idle) {  // the same turns and the same waits for the stages it releases, no products
-    for (int it = 0; it <= n_blocks; ++it) {
-      wait_turn();
-      if (it > 0) kc::mbar_wait(&v_full[(it - 1) % kStages], ((it - 1) / kStages) & 1);
-      if (it < n_blocks || cw != kConsumers - 1) pass_turn();
-      if (it > 0) release(it - 1);
+  if (kLocal && n_blocks == 0) {  // no row of the tile sees a key, nothing was loaded: O = 0 below
+    if (idle) return;
+  } else {
+    if (cw == kConsumers - 1) pass_turn();
+    if (idle) {  // the same turns and the same waits for the stages it releases, no products
+      for (int it = 0; it <= n_blocks; ++it) {
+        wait_turn();
+        if (it > 0) kc::mbar_wait(&v_full[(it - 1) % kStages], ((it - 1) / kStages) & 1);
+        if (it < n_blocks || cw != kConsumers - 1) pass_turn();
+        if (it > 0) release(it - 1);
+      }
+      return;
     }
-    return;
-  }
-  kc::mbar_wait(q_full, 0);
-  wait_turn();
-  issue_qk(0);
-  pass_turn();
-  kc::wgmma_wait<0>();
-  kc::fence_operands(s);
-  softmax_step(0);
-  pack_p();
-  for (int it = 1; it < n_blocks; ++it) {
+    kc::mbar_wait(q_full, 0);
     wait_turn();
-    issue_qk(it);       // S of the next tile ...
-    issue_pv(it - 1);   // ... and O += P V of this one, both in flight
+    issue_qk(0);
     pass_turn();
-    kc::wgmma_wait<1>();
+    kc::wgmma_wait<0>();
     kc::fence_operands(s);
-    softmax_step(it);   // runs while P V (and the other warpgroup's products) are on the tensor cores
+    softmax_step(0);
+    pack_p();
+    for (int it = 1; it < n_blocks; ++it) {
+      wait_turn();
+      issue_qk(it);       // S of the next tile ...
+      issue_pv(it - 1);   // ... and O += P V of this one, both in flight
+      pass_turn();
+      kc::wgmma_wait<1>();
+      kc::fence_operands(s);
+      softmax_step(it);   // runs while P V (and the other warpgroup's products) are on the tensor cores
+      kc::wgmma_wait<0>();
+      kc::fence_operands(o);
+      release(it - 1);
+      rescale_o();
+      pack_p();
+    }
+    wait_turn();
+    issue_pv(n_blocks - 1);
+    if (cw != kConsumers - 1) pass_turn();
     kc::wgmma_wait<0>();
     kc::fence_operands(o);
-    release(it - 1);
-    rescale_o();
-    pack_p();
+    release(n_blocks - 1);
   }
-  wait_turn();
-  issue_pv(n_blocks - 1);
-  if (cw != kConsumers - 1) pass_turn();
-  kc::wgmma_wait<0>();
-  kc::fence_operands(o);
-  release(n_blocks - 1);
 
   // epilogue: O / l as T into this warpgroup's rows of Q (no longer read), in Q's layout
   // (128-byte swizzled panels: each thread's 4-byte pairs spread over all banks), then one
@@ -316,7 +337,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   // every thread straight to global memory instead (16 bytes a row a warp instruction), they
   // stalled the CTA's end. The copy engine takes no store box that starts below row 0 (an
   // illegal instruction): a warpgroup whose rows straddle 0 (a head's first tile, at most
-  // one a head) stores its rows >= 0 directly. lse = (m + log2 l) ln 2, rows >= 0.
+  // one a head) stores its rows >= 0 directly. lse = (m + log2 l) ln 2, rows >= 0 (+inf: no key).
   const bool straddles = q0 + cw * 64 < 0;
   unsigned char* my_q = sm + L::kQ + cw * 64 * 128;
   T* O = static_cast<T*>(a.o_ptr) + b * a.o_sb + h * a.o_sh;
@@ -324,7 +345,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const float inv = 1.f / l[r];
+    const bool none = kLocal && l[r] == 0.f;  // the row saw no key: O = 0, lse = +inf
+    const float inv = none ? 0.f : 1.f / l[r];
     const int row = warp * 16 + g + 8 * r;  // within the warpgroup's 64
     if (straddles) {
       if (row0 + 8 * r >= 0)
@@ -340,7 +362,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
             flash::pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
     }
     if (t == 0 && row0 + 8 * r >= 0)
-      a.lse[int64_t(bh) * a.Nq + row0 + 8 * r] = (m[r] * a.scale_log2 + __log2f(l[r])) * kLn2;
+      a.lse[int64_t(bh) * a.Nq + row0 + 8 * r] = none ? INFINITY : (m[r] * a.scale_log2 + __log2f(l[r])) * kLn2;
   }
   if (straddles) return;
   kc::fence_async_shared();
@@ -356,7 +378,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
 #endif
 }
 
-template <typename T, int kD, int kC, bool kCausal>
+template <typename T, int kD, int kC, bool kCausal, bool kLocal>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
   constexpr int kBlockM = 64 * kC;
@@ -377,7 +399,8 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.Nk = int(p.Nk);
   a.d = int(p.d);
   a.scale_log2 = p.scale * kLog2e;
-  auto kernel = hopper_fwd_kernel<T, kD, kC, kCausal>;
+  a.w = hopper_common::band(p);
+  auto kernel = hopper_fwd_kernel<T, kD, kC, kCausal, kLocal>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD, kC>::kBytes));
   const int64_t n_qt = (p.Nq + kBlockM - 1) / kBlockM;
   // K and V of a kv head, shared by its group of q heads
@@ -386,17 +409,19 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, bool kCausal>
+template <typename T, bool kCausal, bool kLocal>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  if (p.d <= 64) return launch<T, 64, 3, kCausal>(p, stream);
-  if (p.d <= 96) return launch<T, 96, 2, kCausal>(p, stream);
-  if (p.d <= 128) return launch<T, 128, 2, kCausal>(p, stream);
-  return launch<T, 256, 2, kCausal>(p, stream);
+  if (p.d <= 64) return launch<T, 64, 3, kCausal, kLocal>(p, stream);
+  if (p.d <= 96) return launch<T, 96, 2, kCausal, kLocal>(p, stream);
+  if (p.d <= 128) return launch<T, 128, 2, kCausal, kLocal>(p, stream);
+  return launch<T, 256, 2, kCausal, kLocal>(p, stream);
 }
 
+// A window (other than plain causal's) runs the kLocal variant, whose bounds cover causal.
 template <typename T>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  return p.causal ? dispatch<T, true>(p, stream) : dispatch<T, false>(p, stream);
+  if (hopper_common::local(p)) return dispatch<T, false, true>(p, stream);
+  return p.causal ? dispatch<T, true, false>(p, stream) : dispatch<T, false, false>(p, stream);
 }
 
 // Compute capability 9.0 exactly (the sm_90a code runs nowhere else), per device, once.
@@ -420,8 +445,8 @@ bool hopper_forward_applies(const FusedParams& p) {
 #if defined(KC_HAS_SM90A)
   return (p.dtype == kc::DType::F16 || p.dtype == kc::DType::BF16) && p.d > 0 && p.d % 8 == 0 &&
          p.d <= kHopperFwdMaxHeadDim && p.Nq < (int64_t(1) << 31) && p.Nk < (int64_t(1) << 31) &&
-         (p.Nq + 127) / 128 * p.B * p.H <= INT32_MAX && p.scale > 0.f &&
-         hopper::device_is_sm90();
+         (p.Nq + 127) / 128 * p.B * p.H <= INT32_MAX && p.scale > 0.f && hopper_masking(p) &&
+         (!hopper_common::local(p) || p.Nq + p.Nk <= (int64_t(1) << 30)) && hopper::device_is_sm90();
 #else
   (void)p;
   return false;  // this build has no sm_90a code
