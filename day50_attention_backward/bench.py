@@ -255,6 +255,9 @@ def llm_rows(args):
     do = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16)
     tag = f"window B=1 H={hq} N={n} d={d} causal left={left}"
     add(f"{tag}: day50 window", *fwd_bwd(lambda: da.attention(q, k, v, causal=True, window=(left, -1)), (q, k, v), do))
+    with da.ops.kernel_versions(fwd=1, bwd=1):
+        add(f"{tag}: day50 window, version 1 (mma.sync)",
+            *fwd_bwd(lambda: da.attention(q, k, v, causal=True, window=(left, -1)), (q, k, v), do))
     add(f"{tag}: day50 full causal (no window)", *fwd_bwd(lambda: da.attention(q, k, v, causal=True), (q, k, v), do))
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
