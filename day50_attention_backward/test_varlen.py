@@ -425,46 +425,52 @@ def test_varlen_cuda_bad_offsets_raise(cu_q, max_q, bad):
 
 
 @pytest.mark.skipif(not HOPPER_V, reason="version 2 needs a compute capability 9.0 GPU")
-def test_version2_pin_with_softcap_is_an_error():
-    q, k, v, do = dense_inputs((1, 2, 2, 64, 64, 64), torch.bfloat16, "cuda", seed=0)
+def test_version2_pin_with_packed_sequences_is_an_error():
+    q, k, v, do = varlen_inputs([40, 30], [40, 30], 2, 2, 64, torch.bfloat16, "cuda", seed=0)
+    cq = cu([40, 30], "cuda")
     with da.ops.fwd_version(2), pytest.raises(RuntimeError, match="version 2"):
-        da.attention(q, k, v, softcap=5.0)
-    out = da.attention(q, k, v, softcap=5.0)  # auto: version 1
+        da.attention_varlen(q, k, v, cq, cq, 40, 40, causal=True)
+    out = da.attention_varlen(q, k, v, cq, cq, 40, 40, causal=True)  # auto: version 1
     assert torch.isfinite(out).all()
 
 
-# Windows on the Hopper kernels (version 2), pinned: many tiles and both edges, one edge alone,
-# rows (and whole forward tiles) that see no key, grouped- and multi-query heads, d 96 and 256
-# (the forward; their backward is version 1's), and the deterministic backward, whose ordered
-# adds start at the first key block that reaches a query tile: bitwise equal from run to run.
-# (B, H, Hk, Nq, Nk, d), causal, window
+# Windows and softcaps on the Hopper kernels (version 2), pinned: many tiles and both edges,
+# one edge alone, rows (and whole forward tiles) that see no key, grouped- and multi-query
+# heads, d 96 and 256 (the forward; their backward is version 1's), softcaps with causal, full
+# and windowed masks, and the deterministic backward, whose ordered adds start at the first key
+# block that reaches a query tile: bitwise equal from run to run.
+# (B, H, Hk, Nq, Nk, d), causal, window, softcap
 HOPPER_WINDOW_CASES = [
-    ((1, 2, 2, 1000, 1000, 64), False, (100, 30)),
-    ((2, 4, 2, 700, 900, 128), True, (250, -1)),
-    ((1, 2, 1, 900, 300, 64), False, (0, 0)),      # rows 300.. see nothing: 192-row tiles with no key
-    ((1, 2, 2, 520, 520, 128), False, (-1, 7)),    # right edge only
-    ((1, 2, 2, 600, 600, 64), False, (5, -1)),     # left edge only
-    ((1, 4, 2, 300, 500, 96), True, (40, -1)),
-    ((1, 4, 2, 400, 400, 256), True, (64, -1)),
+    ((1, 2, 2, 1000, 1000, 64), False, (100, 30), 0.0),
+    ((2, 4, 2, 700, 900, 128), True, (250, -1), 0.0),
+    ((1, 2, 1, 900, 300, 64), False, (0, 0), 0.0),     # rows 300.. see nothing: 192-row tiles with no key
+    ((1, 2, 2, 520, 520, 128), False, (-1, 7), 0.0),   # right edge only
+    ((1, 2, 2, 600, 600, 64), False, (5, -1), 0.0),    # left edge only
+    ((1, 4, 2, 300, 500, 96), True, (40, -1), 0.0),
+    ((1, 4, 2, 400, 400, 256), True, (64, -1), 0.0),
+    ((1, 4, 2, 600, 600, 64), True, (-1, -1), 2.0),    # softcaps: causal ...
+    ((1, 2, 2, 300, 700, 128), False, (-1, -1), 5.0),  # ... full ...
+    ((2, 4, 1, 500, 500, 128), True, (200, -1), 30.0),  # ... windowed (Gemma 2's local layers)
+    ((1, 2, 2, 300, 300, 256), True, (-1, -1), 10.0),
 ]
 
 
 @pytest.mark.skipif(not HOPPER_V, reason="version 2 needs a compute capability 9.0 GPU")
-@pytest.mark.parametrize("case", HOPPER_WINDOW_CASES, ids=lambda c: case_id((*c, 0.0)))
-def test_hopper_window(case):
-    shape, causal, window = case
+@pytest.mark.parametrize("case", HOPPER_WINDOW_CASES, ids=case_id)
+def test_hopper_window_softcap(case):
+    shape, causal, window, softcap = case
     d = shape[5]
     q, k, v, do = dense_inputs(shape, torch.bfloat16, "cuda", seed=shape[3] + d)
-    kw = dict(causal=causal, window=window, softcap=0.0)
+    kw = dict(causal=causal, window=window, softcap=softcap)
     ref = dense_ref(q, k, v, do, **kw)
     theirs = dense_same_precision(q, k, v, do, **kw)
     bwd_v2 = d in (64, 128)
     with da.ops.kernel_versions(fwd=2, bwd=2 if bwd_v2 else 0):
-        got = run_dense(q, k, v, do, causal, window, 0.0, "fused" if d <= 128 else "auto")
+        got = run_dense(q, k, v, do, causal, window, softcap, "fused" if d <= 128 else "auto")
         check_all(got, ref, theirs, torch.bfloat16, "v2:")
         if bwd_v2:
             out, lse = got[:2]
-            det = [da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused", True, window)
+            det = [da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused", True, window, softcap)
                    for _ in range(2)]
             check_all((out, lse, *det[0]), ref, theirs, torch.bfloat16, "v2 deterministic:")
             assert all(torch.equal(a, b) for a, b in zip(*det)), "deterministic backward differs run to run"

@@ -164,10 +164,10 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p);
 // was asked for and cannot run these inputs here.
 cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream);
 // The masking version 2 (Hopper) runs: dense attention aligned top-left with any window
-// (plain causal included; `causal` set exactly when window_right == 0, as the glue sets it),
-// no softcap, no packed sequences. Version 1 runs the rest.
+// (plain causal included; `causal` set exactly when window_right == 0, as the glue sets it)
+// and softcap; not packed sequences, which version 1 runs.
 inline bool hopper_masking(const FusedParams& p) {
-  return p.softcap <= 0 && p.cu_seqlens_q == nullptr && !p.bottom_right && p.causal == (p.window_right == 0);
+  return p.cu_seqlens_q == nullptr && !p.bottom_right && p.causal == (p.window_right == 0);
 }
 // Version 2 alone: whether it can run p on the current device (an sm_90a build, a
 // compute capability 9.0 GPU, fp16/bf16, d a multiple of 8 up to kHopperFwdMaxHeadDim,

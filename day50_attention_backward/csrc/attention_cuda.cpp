@@ -11,11 +11,10 @@
 // Grouped-query attention (k, v with Hk < H heads, check_qkv): every kernel maps
 // q head h to kv head h / (H / Hk); dk and dv come back in k's and v's shapes.
 //
-// Windows (attention_math.h) run in both versions of the tensor-core kernels; a softcap only
-// in version 1 (flash_fwd.cu, flash_bwd.cuh), so it routes there and a pin to version 2
-// (Hopper) is an error. Inputs no fused kernel takes run the reference
-// math (attention_cpu.cpp) on the GPU for them. Packed sequences (attention_varlen) likewise:
-// version 1 without a host sync, else the reference after reading the offsets.
+// Windows and softcaps (attention_math.h) run in both versions of the tensor-core kernels.
+// Inputs no fused kernel takes run the reference math (attention_cpu.cpp) on the GPU for them.
+// Packed sequences (attention_varlen): version 1 of the tensor-core kernels without a host sync
+// (a pin to version 2 is an error), else the reference after reading the offsets.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -72,12 +71,12 @@ bool choose_fused(Backend backend, const Tensor& q) {
 }
 
 // fp16 / bf16 dense attention at a head dim over 128 (a multiple of 8, at most
-// kHopperFwdMaxHeadDim), windows included, no softcap: "auto" runs the forward on the Hopper
+// kHopperFwdMaxHeadDim), windows and softcaps included: "auto" runs the forward on the Hopper
 // kernel (version 2) where the GPU and the build have it and no version-1 pin says otherwise;
 // elsewhere the SIMT kernels (the backward: wide_fused_backward).
-bool wide_hopper_forward(Backend backend, const Tensor& q, bool softcapped) {
+bool wide_hopper_forward(Backend backend, const Tensor& q) {
   const int64_t d = q.size(3);
-  return backend == Backend::Auto && !softcapped && q.numel() > 0 &&  // empty: SIMT (no grid to launch)
+  return backend == Backend::Auto && q.numel() > 0 &&  // empty: SIMT (no grid to launch)
          (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) &&
          d > day50::kFusedMaxHeadDim && d <= day50::kHopperFwdMaxHeadDim && d % 8 == 0 &&
          day50::fused_fwd_version() != 1;
@@ -166,12 +165,12 @@ void set_masking(day50::FusedParams& p, const day50::Window& w, double softcap) 
   p.softcap = float(softcap);
 }
 
-// Whether p asks for more than version 2 (Hopper) runs: a softcap, packed sequences.
+// Whether p asks for more than version 2 (Hopper) runs: packed sequences.
 bool needs_version1(const day50::FusedParams& p) { return !day50::hopper_masking(p); }
 
 void check_version1(const day50::FusedParams& p, int version, const char* which) {
   TORCH_CHECK(!(needs_version1(p) && version == 2), "attention: the fused ", which,
-              " pinned to version 2 (Hopper) does not take a softcap or packed sequences; version 1 "
+              " pinned to version 2 (Hopper) does not take packed sequences; version 1 "
               "(mma.sync) does: pin 1 or 0 (auto)");
 }
 
@@ -250,7 +249,7 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
     return p;
   };
   const bool fused = choose_fused(backend, q);
-  if (!fused && wide_hopper_forward(backend, q, softcap > 0)) {
+  if (!fused && wide_hopper_forward(backend, q)) {
     day50::FusedParams p = params(fused_ready(q), fused_ready(k), fused_ready(v));
     const cudaError_t e = day50::hopper_attention_forward(p, stream);
     if (e != cudaErrorNotSupported) {  // not supported here (GPU, build, a layout): SIMT below
@@ -338,7 +337,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     const bool v2 = probe.bwd_version != 1 && !needs_version1(probe) && day50::hopper_backward_applies(probe);
     TORCH_CHECK(v2 || backend != Backend::Fused,
                 "attention_backward: deterministic=True with backend=\"fused\" needs the Hopper kernel (compute "
-                "capability 9.0, an sm_90a build, head dim 64 or 128, no softcap); use backend=\"auto\" or "
+                "capability 9.0, an sm_90a build, head dim 64 or 128); use backend=\"auto\" or "
                 "\"simt\" (the SIMT kernels, which have no atomics)");
     fused = v2;
   }

@@ -183,8 +183,8 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     }
     KC_CUDA_LAUNCH_TRY();
   }
-  // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention, windows
-  // included: hopper_masking), else version 1
+  // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention, windows and
+  // softcaps included: hopper_masking), else version 1
   const cudaError_t v2 = p.bwd_version != 1 ? hopper_attention_backward_main(p, stream) : cudaErrorNotSupported;
   int64_t splits = p.H / p.Hk / p.heads_per_cta;
   if (v2 != cudaErrorNotSupported) {

@@ -283,7 +283,7 @@ cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream) {
   if (!fused_layout_ok(p.q) || !fused_layout_ok(p.k) || !fused_layout_ok(p.v)) return cudaErrorMisalignedAddress;
   if (p.B * p.H == 0 || p.Nq == 0) return cudaSuccess;
   if (p.Hk <= 0 || p.H % p.Hk != 0) return cudaErrorInvalidValue;
-  // Version 2 (Hopper) runs dense attention, windows included (hopper_masking); a softcap and
+  // Version 2 (Hopper) runs dense attention, windows and softcaps included (hopper_masking);
   // packed sequences run version 1.
   const bool v2_masking = hopper_masking(p);
   if (!v2_masking && p.fwd_version == 2) return cudaErrorNotSupported;

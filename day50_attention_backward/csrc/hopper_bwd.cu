@@ -38,6 +38,9 @@
 // Sliding window (kLocal: hopper_common::Band, query i sees keys i - wl .. i + wr): a key
 //   block reads only the query tiles whose rows see one of its keys, k0 - wr .. k0 + 127 + wl;
 //   tiles crossing either edge are masked. Rows that see no key have lse = +inf (P = 0).
+// Softcap (kSoftcap, on the kLocal variant, whose bounds also express causal and full
+//   attention): t = tanh(S^T scale / softcap), P^T = exp2(t softcap log2(e) - lse log2(e)), and
+//   dS^T takes the factor 1 - t^2 (folded into P^T once P^T is packed for dV's product).
 // Grid: one dimension in hopper_common::Order: heads in chunks whose Q and dO fit in half
 // the L2, and inside a chunk key block 0 (causal: the longest) of every head first.
 // dK, dV: multi-head attention, staged as T in the K, V buffers and stored by the copy engine.
@@ -86,8 +89,9 @@ struct Args {
   int* dq_sem;                // deterministic: per (q head, query tile) the key blocks added so far
   hopper_common::Order order;
   int H, group, Nq, Nk;
-  float scale, scale_log2;
+  float scale, scale_log2;     // scale_log2: scale * log2(e); kSoftcap: softcap * log2(e)
   hopper_common::Band w;      // kLocal: the window
+  float cap_in;               // kSoftcap: scale / softcap
 };
 
 template <int kD>
@@ -144,7 +148,7 @@ __device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const fl
 // running or done: no deadlock.
 // The consumers run on while the writer waits (two dQ tiles in flight). Same inputs,
 // same order of fp32 adds: bitwise equal dq.
-template <typename T, int kD, bool kCausal, bool kLocal, bool kDeterministic>
+template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD>;
@@ -350,24 +354,39 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     // the mask on a tile crossing the diagonal or a window's edge only (flash::with_mask)
     const bool crosses = (kCausal && q0 < k0 + kBlockN) ||
                          (kLocal && (k0 + kBlockN - 1 > q0 + a.w.wr || k0 < q0 + kBlockM - 1 - a.w.wl));
+    // P^T as T, the A operand of dV's product (the accumulator layout is the A layout). kSoftcap:
+    // packed here, and sacc keeps P^T (1 - t^2), the part of dS^T that needs t (no registers
+    // held for t until dS^T's step: d = 128 spilled so).
+    uint32_t pa[kBlockM / 16][4];
     flash::with_mask(crosses, [&](auto masked) {
 #pragma unroll
-      for (int c = 0; c < kBlockM / 8; ++c)
+      for (int c = 0; c < kBlockM / 8; ++c) {
+        float p_lo = 0.f;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float pv = flash::fast_exp2(fmaf(sacc[4 * c + e], a.scale_log2, -lse2[2 * c + (e & 1)]));
+          float x = sacc[4 * c + e];
+          if constexpr (kSoftcap) x = flash::tanh_fast(x * a.cap_in);
+          float pv = flash::fast_exp2(fmaf(x, a.scale_log2, -lse2[2 * c + (e & 1)]));
           if constexpr (decltype(masked)::value) {
             const int key = k0 + key_local + 8 * (e >> 1), q = q0 + 8 * c + 2 * t + (e & 1);
             if ((kCausal && key > q) || (kLocal && (key > q + a.w.wr || key < q - a.w.wl))) pv = 0.f;
           }
+          if constexpr (kSoftcap) {  // d(softcap t) / d(scale q.k) = 1 - t^2
+            if (e & 1)
+              pa[c / 2][(c % 2) * 2 + (e >> 1)] = flash::pack2<T>(p_lo, pv);
+            else
+              p_lo = pv;
+            pv *= 1.f - x * x;
+          }
           sacc[4 * c + e] = pv;
         }
+      }
     });
-    uint32_t pa[kBlockM / 16][4];
+    if constexpr (!kSoftcap)
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) pa[kk][i] = flash::pack2<T>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
+        for (int i = 0; i < 4; ++i) pa[kk][i] = flash::pack2<T>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
     float dsum[16];  // D of the same columns
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
@@ -515,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #endif
 }
 
-template <typename T, int kD, bool kCausal, bool kLocal, bool kDet>
+template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDet>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
   if (hopper_common::make_map<T>(&a.q, p.q, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess ||
@@ -545,11 +564,12 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.Nq = int(p.Nq);
   a.Nk = int(p.Nk);
   a.scale = p.scale;
-  a.scale_log2 = p.scale * kLog2e;
+  a.scale_log2 = (kSoftcap ? p.softcap : p.scale) * kLog2e;
   a.dq_sem = p.dq_sem;
   a.w = hopper_common::band(p);
+  a.cap_in = kSoftcap ? p.scale / p.softcap : 0.f;
   if (kDet && p.dq_sem == nullptr) return cudaErrorInvalidValue;
-  auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kDet>;
+  auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kSoftcap, kDet>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
   const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
   a.order = hopper_common::make_order(n_kt, p.B * p.H, 2 * p.Nq * kD * int64_t(sizeof(T)));  // Q, dO of a head
@@ -557,10 +577,14 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// A window (other than plain causal's) runs the kLocal variant, whose bounds cover causal and
+// full attention too: a softcap runs there whatever the mask.
 template <typename T, int kD, bool kDet>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  if (hopper_common::local(p)) return launch<T, kD, false, true, kDet>(p, stream);  // a window: covers causal
-  return p.causal ? launch<T, kD, true, false, kDet>(p, stream) : launch<T, kD, false, false, kDet>(p, stream);
+  if (p.softcap > 0) return launch<T, kD, false, true, true, kDet>(p, stream);
+  if (hopper_common::local(p)) return launch<T, kD, false, true, false, kDet>(p, stream);
+  return p.causal ? launch<T, kD, true, false, false, kDet>(p, stream)
+                  : launch<T, kD, false, false, false, kDet>(p, stream);
 }
 
 template <typename T, bool kDet>

@@ -40,6 +40,10 @@
 //   reads only the key tiles its rows' windows reach, right edge first, so the cost grows as
 //   N x window; the tiles crossing either edge are masked. A row that sees no key stores O = 0
 //   and lse = +inf (attention.h); a CTA none of whose rows sees a key loads nothing.
+// Softcap (kSoftcap, on the kLocal variant, whose bounds also express causal and full
+//   attention): each raw score x becomes t = tanh(x scale / softcap) (flash::tanh_fast) before
+//   the mask and the max, and scale_log2 is softcap log2(e), so the exponentials and lse are
+//   those of softcap t. Two more special-function operations a score than without.
 // Grid: one dimension, (query tile, B * H) in hopper_common::Order: heads in chunks whose
 //   K and V fit in half the L2 (read from DRAM about once per head), and inside a chunk
 //   the last query tile of every head first: causal, the longest go first and the short
@@ -47,8 +51,8 @@
 // Grouped-query attention: q head h reads kv head h / (H / Hk) through the map's head
 //   coordinate; the heads of a group are neighbours in a chunk and share K, V in L2.
 // Falls back to version 1 (hopper_forward_applies): scale <= 0 (the max is taken on raw
-//   scores), more than 2^31 - 1 CTAs, a layout the copy engine refuses, a softcap or packed
-//   sequences (hopper_masking).
+//   scores), more than 2^31 - 1 CTAs, a layout the copy engine refuses, packed sequences
+//   (hopper_masking).
 #include "attention.h"
 
 #include <cmath>
@@ -83,8 +87,9 @@ struct Args {
   float* lse;
   hopper_common::Order order;
   int H, group, Nq, Nk, d;
-  float scale_log2;  // softmax scale * log2(e)
+  float scale_log2;  // softmax scale * log2(e); kSoftcap: softcap * log2(e)
   hopper_common::Band w;  // kLocal: the window
+  float cap_in;           // kSoftcap: scale / softcap
 };
 
 // Byte offsets inside the (1024-byte aligned) dynamic shared memory: Q, then kStages
@@ -102,7 +107,7 @@ struct Layout {
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;  // + slack to align the base
 };
 
-template <typename T, int kD, int kConsumers, bool kCausal, bool kLocal>
+template <typename T, int kD, int kConsumers, bool kCausal, bool kLocal, bool kSoftcap>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD, kConsumers>;
@@ -231,6 +236,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = s[4 * c + e];  // raw q.k: the max commutes with the (positive) scale
+        if constexpr (kSoftcap) x = flash::tanh_fast(x * a.cap_in);  // and with tanh
         if constexpr (kMask) {
           const int col = k0 + 8 * c + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
           if (col >= a.Nk || (kCausal && col > row) || (kLocal && (col > row + a.w.wr || col < row - a.w.wl)))
@@ -378,7 +384,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
 #endif
 }
 
-template <typename T, int kD, int kC, bool kCausal, bool kLocal>
+template <typename T, int kD, int kC, bool kCausal, bool kLocal, bool kSoftcap>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
   constexpr int kBlockM = 64 * kC;
@@ -398,9 +404,10 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.Nq = int(p.Nq);
   a.Nk = int(p.Nk);
   a.d = int(p.d);
-  a.scale_log2 = p.scale * kLog2e;
+  a.scale_log2 = (kSoftcap ? p.softcap : p.scale) * kLog2e;
   a.w = hopper_common::band(p);
-  auto kernel = hopper_fwd_kernel<T, kD, kC, kCausal, kLocal>;
+  a.cap_in = kSoftcap ? p.scale / p.softcap : 0.f;
+  auto kernel = hopper_fwd_kernel<T, kD, kC, kCausal, kLocal, kSoftcap>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD, kC>::kBytes));
   const int64_t n_qt = (p.Nq + kBlockM - 1) / kBlockM;
   // K and V of a kv head, shared by its group of q heads
@@ -409,19 +416,22 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, bool kCausal, bool kLocal>
+template <typename T, bool kCausal, bool kLocal, bool kSoftcap>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  if (p.d <= 64) return launch<T, 64, 3, kCausal, kLocal>(p, stream);
-  if (p.d <= 96) return launch<T, 96, 2, kCausal, kLocal>(p, stream);
-  if (p.d <= 128) return launch<T, 128, 2, kCausal, kLocal>(p, stream);
-  return launch<T, 256, 2, kCausal, kLocal>(p, stream);
+  // d = 64: three consumers (160 registers each), with a softcap two (three spilled 128 bytes)
+  if (p.d <= 64) return launch<T, 64, kSoftcap ? 2 : 3, kCausal, kLocal, kSoftcap>(p, stream);
+  if (p.d <= 96) return launch<T, 96, 2, kCausal, kLocal, kSoftcap>(p, stream);
+  if (p.d <= 128) return launch<T, 128, 2, kCausal, kLocal, kSoftcap>(p, stream);
+  return launch<T, 256, 2, kCausal, kLocal, kSoftcap>(p, stream);
 }
 
-// A window (other than plain causal's) runs the kLocal variant, whose bounds cover causal.
+// A window (other than plain causal's) runs the kLocal variant, whose bounds cover causal and
+// full attention too: a softcap runs there whatever the mask (one variant, not three).
 template <typename T>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  if (hopper_common::local(p)) return dispatch<T, false, true>(p, stream);
-  return p.causal ? dispatch<T, true, false>(p, stream) : dispatch<T, false, false>(p, stream);
+  if (p.softcap > 0) return dispatch<T, false, true, true>(p, stream);
+  if (hopper_common::local(p)) return dispatch<T, false, true, false>(p, stream);
+  return p.causal ? dispatch<T, true, false, false>(p, stream) : dispatch<T, false, false, false>(p, stream);
 }
 
 // Compute capability 9.0 exactly (the sm_90a code runs nowhere else), per device, once.
@@ -446,7 +456,8 @@ bool hopper_forward_applies(const FusedParams& p) {
   return (p.dtype == kc::DType::F16 || p.dtype == kc::DType::BF16) && p.d > 0 && p.d % 8 == 0 &&
          p.d <= kHopperFwdMaxHeadDim && p.Nq < (int64_t(1) << 31) && p.Nk < (int64_t(1) << 31) &&
          (p.Nq + 127) / 128 * p.B * p.H <= INT32_MAX && p.scale > 0.f && hopper_masking(p) &&
-         (!hopper_common::local(p) || p.Nq + p.Nk <= (int64_t(1) << 30)) && hopper::device_is_sm90();
+         (!(hopper_common::local(p) || p.softcap > 0) || p.Nq + p.Nk <= (int64_t(1) << 30)) &&
+         hopper::device_is_sm90();
 #else
   (void)p;
   return false;  // this build has no sm_90a code
