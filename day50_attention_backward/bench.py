@@ -1,7 +1,7 @@
 """Benchmark of day50_attention on the GPU: forward and backward, bf16, B=4, H=16.
 
     python bench.py --out STEM [--quick]
-    python bench.py --llm [--quick] [--out STEM]      # packed sequences and a sliding window (STEM_llm.*)
+    python bench.py --llm [--quick] [--out STEM]      # packed sequences, a sliding window, a softcap (STEM_llm.*)
     python bench.py --cudnn [--quick] [--out STEM]    # against SDPA cuDNN, GPU time (STEM_cudnn.md)
     python bench.py --forward --backward [--quick] [--out STEM]   # the version ladders, bf16 and fp16
                                                       # (writes STEM_fwd.* and STEM_bwd.*: md, json, png)
@@ -191,8 +191,9 @@ def ladder(args, pas):
 
 def llm_rows(args):
     """--llm: packed sequences (ours against SDPA on the padded batch and torch's own varlen
-    attention where it runs) and a sliding window (ours against FlexAttention with a window mask
-    and against our own full causal call), bf16, forward and forward + backward, ms."""
+    attention where it runs), a sliding window and a softcap (ours against FlexAttention with
+    the same mask or score_mod, against version 1 pinned and against our own plain causal
+    call), bf16, forward and forward + backward, ms."""
     meta = bench.device_meta()
     print(f"== llm rows: {meta['device']} {meta['date']} torch {meta['torch']}", flush=True)
     rows = []
@@ -268,6 +269,28 @@ def llm_rows(args):
         print(f"   flex_attention: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
         res = (None, None)
     add(f"{tag}: FlexAttention (compiled, sliding-window block mask)", *res)
+    del q, k, v, do
+
+    # softcap (Gemma 2: 50 on the scaled scores), causal, N = 8192
+    n, cap = 8192, 50.0
+    q, k, v = mk(1, hq, n, d), mk(1, hq, n, d), mk(1, hq, n, d)
+    do = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    tag = f"softcap B=1 H={hq} N={n} d={d} causal softcap={cap:g}"
+    add(f"{tag}: day50 softcap", *fwd_bwd(lambda: da.attention(q, k, v, causal=True, softcap=cap), (q, k, v), do))
+    with da.ops.kernel_versions(fwd=1, bwd=1):
+        add(f"{tag}: day50 softcap, version 1 (mma.sync)",
+            *fwd_bwd(lambda: da.attention(q, k, v, causal=True, softcap=cap), (q, k, v), do))
+    add(f"{tag}: day50 causal (no softcap)", *fwd_bwd(lambda: da.attention(q, k, v, causal=True), (q, k, v), do))
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention)
+        bm = create_block_mask(lambda b, h, i, j: j <= i, 1, 1, n, n, device="cuda")
+        res = fwd_bwd(lambda: flex(q, k, v, block_mask=bm, score_mod=lambda s, b, h, i, j: cap * torch.tanh(s / cap)),
+                      (q, k, v), do)
+    except Exception as e:  # noqa: BLE001 (FlexAttention needs Triton and a compile)
+        print(f"   flex_attention: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+        res = (None, None)
+    add(f"{tag}: FlexAttention (compiled, causal block mask, tanh score_mod)", *res)
     text = (f"# day50 LLM features: {meta['device']}, {meta['date']}, torch {meta['torch']}, bf16\n\n"
             "Median ms, CUDA events, L2 emptied by a read before each repeat.\n\n"
             + bench.format_table(rows, ["row", "fwd ms", "fwd+bwd ms"]) + "\n")
@@ -394,7 +417,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="fewer repeats, naive and math at small N only")
     p.add_argument("--forward", action="store_true", help="only the forward's version ladder (bf16 and fp16)")
     p.add_argument("--backward", action="store_true", help="only the backward's version ladder (bf16 and fp16)")
-    p.add_argument("--llm", action="store_true", help="only the packed-sequence and sliding-window rows")
+    p.add_argument("--llm", action="store_true", help="only the packed-sequence, sliding-window and softcap rows")
     p.add_argument("--cudnn", action="store_true", help="only forward and backward against SDPA cuDNN, GPU "
                    "time from graph replays, at the model shapes and the grid (--quick: model shapes only)")
     models.add_args(p)
