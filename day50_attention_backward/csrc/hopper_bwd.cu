@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     };
     if constexpr (kD == 64) load_lse();
 
-    // P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 above the causal diagonal
+    // P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 above the causal diagonal or outside the window
     kc::wgmma_wait<1>();
     kc::fence_operands(sacc);
     if constexpr (kD != 64) load_lse();

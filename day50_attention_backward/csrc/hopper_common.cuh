@@ -34,8 +34,8 @@ cudaError_t make_map(CUtensorMap* map, const View4& x, int64_t batch, int64_t he
 // A window as the kernels test it (attention.h: query i sees key j when i - wl <= j <= i + wr,
 // top-left aligned): an unbounded side, or one past every index, becomes Nq (left) or Nk
 // (right), which masks nothing, so that index sums stay small (hopper_forward_applies asks
-// Nq + Nk <= 2^30 of a window). `local`: a bound other than plain causal's is set (the
-// kernels' kLocal variants; plain causal keeps kCausal).
+// Nq + Nk <= 2^30 of the kLocal variants). `local`: a bound other than plain causal's is set
+// (the kernels' kLocal variants, which a softcap also runs on; plain causal keeps kCausal).
 struct Band {
   int wl = 0, wr = 0;
 };
