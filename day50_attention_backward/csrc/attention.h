@@ -115,6 +115,7 @@ struct FusedParams {
   // max_seqlen_k: they size the grid; each sequence's own lengths come from the offsets.
   const int* cu_seqlens_q = nullptr;  // device, B + 1 int32, nondecreasing, cu[0] == 0
   const int* cu_seqlens_k = nullptr;
+  int64_t total_q = 0, total_k = 0;  // packed sequences: the rows of q and of k, v
   // Per-row fp32 arrays (lse, grad_lse, dsum): row i of (b, h) is element
   //   b * row_sb + h * row_sh + q0 + i        (q0 = the sequence's first row, seq_span)
   // dense: row_sb = H * Nq, row_sh = Nq (contiguous (B, H, Nq)), q0 = 0;
@@ -163,11 +164,11 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p);
 // Runs version p.fwd_version (see FusedParams); cudaErrorNotSupported when version 2
 // was asked for and cannot run these inputs here.
 cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream);
-// The masking version 2 (Hopper) runs: dense attention aligned top-left with any window
-// (plain causal included; `causal` set exactly when window_right == 0, as the glue sets it)
-// and softcap; not packed sequences, which version 1 runs.
+// The masking version 2 (Hopper) runs: any window (plain causal included; `causal` set exactly
+// when window_right == 0, as the glue sets it), top-left for dense attention and bottom-right
+// for packed sequences, and softcap. Its backward does not take packed sequences yet.
 inline bool hopper_masking(const FusedParams& p) {
-  return p.cu_seqlens_q == nullptr && !p.bottom_right && p.causal == (p.window_right == 0);
+  return (p.cu_seqlens_q != nullptr || !p.bottom_right) && p.causal == (p.window_right == 0);
 }
 // Version 2 alone: whether it can run p on the current device (an sm_90a build, a
 // compute capability 9.0 GPU, fp16/bf16, d a multiple of 8 up to kHopperFwdMaxHeadDim,

@@ -13,8 +13,9 @@
 //
 // Windows and softcaps (attention_math.h) run in both versions of the tensor-core kernels.
 // Inputs no fused kernel takes run the reference math (attention_cpu.cpp) on the GPU for them.
-// Packed sequences (attention_varlen): version 1 of the tensor-core kernels without a host sync
-// (a pin to version 2 is an error), else the reference after reading the offsets.
+// Packed sequences (attention_varlen): the tensor-core kernels without a host sync (the forward
+// in either version, the backward in version 1: a pin to version 2 is an error there), else the
+// reference after reading the offsets.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -165,13 +166,16 @@ void set_masking(day50::FusedParams& p, const day50::Window& w, double softcap) 
   p.softcap = float(softcap);
 }
 
-// Whether p asks for more than version 2 (Hopper) runs: packed sequences.
-bool needs_version1(const day50::FusedParams& p) { return !day50::hopper_masking(p); }
+// Whether p asks for more than version 2 (Hopper) runs: packed sequences in the backward.
+bool needs_version1(const day50::FusedParams& p, bool backward) {
+  return !day50::hopper_masking(p) || (backward && p.cu_seqlens_q != nullptr);
+}
 
-void check_version1(const day50::FusedParams& p, int version, const char* which) {
-  TORCH_CHECK(!(needs_version1(p) && version == 2), "attention: the fused ", which,
-              " pinned to version 2 (Hopper) does not take packed sequences; version 1 "
-              "(mma.sync) does: pin 1 or 0 (auto)");
+void check_version1(const day50::FusedParams& p, int version, bool backward) {
+  TORCH_CHECK(!(needs_version1(p, backward) && version == 2), "attention: the fused ",
+              backward ? "backward" : "forward",
+              " pinned to version 2 (Hopper) does not take packed sequences; version 1 (mma.sync) does: pin 1 or "
+              "0 (auto)");
 }
 
 // A packed (total, heads, d) tensor as the fused kernels' View4 (attention.h: sb = 0).
@@ -212,11 +216,13 @@ day50::FusedParams varlen_params(const Tensor& q, const Tensor& k, const Tensor&
   p.cu_seqlens_k = cu_k.data_ptr<int>();
   p.row_sb = 0;
   p.row_sh = q.size(0);
+  p.total_q = q.size(0);
+  p.total_k = k.size(0);
   p.dk_sb = 0;
   p.dk_sh = p.d;
   p.dk_sr = p.Hk * p.d;
-  p.fwd_version = 1;
-  p.bwd_version = 1;
+  p.fwd_version = day50::fused_fwd_version();  // version 2's forward takes packed sequences
+  p.bwd_version = 1;                           // its backward does not yet
   return p;
 }
 
@@ -260,7 +266,7 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
   if (fused) {
     day50::FusedParams p = params(fused_ready(q), fused_ready(k), fused_ready(v));
     p.fwd_version = day50::fused_fwd_version();  // 0 (auto) unless a benchmark or test pinned one
-    check_version1(p, p.fwd_version, "forward");
+    check_version1(p, p.fwd_version, /*backward=*/false);
     KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, stream));
   } else if (choose_simt(backend, q, fused_unsupported(q))) {  // any strides: no copies
     day50::FusedParams p = params(q, k, v);
@@ -334,7 +340,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     day50::FusedParams probe = fused_params(q, k, v, causal, scale);
     set_masking(probe, w, softcap);
     probe.bwd_version = day50::fused_bwd_version();
-    const bool v2 = probe.bwd_version != 1 && !needs_version1(probe) && day50::hopper_backward_applies(probe);
+    const bool v2 = probe.bwd_version != 1 && !needs_version1(probe, true) && day50::hopper_backward_applies(probe);
     TORCH_CHECK(v2 || backend != Backend::Fused,
                 "attention_backward: deterministic=True with backend=\"fused\" needs the Hopper kernel (compute "
                 "capability 9.0, an sm_90a build, head dim 64 or 128); use backend=\"auto\" or "
@@ -363,7 +369,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     p.dsum = dsum.data_ptr<float>();
     p.dq_accum = dq_accum.data_ptr<float>();
     p.bwd_version = day50::fused_bwd_version();  // 0 (auto) unless a benchmark or test pinned one
-    check_version1(p, p.bwd_version, "backward");
+    check_version1(p, p.bwd_version, /*backward=*/true);
     Tensor dq_sem;  // deterministic: one counter per (q head, query tile)
     if (deterministic) {
       p.deterministic = true;
@@ -464,7 +470,7 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
     KC_TORCH_CHECK_CUDA(day50::simt_attention_forward(p, c10::cuda::getCurrentCUDAStream()));
     return {out, lse};
   }
-  check_version1(p, day50::fused_fwd_version(), "forward");
+  check_version1(p, day50::fused_fwd_version(), /*backward=*/false);
   KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, c10::cuda::getCurrentCUDAStream()));
   return {out, lse};
 }
@@ -521,7 +527,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   }
   Tensor dq_accum = at::empty({H * total_q * d}, q.options().dtype(at::kFloat));
   p.dq_accum = dq_accum.data_ptr<float>();
-  check_version1(p, day50::fused_bwd_version(), "backward");
+  check_version1(p, day50::fused_bwd_version(), /*backward=*/true);
   const day50::FusedBwdPlan plan = day50::fused_backward_plan(p);  // packed: a whole group per CTA
   p.heads_per_cta = plan.heads_per_cta;
   TORCH_CHECK(plan.partial_floats == 0, "attention_varlen_backward: internal: the plan split a group");

@@ -601,7 +601,7 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 }  // namespace hopper_bwd
 
 bool hopper_backward_applies(const FusedParams& p) {
-  return (p.d == 64 || p.d == 128) && (p.Nk + 127) / 128 * p.B * p.H <= INT32_MAX &&
+  return (p.d == 64 || p.d == 128) && p.cu_seqlens_q == nullptr && (p.Nk + 127) / 128 * p.B * p.H <= INT32_MAX &&
          p.Nk <= (int64_t(1) << 30) && p.Nq < (int64_t(1) << 31) && hopper_forward_applies(p);
 }
 

@@ -90,6 +90,12 @@ struct Args {
   float scale_log2;  // softmax scale * log2(e); kSoftcap: softcap * log2(e)
   hopper_common::Band w;  // kLocal: the window
   float cap_in;           // kSoftcap: scale / softcap
+  // kVarlen: the sequences' offsets, lse's head stride (total_q), the window as given (-1:
+  // unbounded; each sequence's bottom-right diagonal shifts it into its Band)
+  const int* cu_q;
+  const int* cu_k;
+  int64_t lse_sh;
+  int wl, wr;
 };
 
 // Byte offsets inside the (1024-byte aligned) dynamic shared memory: Q, then kStages
@@ -107,7 +113,7 @@ struct Layout {
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;  // + slack to align the base
 };
 
-template <typename T, int kD, int kConsumers, bool kCausal, bool kLocal, bool kSoftcap>
+template <typename T, int kD, int kConsumers, bool kCausal, bool kLocal, bool kSoftcap, bool kVarlen>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD, kConsumers>;
@@ -126,13 +132,32 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   int step, bh;
   hopper_common::order_of(blockIdx.x, a.order, step, bh);
   const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
-  const int q0 = a.Nq - (step + 1) * kBlockM;  // may be negative for the last step (Tails above)
+  // Packed sequences (kVarlen): sequence b is rows qs .. qs + nq - 1 of q (ks .. of k, v); the
+  // maps span all rows (batch coordinate mb = 0); bounds and the diagonal are the sequence's.
+  int qs = 0, ks = 0, mb = b, vnq = 0, vnk = 0;
+  hopper_common::Band vw;
+  if constexpr (kVarlen) {
+    qs = a.cu_q[b];
+    ks = a.cu_k[b];
+    vnq = a.cu_q[b + 1] - qs;
+    vnk = a.cu_k[b + 1] - ks;
+    mb = 0;
+    const int off = vnk - vnq;  // bottom-right: query i's diagonal is key i + off
+    vw.wl = a.wl < 0 ? vnq + vnk : a.wl - off;
+    vw.wr = a.wr < 0 ? vnq + vnk : a.wr + off;
+  }
+  // the sequence's lengths (read where used: dense kernels keep reading the parameters there)
+  auto nq = [&] { return kVarlen ? vnq : a.Nq; };
+  auto nk = [&] { return kVarlen ? vnk : a.Nk; };
+  const hopper_common::Band& w = kVarlen ? vw : a.w;
+  const int q0 = nq() - (step + 1) * kBlockM;  // may be negative for the last step (Tails above)
+  if (kVarlen && q0 + kBlockM <= 0) return;  // the grid covers the longest sequence: past this one's rows
   // the keys its rows see: [kbeg, kend), in key tiles jb .. jb + n_blocks - 1
-  int kbeg = 0, kend = a.Nk;
-  if constexpr (kCausal) kend = min(a.Nk, q0 + kBlockM);
+  int kbeg = 0, kend = nk();
+  if constexpr (kCausal) kend = min(nk(), q0 + kBlockM);
   if constexpr (kLocal) {
-    kbeg = max(0, max(q0, 0) - a.w.wl);
-    kend = min(a.Nk, q0 + kBlockM + a.w.wr);
+    kbeg = max(0, max(q0, 0) - w.wl);
+    kend = min(nk(), q0 + kBlockM + w.wr);
   }
   const int jb = kbeg / kBlockN;
   const int n_blocks = !kLocal       ? (kend + kBlockN - 1) / kBlockN
@@ -158,16 +183,19 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
       kc::tma_prefetch_map(&a.k);
       kc::tma_prefetch_map(&a.v);
       kc::mbar_arrive_expect_tx(q_full, L::kQBytes);
-      for (int p = 0; p < L::kPanels; ++p) kc::tma_load_4d(sm + L::kQ + p * L::kQPanel, &a.q, q_full, p * 64, q0, h, b);
+      for (int p = 0; p < L::kPanels; ++p)
+        kc::tma_load_4d(sm + L::kQ + p * L::kQPanel, &a.q, q_full, p * 64, qs + q0, h, mb);
       for (int it = 0; it < n_blocks; ++it) {
         const int j = jb + n_blocks - 1 - it, s = it % kStages;
         if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
         kc::mbar_arrive_expect_tx(&k_full[s], L::kKVBytes);
         for (int p = 0; p < L::kPanels; ++p)
-          kc::tma_load_4d(sm + L::kK + s * L::kKVBytes + p * L::kKVPanel, &a.k, &k_full[s], p * 64, j * kBlockN, hk, b);
+          kc::tma_load_4d(sm + L::kK + s * L::kKVBytes + p * L::kKVPanel, &a.k, &k_full[s], p * 64, ks + j * kBlockN,
+                          hk, mb);
         kc::mbar_arrive_expect_tx(&v_full[s], L::kKVBytes);
         for (int p = 0; p < L::kPanels; ++p)
-          kc::tma_load_4d(sm + L::kV + s * L::kKVBytes + p * L::kKVPanel, &a.v, &v_full[s], p * 64, j * kBlockN, hk, b);
+          kc::tma_load_4d(sm + L::kV + s * L::kKVBytes + p * L::kKVPanel, &a.v, &v_full[s], p * 64, ks + j * kBlockN,
+                          hk, mb);
       }
     }
     return;
@@ -224,8 +252,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   auto tile_k0 = [&](int it) { return (jb + n_blocks - 1 - it) * kBlockN; };
   auto needs_mask = [&](int it) {
     const int k0 = tile_k0(it), r0 = q0 + cw * 64;  // this warpgroup's rows r0 .. r0 + 63
-    return k0 + kBlockN > a.Nk || (kCausal && k0 + kBlockN - 1 > r0) ||
-           (kLocal && (k0 + kBlockN - 1 > r0 + a.w.wr || k0 < r0 + 63 - a.w.wl));
+    return k0 + kBlockN > nk() || (kCausal && k0 + kBlockN - 1 > r0) ||
+           (kLocal && (k0 + kBlockN - 1 > r0 + w.wr || k0 < r0 + 63 - w.wl));
   };
   auto softmax = [&](auto masked, int it) {
     constexpr bool kMask = decltype(masked)::value;
@@ -239,7 +267,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
         if constexpr (kSoftcap) x = flash::tanh_fast(x * a.cap_in);  // and with tanh
         if constexpr (kMask) {
           const int col = k0 + 8 * c + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
-          if (col >= a.Nk || (kCausal && col > row) || (kLocal && (col > row + a.w.wr || col < row - a.w.wl)))
+          if (col >= nk() || (kCausal && col > row) || (kLocal && (col > row + w.wr || col < row - w.wl)))
             x = -INFINITY;
         }
         s[4 * c + e] = x;
@@ -346,7 +374,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   // one a head) stores its rows >= 0 directly. lse = (m + log2 l) ln 2, rows >= 0 (+inf: no key).
   const bool straddles = q0 + cw * 64 < 0;
   unsigned char* my_q = sm + L::kQ + cw * 64 * 128;
-  T* O = static_cast<T*>(a.o_ptr) + b * a.o_sb + h * a.o_sh;
+  T* O = static_cast<T*>(a.o_ptr) + b * a.o_sb + h * a.o_sh + qs * a.o_sr;  // varlen: o_sb = 0
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -368,14 +396,15 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
             flash::pack2<T>(o[4 * c + 2 * r] * inv, o[4 * c + 2 * r + 1] * inv);
     }
     if (t == 0 && row0 + 8 * r >= 0)
-      a.lse[int64_t(bh) * a.Nq + row0 + 8 * r] = none ? INFINITY : (m[r] * a.scale_log2 + __log2f(l[r])) * kLn2;
+      a.lse[(kVarlen ? h * a.lse_sh + qs : int64_t(bh) * a.Nq) + row0 + 8 * r] =  // (B, H, Nq) or (H, total_q)
+          none ? INFINITY : (m[r] * a.scale_log2 + __log2f(l[r])) * kLn2;
   }
   if (straddles) return;
   kc::fence_async_shared();
   kc::named_barrier_sync(kTurnBar + kConsumers + cw, 128);
   if (tid == 0) {
 #pragma unroll
-    for (int p = 0; p < L::kPanels; ++p) kc::tma_store_4d(&a.o, my_q + p * L::kQPanel, p * 64, q0 + cw * 64, h, b);
+    for (int p = 0; p < L::kPanels; ++p) kc::tma_store_4d(&a.o, my_q + p * L::kQPanel, p * 64, qs + q0 + cw * 64, h, mb);
     kc::bulk_commit();
     kc::bulk_wait_read<0>();
   }
@@ -384,15 +413,22 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
 #endif
 }
 
-template <typename T, int kD, int kC, bool kCausal, bool kLocal, bool kSoftcap>
+template <typename T, int kD, int kC, bool kCausal, bool kLocal, bool kSoftcap, bool kVarlen>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
-  constexpr int kBlockM = 64 * kC;
-  if (hopper_common::make_map<T>(&a.q, p.q, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess ||
-      hopper_common::make_map<T>(&a.k, p.k, p.B, p.Hk, p.Nk, p.d, Layout<kD, kC>::kBlockN) != cudaSuccess ||
-      hopper_common::make_map<T>(&a.v, p.v, p.B, p.Hk, p.Nk, p.d, Layout<kD, kC>::kBlockN) != cudaSuccess)
+  constexpr int kBlockM = 64 * kC, kBlockN = Layout<kD, kC>::kBlockN;
+  // Packed sequences: maps over all rows, one "batch" (its stride: past the last row, unused)
+  const int64_t mq = kVarlen ? p.total_q : p.Nq, mk = kVarlen ? p.total_k : p.Nk, mB = kVarlen ? 1 : p.B;
+  auto rows = [&](View4 x, int64_t n) {
+    if (kVarlen) x.sb = x.sr * n;
+    return x;
+  };
+  const View4 o{p.o, p.o_sb, p.o_sh, p.o_sr, 1};
+  if (hopper_common::make_map<T>(&a.q, rows(p.q, mq), mB, p.H, mq, p.d, kBlockM) != cudaSuccess ||
+      hopper_common::make_map<T>(&a.k, rows(p.k, mk), mB, p.Hk, mk, p.d, kBlockN) != cudaSuccess ||
+      hopper_common::make_map<T>(&a.v, rows(p.v, mk), mB, p.Hk, mk, p.d, kBlockN) != cudaSuccess)
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
-  if (hopper_common::make_map<T>(&a.o, View4{p.o, p.o_sb, p.o_sh, p.o_sr, 1}, p.B, p.H, p.Nq, p.d, 64) != cudaSuccess)
+  if (hopper_common::make_map<T>(&a.o, rows(o, mq), mB, p.H, mq, p.d, 64) != cudaSuccess)
     return cudaErrorNotSupported;
   a.o_ptr = p.o;
   a.o_sb = p.o_sb;
@@ -407,7 +443,13 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.scale_log2 = (kSoftcap ? p.softcap : p.scale) * kLog2e;
   a.w = hopper_common::band(p);
   a.cap_in = kSoftcap ? p.scale / p.softcap : 0.f;
-  auto kernel = hopper_fwd_kernel<T, kD, kC, kCausal, kLocal, kSoftcap>;
+  a.cu_q = p.cu_seqlens_q;
+  a.cu_k = p.cu_seqlens_k;
+  a.lse_sh = p.row_sh;
+  const int64_t wmax = p.Nq + p.Nk;  // a bound past every index: unbounded
+  a.wl = p.window_left < 0 ? -1 : int(p.window_left < wmax ? p.window_left : wmax);
+  a.wr = p.window_right < 0 ? -1 : int(p.window_right < wmax ? p.window_right : wmax);
+  auto kernel = hopper_fwd_kernel<T, kD, kC, kCausal, kLocal, kSoftcap, kVarlen>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD, kC>::kBytes));
   const int64_t n_qt = (p.Nq + kBlockM - 1) / kBlockM;
   // K and V of a kv head, shared by its group of q heads
@@ -416,19 +458,22 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, bool kCausal, bool kLocal, bool kSoftcap>
+template <typename T, bool kCausal, bool kLocal, bool kSoftcap, bool kVarlen = false>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
   // d = 64: three consumers (160 registers each), with a softcap two (three spilled 128 bytes)
-  if (p.d <= 64) return launch<T, 64, kSoftcap ? 2 : 3, kCausal, kLocal, kSoftcap>(p, stream);
-  if (p.d <= 96) return launch<T, 96, 2, kCausal, kLocal, kSoftcap>(p, stream);
-  if (p.d <= 128) return launch<T, 128, 2, kCausal, kLocal, kSoftcap>(p, stream);
-  return launch<T, 256, 2, kCausal, kLocal, kSoftcap>(p, stream);
+  if (p.d <= 64) return launch<T, 64, kSoftcap ? 2 : 3, kCausal, kLocal, kSoftcap, kVarlen>(p, stream);
+  if (p.d <= 96) return launch<T, 96, 2, kCausal, kLocal, kSoftcap, kVarlen>(p, stream);
+  if (p.d <= 128) return launch<T, 128, 2, kCausal, kLocal, kSoftcap, kVarlen>(p, stream);
+  return launch<T, 256, 2, kCausal, kLocal, kSoftcap, kVarlen>(p, stream);
 }
 
 // A window (other than plain causal's) runs the kLocal variant, whose bounds cover causal and
-// full attention too: a softcap runs there whatever the mask (one variant, not three).
+// full attention too: a softcap runs there whatever the mask (one variant, not three), and
+// packed sequences (their diagonal is each sequence's bottom-right one).
 template <typename T>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
+  if (p.cu_seqlens_q != nullptr)
+    return p.softcap > 0 ? dispatch<T, false, true, true, true>(p, stream) : dispatch<T, false, true, false, true>(p, stream);
   if (p.softcap > 0) return dispatch<T, false, true, true>(p, stream);
   if (hopper_common::local(p)) return dispatch<T, false, true, false>(p, stream);
   return p.causal ? dispatch<T, true, false, false>(p, stream) : dispatch<T, false, false, false>(p, stream);
@@ -456,7 +501,9 @@ bool hopper_forward_applies(const FusedParams& p) {
   return (p.dtype == kc::DType::F16 || p.dtype == kc::DType::BF16) && p.d > 0 && p.d % 8 == 0 &&
          p.d <= kHopperFwdMaxHeadDim && p.Nq < (int64_t(1) << 31) && p.Nk < (int64_t(1) << 31) &&
          (p.Nq + 127) / 128 * p.B * p.H <= INT32_MAX && p.scale > 0.f && hopper_masking(p) &&
-         (!(hopper_common::local(p) || p.softcap > 0) || p.Nq + p.Nk <= (int64_t(1) << 30)) &&
+         (!(hopper_common::local(p) || p.softcap > 0 || p.cu_seqlens_q != nullptr) ||
+          p.Nq + p.Nk <= (int64_t(1) << 30)) &&
+         (p.cu_seqlens_q == nullptr || (p.total_q < INT32_MAX && p.total_k < INT32_MAX)) &&
          hopper::device_is_sm90();
 #else
   (void)p;
