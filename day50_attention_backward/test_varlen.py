@@ -512,5 +512,22 @@ def test_hopper_varlen_forward(case):
     assert torch.equal(out, got[0]), "auto does not run version 2's forward for packed sequences"
 
 
+# backend "auto" runs version 2 for windows and softcaps: its out, lse, dk and dv (one q head per
+# kv head: no atomics there) bitwise equal to the version-2-pinned call's, and version 1's differ.
+@pytest.mark.skipif(not HOPPER_V, reason="version 2 needs a compute capability 9.0 GPU")
+@pytest.mark.parametrize("window, softcap", [((256, 0), 0.0), ((-1, 0), 30.0), ((100, 50), 10.0)])
+def test_auto_runs_version2_for_window_and_softcap(window, softcap):
+    q, k, v, do = dense_inputs((1, 4, 4, 1024, 1024, 128), torch.bfloat16, "cuda", seed=7)
+    causal = window[1] == 0
+    got = {}
+    for name, pin in (("auto", {}), ("v2", dict(fwd=2, bwd=2)), ("v1", dict(fwd=1, bwd=1))):
+        with da.ops.kernel_versions(**pin):
+            out, lse, _, dk, dv = run_dense(q, k, v, do, causal, window, softcap)
+        got[name] = (out, lse, dk, dv)
+    for n, a, b, c in zip(["out", "lse", "dk", "dv"], got["auto"], got["v2"], got["v1"]):
+        assert torch.equal(a, b), f"{n}: auto differs from version 2"
+        assert not torch.equal(a, c), f"{n}: version 1 gives the same bits (the test cannot tell them apart)"
+
+
 if __name__ == "__main__":
     sys.exit(testing.main(__file__))
