@@ -89,7 +89,7 @@ struct FusedParams {
   int fwd_version = 0;  // fused forward: 0 auto (2 where it applies, else 1), 1 mma.sync (flash_fwd.cu),
                         // 2 Hopper TMA + wgmma (hopper_fwd.cu; sm_90a builds on compute capability 9.0)
   int bwd_version = 0;  // fused backward's main kernel: 0 auto (2 where it applies, else 1), 1 mma.sync
-                        // (flash_bwd.cuh), 2 Hopper TMA + wgmma (hopper_bwd.cu: multi-head, d 64 / 128)
+                        // (flash_bwd.cuh), 2 Hopper TMA + wgmma (hopper_bwd.cu: d up to 128)
   bool deterministic = false;  // backward: dq's adds in a fixed order (version 2 only; dq_sem below)
   int* dq_sem = nullptr;       // deterministic: B * H * hopper_bwd_query_tiles(Nq) ints, zeroed
   // Masking, every fused kernel, forward and backward. Query i of a sequence of nq queries sees
@@ -177,7 +177,7 @@ inline bool hopper_masking(const FusedParams& p) {
 bool hopper_forward_applies(const FusedParams& p);
 cudaError_t hopper_attention_forward(const FusedParams& p, cudaStream_t stream);
 // Version 2 of the backward's main kernel (the pre- and post-kernels are version 1's):
-// where it applies (hopper_forward_applies, multi-head attention, d = 64 or 128), and
+// where it applies (hopper_forward_applies, d up to 128), and
 // the launch (cudaErrorNotSupported when it cannot run p).
 bool hopper_backward_applies(const FusedParams& p);
 int64_t hopper_bwd_query_tiles(int64_t Nq);  // query tiles of version 2's backward (its semaphores)

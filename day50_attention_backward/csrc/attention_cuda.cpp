@@ -343,7 +343,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     const bool v2 = probe.bwd_version != 1 && !needs_version1(probe, true) && day50::hopper_backward_applies(probe);
     TORCH_CHECK(v2 || backend != Backend::Fused,
                 "attention_backward: deterministic=True with backend=\"fused\" needs the Hopper kernel (compute "
-                "capability 9.0, an sm_90a build, head dim 64 or 128); use backend=\"auto\" or "
+                "capability 9.0, an sm_90a build, head dim at most 128); use backend=\"auto\" or "
                 "\"simt\" (the SIMT kernels, which have no atomics)");
     fused = v2;
   }

@@ -49,7 +49,10 @@
 // buffers, free once both consumers are done) and added by the copy engine into one
 // (2, B, Hk, Nk, d) accumulator that flash_bwd.cu converts; deterministic: fp32 partials
 // per q head that its reduce kernel sums over each group in a fixed order.
-// Applies to d = 64 and 128; other head dims run version 1.
+// Head dims: the kernels for d = 64 and 128 run every multiple of 8 up to 128 (d <= 64 in the
+// first, the rest in the second): the copy engine zero-fills the columns past d, which add
+// nothing to S, dP or dQ, and stores or adds only the columns below d (the boxes that start past
+// d are not issued).
 #include "attention.h"
 
 #include <cmath>
@@ -92,6 +95,7 @@ struct Args {
   float scale, scale_log2;     // scale_log2: scale * log2(e); kSoftcap: softcap * log2(e)
   hopper_common::Band w;      // kLocal: the window
   float cap_in;               // kSoftcap: scale / softcap
+  int d;                      // the head dim (<= kD: the columns past it are zeros)
 };
 
 template <int kD>
@@ -231,8 +235,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         }
 #pragma unroll
         for (int j = 0; j < kD / 32; ++j)
-          kc::tma_reduce_add_4d(&a.dq_accum, sm + L::kDq + buf * L::kDqBytes + j * L::kDqBox, 32 * j,
-                                tile(it) * kBlockM, h, b);
+          if (32 * j < a.d)
+            kc::tma_reduce_add_4d(&a.dq_accum, sm + L::kDq + buf * L::kDqBytes + j * L::kDqBox, 32 * j,
+                                  tile(it) * kBlockM, h, b);
         kc::bulk_commit();
         if constexpr (kDeterministic) {  // the adds landed, then the next key block's turn
           kc::bulk_wait<0>();
@@ -473,8 +478,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         for (int ww = 0; ww < 2; ++ww)
 #pragma unroll
           for (int j = 0; j < kD / 32; ++j)
-            kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * 2 + ww) * L::kDqBytes + j * L::kDqBox, 32 * j,
-                                  k0 + 64 * ww, hk, m * (a.order.bh / a.H) + b);
+            if (32 * j < a.d)
+              kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * 2 + ww) * L::kDqBytes + j * L::kDqBox, 32 * j,
+                                    k0 + 64 * ww, hk, m * (a.order.bh / a.H) + b);
       kc::bulk_commit();
       kc::bulk_wait_read<0>();  // shared memory read before the CTA exits (the adds land on their own)
     }
@@ -514,7 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   }
   // Grouped-query and deterministic: fp32 partials of this q head (split h % group of kv head
   // b * Hk + hk), which flash_bwd.cu's dkv_reduce_kernel sums over the group in a fixed order.
-  const int64_t nkd = int64_t(a.Nk) * kD;
+  const int64_t nkd = int64_t(a.Nk) * a.d;
   const int64_t part = (int64_t(b) * (a.H / a.group) + hk) * a.group + h % a.group;  // (kv head, split)
   const int64_t v_off = int64_t(a.order.bh) * nkd;  // dV's partials follow dK's: B * H * Nk * d floats
 #pragma unroll
@@ -524,7 +530,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #pragma unroll
     for (int c = 0; c < kD / 8; ++c) {
       const int col = 8 * c + 2 * t;
-      float* pk = a.dkv_partial + part * nkd + int64_t(key) * kD + col;
+      if (col >= a.d) continue;
+      float* pk = a.dkv_partial + part * nkd + int64_t(key) * a.d + col;
       *reinterpret_cast<float2*>(pk) = make_float2(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
       *reinterpret_cast<float2*>(pk + v_off) = make_float2(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
     }
@@ -544,7 +551,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
   a.lse = p.lse;
   a.dsum = p.dsum;
-  if (p.d != kD || hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, p.B, p.H, p.Nq, kD, kBlockM) != cudaSuccess)
+  if (p.d > kD || hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess)
     return cudaErrorNotSupported;
   a.gqa = p.H != p.Hk;
   if (!a.gqa && (hopper_common::make_map<T>(&a.dk, View4{p.dk, p.dk_sb, p.dk_sh, p.dk_sr, 1}, p.B, p.H, p.Nk, p.d,
@@ -557,7 +564,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   // the accumulator: the workspace's first 2 * B * Hk * Nk * d floats (the plan zeroed them),
   // dK's batches then dV's; boxes of 64 keys (a consumer's)
   if (a.gqa && !kDet &&
-      hopper_common::make_accum_map(&a.dkv_accum, p.dkv_partial, 2 * p.B, p.Hk, p.Nk, kD, 64) != cudaSuccess)
+      hopper_common::make_accum_map(&a.dkv_accum, p.dkv_partial, 2 * p.B, p.Hk, p.Nk, p.d, 64) != cudaSuccess)
     return cudaErrorNotSupported;
   a.group = int(p.H / p.Hk);
   a.H = int(p.H);
@@ -568,6 +575,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.dq_sem = p.dq_sem;
   a.w = hopper_common::band(p);
   a.cap_in = kSoftcap ? p.scale / p.softcap : 0.f;
+  a.d = int(p.d);
   if (kDet && p.dq_sem == nullptr) return cudaErrorInvalidValue;
   auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kSoftcap, kDet>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
@@ -589,7 +597,7 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 
 template <typename T, bool kDet>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  return p.d == 64 ? dispatch<T, 64, kDet>(p, stream) : dispatch<T, 128, kDet>(p, stream);
+  return p.d <= 64 ? dispatch<T, 64, kDet>(p, stream) : dispatch<T, 128, kDet>(p, stream);
 }
 
 template <typename T>
@@ -601,7 +609,7 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 }  // namespace hopper_bwd
 
 bool hopper_backward_applies(const FusedParams& p) {
-  return (p.d == 64 || p.d == 128) && p.cu_seqlens_q == nullptr && (p.Nk + 127) / 128 * p.B * p.H <= INT32_MAX &&
+  return p.d <= 128 && p.cu_seqlens_q == nullptr && (p.Nk + 127) / 128 * p.B * p.H <= INT32_MAX &&
          p.Nk <= (int64_t(1) << 30) && p.Nq < (int64_t(1) << 31) && hopper_forward_applies(p);
 }
 
