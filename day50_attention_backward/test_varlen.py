@@ -236,10 +236,10 @@ def test_varlen(device, dtype, case):
     check_all(run_varlen(q, k, v, do, lq, lk, causal, window, softcap), ref, theirs, dtype, "varlen:")
     if device == "cuda" and dtype in LOWP_V:  # deterministic=True: the reference path, the same answers
         check_all(run_varlen(q, k, v, do, lq, lk, causal, window, softcap, True), ref, theirs, dtype, "det:")
-    if HOPPER_V and device == "cuda" and dtype in LOWP_V and d % 8 == 0:  # each forward version pinned
+    if HOPPER_V and device == "cuda" and dtype in LOWP_V and d % 8 == 0:  # each version pinned
         for version in (1, 2):
-            with da.ops.fwd_version(version):
-                check_all(run_varlen(q, k, v, do, lq, lk, causal, window, softcap), ref, theirs, dtype, f"fwd v{version}:")
+            with da.ops.kernel_versions(fwd=version, bwd=version):
+                check_all(run_varlen(q, k, v, do, lq, lk, causal, window, softcap), ref, theirs, dtype, f"v{version}:")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -428,17 +428,6 @@ def test_varlen_cuda_bad_offsets_raise(cu_q, max_q, bad):
     assert ("RAISED" in r.stdout) == bad
 
 
-@pytest.mark.skipif(not HOPPER_V, reason="version 2 needs a compute capability 9.0 GPU")
-def test_version2_backward_pin_with_packed_sequences_is_an_error():
-    q, k, v, do = varlen_inputs([40, 30], [40, 30], 2, 2, 64, torch.bfloat16, "cuda", seed=0)
-    cq = cu([40, 30], "cuda")
-    out, lse = da.attention_varlen_forward(q, k, v, cq, cq, 40, 40, True)
-    with da.ops.bwd_version(2), pytest.raises(RuntimeError, match="version 2"):
-        da.attention_varlen_backward(do, q, k, v, out, lse, None, cq, cq, 40, 40, True)
-    dq, dk, dv = da.attention_varlen_backward(do, q, k, v, out, lse, None, cq, cq, 40, 40, True)  # auto: version 1
-    assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
-
-
 # Windows and softcaps on the Hopper kernels (version 2), pinned: many tiles and both edges,
 # one edge alone, rows (and whole forward tiles) that see no key, grouped- and multi-query
 # heads, d 96 (both kernels) and 256 (the forward; its backward is version 1's), softcaps with
@@ -482,10 +471,13 @@ def test_hopper_window_softcap(case):
 
 
 
-# Packed sequences on the Hopper forward (version 2), pinned: sequences over several query and
-# key tiles, each tile end-aligned to its sequence (so a tile's first rows may belong to the
-# sequence before: never stored), empty sequences, sequences whose keys end early or that have
-# no key, bottom-right windows, a softcap, d 96 and 256. The backward is version 1's.
+# Packed sequences on the Hopper kernels (version 2), pinned: sequences over several query and
+# key tiles (the forward's tiles end-aligned to their sequence, so a tile's first rows may
+# belong to the sequence before: never stored; the backward's key blocks start-aligned, so a
+# sequence's last block holds the next one's first keys: masked, and multi-head dK, dV stored
+# row by row), empty sequences, sequences whose keys end early or that have no key, grouped-
+# query heads (the backward's accumulator), bottom-right windows, a softcap, d 96 and 256 (its
+# backward is version 1's).
 # (lengths q, lengths k, H, Hk, d), causal, window, softcap
 HOPPER_VARLEN_CASES = [
     (([700, 1, 1300, 0, 257], [700, 1, 1300, 0, 257], 8, 2, 128), True, (-1, -1), 0.0),
@@ -493,20 +485,21 @@ HOPPER_VARLEN_CASES = [
     (([500, 900], [500, 900], 4, 2, 64), False, (128, 0), 0.0),          # a window, bottom-right
     (([600, 400], [600, 700], 2, 1, 96), True, (-1, -1), 30.0),           # softcap, d 96
     (([300, 333], [300, 333], 2, 2, 256), True, (-1, -1), 0.0),
+    (([333, 777], [500, 129], 2, 2, 40), False, (-1, -1), 0.0),         # multi-head, partial key blocks
 ]
 
 
 @pytest.mark.skipif(not HOPPER_V, reason="version 2 needs a compute capability 9.0 GPU")
 @pytest.mark.parametrize("case", HOPPER_VARLEN_CASES, ids=vcase_id)
-def test_hopper_varlen_forward(case):
+def test_hopper_varlen(case):
     (lq, lk, H, Hk, d), causal, window, softcap = case
     q, k, v, do = varlen_inputs(lq, lk, H, Hk, d, torch.bfloat16, "cuda", seed=sum(lq) + d)
     kw = dict(causal=causal, window=window, softcap=softcap)
     ref = varlen_ref(q, k, v, do, lq, lk, **kw)
     theirs = varlen_ref(q, k, v, do, lq, lk, same_precision=True, **kw)
-    with da.ops.fwd_version(2):
+    with da.ops.kernel_versions(fwd=2, bwd=2 if d <= 128 else 0):
         got = run_varlen(q, k, v, do, lq, lk, causal, window, softcap)
-    check_all(got, ref, theirs, torch.bfloat16, "fwd v2:")
+    check_all(got, ref, theirs, torch.bfloat16, "v2:")
     out = da.attention_varlen(q, k, v, cu(lq, "cuda"), cu(lk, "cuda"), max(lq), max(lk), causal, None, window,
                               softcap)
     assert torch.equal(out, got[0]), "auto does not run version 2's forward for packed sequences"

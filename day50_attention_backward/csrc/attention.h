@@ -155,8 +155,9 @@ struct FusedBwdPlan {
   int64_t heads_per_cta = 1;
   int64_t splits = 1;
   int64_t partial_floats = 0;  // fp32 workspace for the partial sums (0 when splits == 1)
-  // Version 2 runs, not deterministic: it adds into a (2, B, Hk, Nk, d) fp32 accumulator, the
-  // workspace's first accum_floats, zeroed by the caller.
+  // Version 2 runs, not deterministic: it adds into a (2, B, Hk, Nk, d) fp32 accumulator
+  // (packed sequences: (2, Hk, total_k, d)), the workspace's first accum_floats, zeroed by the
+  // caller.
   int64_t accum_floats = 0;
 };
 FusedBwdPlan fused_backward_plan(const FusedParams& p);
@@ -166,7 +167,7 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p);
 cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream);
 // The masking version 2 (Hopper) runs: any window (plain causal included; `causal` set exactly
 // when window_right == 0, as the glue sets it), top-left for dense attention and bottom-right
-// for packed sequences, and softcap. Its backward does not take packed sequences yet.
+// for packed sequences, and softcap; forward and backward.
 inline bool hopper_masking(const FusedParams& p) {
   return (p.cu_seqlens_q != nullptr || !p.bottom_right) && p.causal == (p.window_right == 0);
 }

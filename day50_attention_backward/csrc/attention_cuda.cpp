@@ -13,9 +13,8 @@
 //
 // Windows and softcaps (attention_math.h) run in both versions of the tensor-core kernels.
 // Inputs no fused kernel takes run the reference math (attention_cpu.cpp) on the GPU for them.
-// Packed sequences (attention_varlen): the tensor-core kernels without a host sync (the forward
-// in either version, the backward in version 1: a pin to version 2 is an error there), else the
-// reference after reading the offsets.
+// Packed sequences (attention_varlen): the tensor-core kernels (either version) without a host
+// sync, else the reference after reading the offsets.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -166,18 +165,6 @@ void set_masking(day50::FusedParams& p, const day50::Window& w, double softcap) 
   p.softcap = float(softcap);
 }
 
-// Whether p asks for more than version 2 (Hopper) runs: packed sequences in the backward.
-bool needs_version1(const day50::FusedParams& p, bool backward) {
-  return !day50::hopper_masking(p) || (backward && p.cu_seqlens_q != nullptr);
-}
-
-void check_version1(const day50::FusedParams& p, int version, bool backward) {
-  TORCH_CHECK(!(needs_version1(p, backward) && version == 2), "attention: the fused ",
-              backward ? "backward" : "forward",
-              " pinned to version 2 (Hopper) does not take packed sequences; version 1 (mma.sync) does: pin 1 or "
-              "0 (auto)");
-}
-
 // A packed (total, heads, d) tensor as the fused kernels' View4 (attention.h: sb = 0).
 View4 view3(const Tensor& t) {
   View4 v;
@@ -221,8 +208,8 @@ day50::FusedParams varlen_params(const Tensor& q, const Tensor& k, const Tensor&
   p.dk_sb = 0;
   p.dk_sh = p.d;
   p.dk_sr = p.Hk * p.d;
-  p.fwd_version = day50::fused_fwd_version();  // version 2's forward takes packed sequences
-  p.bwd_version = 1;                           // its backward does not yet
+  p.fwd_version = day50::fused_fwd_version();  // 0 (auto) unless a benchmark or test pinned one
+  p.bwd_version = day50::fused_bwd_version();
   return p;
 }
 
@@ -266,7 +253,6 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
   if (fused) {
     day50::FusedParams p = params(fused_ready(q), fused_ready(k), fused_ready(v));
     p.fwd_version = day50::fused_fwd_version();  // 0 (auto) unless a benchmark or test pinned one
-    check_version1(p, p.fwd_version, /*backward=*/false);
     KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, stream));
   } else if (choose_simt(backend, q, fused_unsupported(q))) {  // any strides: no copies
     day50::FusedParams p = params(q, k, v);
@@ -340,7 +326,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     day50::FusedParams probe = fused_params(q, k, v, causal, scale);
     set_masking(probe, w, softcap);
     probe.bwd_version = day50::fused_bwd_version();
-    const bool v2 = probe.bwd_version != 1 && !needs_version1(probe, true) && day50::hopper_backward_applies(probe);
+    const bool v2 = probe.bwd_version != 1 && day50::hopper_backward_applies(probe);
     TORCH_CHECK(v2 || backend != Backend::Fused,
                 "attention_backward: deterministic=True with backend=\"fused\" needs the Hopper kernel (compute "
                 "capability 9.0, an sm_90a build, head dim at most 128); use backend=\"auto\" or "
@@ -369,7 +355,6 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     p.dsum = dsum.data_ptr<float>();
     p.dq_accum = dq_accum.data_ptr<float>();
     p.bwd_version = day50::fused_bwd_version();  // 0 (auto) unless a benchmark or test pinned one
-    check_version1(p, p.bwd_version, /*backward=*/true);
     Tensor dq_sem;  // deterministic: one counter per (q head, query tile)
     if (deterministic) {
       p.deterministic = true;
@@ -470,7 +455,6 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
     KC_TORCH_CHECK_CUDA(day50::simt_attention_forward(p, c10::cuda::getCurrentCUDAStream()));
     return {out, lse};
   }
-  check_version1(p, day50::fused_fwd_version(), /*backward=*/false);
   KC_TORCH_CHECK_CUDA(day50::fused_attention_forward(p, c10::cuda::getCurrentCUDAStream()));
   return {out, lse};
 }
@@ -527,10 +511,16 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   }
   Tensor dq_accum = at::empty({H * total_q * d}, q.options().dtype(at::kFloat));
   p.dq_accum = dq_accum.data_ptr<float>();
-  check_version1(p, day50::fused_bwd_version(), /*backward=*/true);
-  const day50::FusedBwdPlan plan = day50::fused_backward_plan(p);  // packed: a whole group per CTA
+  // Grouped-query attention: version 1 takes a whole group per CTA; version 2 one q head, adding
+  // into an fp32 (2, Hk, total_k, d) accumulator (flash_bwd.cu)
+  const day50::FusedBwdPlan plan = day50::fused_backward_plan(p);
   p.heads_per_cta = plan.heads_per_cta;
-  TORCH_CHECK(plan.partial_floats == 0, "attention_varlen_backward: internal: the plan split a group");
+  Tensor dkv_partial;
+  if (plan.partial_floats > 0) {
+    dkv_partial = at::empty({plan.partial_floats}, q.options().dtype(at::kFloat));
+    p.dkv_partial = dkv_partial.data_ptr<float>();
+  }
+  if (plan.accum_floats > 0) dkv_partial.narrow(0, 0, plan.accum_floats).zero_();  // version 2 adds into it
   KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, c10::cuda::getCurrentCUDAStream()));
   return {dq, dk, dv};
 }

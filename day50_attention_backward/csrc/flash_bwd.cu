@@ -183,8 +183,8 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     }
     KC_CUDA_LAUNCH_TRY();
   }
-  // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention, windows and
-  // softcaps included: hopper_masking), else version 1
+  // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention and packed
+  // sequences, windows and softcaps included: hopper_masking), else version 1
   const cudaError_t v2 = p.bwd_version != 1 ? hopper_attention_backward_main(p, stream) : cudaErrorNotSupported;
   int64_t splits = p.H / p.Hk / p.heads_per_cta;
   if (v2 != cudaErrorNotSupported) {
@@ -192,14 +192,21 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     if (!p.deterministic) splits = 1;  // version 2 summed each group into the accumulator: converted below
   } else {
     if (p.bwd_version == 2 || p.deterministic) return cudaErrorNotSupported;  // version 1 cannot order its adds
+    // packed sequences: version 1 takes a whole group per CTA (the plan's split was version 2's)
+    if (p.cu_seqlens_q != nullptr && p.heads_per_cta * p.Hk != p.H) return cudaErrorNotSupported;
     KC_CUDA_TRY((p.d <= 64    ? launch_bwd_dkdv<T, 64>(p, stream)
                  : p.d <= 128 ? launch_bwd_dkdv<T, 128>(p, stream)
                               : launch_bwd_dkdv<T, 256>(p, stream)));
   }
   if (p.H != p.Hk && p.dkv_partial != nullptr) {
-    const int64_t n = p.B * p.Hk * p.Nk * p.d, blocks = (2 * n / 4 + 255) / 256;
+    FusedParams pr = p;  // packed sequences: the partials span all key rows as one batch
+    if (p.cu_seqlens_q != nullptr) {
+      pr.B = 1;
+      pr.Nk = p.total_k;
+    }
+    const int64_t n = pr.B * pr.Hk * pr.Nk * pr.d, blocks = (2 * n / 4 + 255) / 256;
     dkv_reduce_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
-        p.dkv_partial, static_cast<T*>(p.dk), static_cast<T*>(p.dv), n, splits, p);
+        p.dkv_partial, static_cast<T*>(p.dk), static_cast<T*>(p.dv), n, splits, pr);
     KC_CUDA_LAUNCH_TRY();
   }
   const int64_t n = rows * p.d;
@@ -222,11 +229,13 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   // Version 2's main kernel (hopper_bwd.cu) runs one q head per CTA; its partials need the
   // version 1 kernel's one-head plan too, should version 2 fall back at launch.
   const bool v2 = p.bwd_version != 1 && hopper_backward_applies(p);
-  // Packed sequences: a whole group per CTA (the partials' layout is dense (B, Hk, Nk, d)).
-  if (p.cu_seqlens_q != nullptr) {
+  // Packed sequences: version 1 takes a whole group per CTA (its partials' layout is dense
+  // (B, Hk, Nk, d)); version 2 one q head, its accumulator or partials over all key rows.
+  if (p.cu_seqlens_q != nullptr && !v2) {
     plan.heads_per_cta = G;
     return plan;
   }
+  const int64_t Bm = p.cu_seqlens_q != nullptr ? 1 : p.B, Nm = p.cu_seqlens_q != nullptr ? p.total_k : p.Nk;
   for (int64_t c = v2 ? 1 : G; c > 1; --c) {
     if (G % c == 0 && p.B * (p.H / c) * n_kt >= flash::kGqaMinCtas) {
       hpc = c;
@@ -235,8 +244,8 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   }
   plan.heads_per_cta = hpc;
   plan.splits = G / hpc;
-  plan.partial_floats = plan.splits > 1 ? 2 * p.B * (p.H / hpc) * p.Nk * p.d : 0;
-  if (v2 && !p.deterministic) plan.accum_floats = 2 * p.B * p.Hk * p.Nk * p.d;
+  plan.partial_floats = plan.splits > 1 ? 2 * Bm * (p.H / hpc) * Nm * p.d : 0;
+  if (v2 && !p.deterministic) plan.accum_floats = 2 * Bm * p.Hk * Nm * p.d;
   return plan;
 }
 

@@ -283,8 +283,8 @@ cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream) {
   if (!fused_layout_ok(p.q) || !fused_layout_ok(p.k) || !fused_layout_ok(p.v)) return cudaErrorMisalignedAddress;
   if (p.B * p.H == 0 || p.Nq == 0) return cudaSuccess;
   if (p.Hk <= 0 || p.H % p.Hk != 0) return cudaErrorInvalidValue;
-  // Version 2 (Hopper) runs dense attention, windows and softcaps included (hopper_masking);
-  // packed sequences run version 1.
+  // Version 2 (Hopper) runs every masking the glue sets (hopper_masking): dense attention and
+  // packed sequences, windows and softcaps included.
   const bool v2_masking = hopper_masking(p);
   if (!v2_masking && p.fwd_version == 2) return cudaErrorNotSupported;
   if (p.fwd_version != 1 && v2_masking) {

@@ -49,6 +49,12 @@
 // buffers, free once both consumers are done) and added by the copy engine into one
 // (2, B, Hk, Nk, d) accumulator that flash_bwd.cu converts; deterministic: fp32 partials
 // per q head that its reduce kernel sums over each group in a fixed order.
+// Packed sequences (kVarlen, on the kLocal variant, as the forward's): a CTA reads its
+// sequence's offsets, the maps span all packed rows, and the sequence's bottom-right diagonal
+// is folded into its Band. Rows past a sequence's end are the next sequence's: its queries
+// there get lse = +inf and its keys there are masked, so their dQ, dK and dV terms are exact
+// zeros, which the reduce-adds may add to the next sequence's rows (dq_accum, the grouped-query
+// accumulator); multi-head dK, dV of a sequence's last key block are stored row by row.
 // Head dims: the kernels for d = 64 and 128 run every multiple of 8 up to 128 (d <= 64 in the
 // first, the rest in the second): the copy engine zero-fills the columns past d, which add
 // nothing to S, dP or dQ, and stores or adds only the columns below d (the boxes that start past
@@ -96,6 +102,16 @@ struct Args {
   hopper_common::Band w;      // kLocal: the window
   float cap_in;               // kSoftcap: scale / softcap
   int d;                      // the head dim (<= kD: the columns past it are zeros)
+  // kVarlen: the sequences' offsets, the window as given, lse's and D's head stride (total_q),
+  // the key rows (total_k), and dk, dv for the direct stores of a sequence's last key block
+  const int* cu_q;
+  const int* cu_k;
+  hopper_common::SeqWindow sw;
+  int64_t row_sh;
+  int total_k;
+  void* dk_ptr;
+  void* dv_ptr;
+  int64_t dk_sh, dk_sr;
 };
 
 template <int kD>
@@ -152,7 +168,7 @@ __device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const fl
 // running or done: no deadlock.
 // The consumers run on while the writer waits (two dQ tiles in flight). Same inputs,
 // same order of fp32 adds: bitwise equal dq.
-template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDeterministic>
+template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDeterministic, bool kVarlen>
 __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD>;
@@ -170,13 +186,29 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   hopper_common::order_of(blockIdx.x, a.order, kb, bh);
   const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
   const int k0 = kb * kBlockN;
-  const int n_qt = (a.Nq + kBlockM - 1) / kBlockM;
+  // Packed sequences (kVarlen): sequence b is rows qs .. qs + nq - 1 of q (ks .. of k, v); the
+  // maps span all rows (batch coordinate mb = 0); bounds and the diagonal are the sequence's.
+  int qs = 0, ks = 0, mb = b, vnq = 0, vnk = 0;
+  hopper_common::Band vband;
+  if constexpr (kVarlen) {
+    qs = a.cu_q[b];
+    ks = a.cu_k[b];
+    vnq = a.cu_q[b + 1] - qs;
+    vnk = a.cu_k[b + 1] - ks;
+    mb = 0;
+    vband = hopper_common::seq_band(a.sw, vnq, vnk);
+    if (k0 >= vnk) return;  // the grid covers the longest sequence: past this one's keys
+  }
+  auto nk = [&] { return kVarlen ? vnk : a.Nk; };
+  const hopper_common::Band& band = kVarlen ? vband : a.w;
+  const int n_qt_all = (a.Nq + kBlockM - 1) / kBlockM;  // the semaphores' stride
+  const int n_qt = kVarlen ? (vnq + kBlockM - 1) / kBlockM : n_qt_all;
   // The query tiles that see a key of the block: j_first .. j_end - 1 (causal: from the one
   // holding key k0; a window: rows k0 - wr .. k0 + kBlockN - 1 + wl)
   int j_first = kCausal ? k0 / kBlockM : 0, j_end = n_qt;
   if constexpr (kLocal) {
-    j_first = max(0, k0 - a.w.wr) / kBlockM;
-    j_end = min(n_qt, (k0 + kBlockN - 1 + a.w.wl) / kBlockM + 1);
+    j_first = max(0, k0 - band.wr) / kBlockM;
+    j_end = min(n_qt, (k0 + kBlockN - 1 + band.wl) / kBlockM + 1);
   }
   const int n_it = j_end > j_first ? j_end - j_first : 0;
   // The query tile of step it. Deterministic: the last tile first, so that every key block
@@ -203,11 +235,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   if (wg == 0) {  // ------------------------------------------------------------ producer
     kc::warpgroup_reg_dealloc<kProducerRegs>();
     if (threadIdx.x >= 32 && threadIdx.x < 64) {
-      // warp 1: each query tile's lse (in log2 units; +inf past Nq, so P = 0 there) and D
-      // into shared memory, so the consumers find them there with Q (q_full counts these lanes)
+      // warp 1: each query tile's lse (in log2 units; +inf past Nq, so P = 0 there: packed
+      // sequences read the next sequence's Q and dO there) and D into shared memory, so the
+      // consumers find them there with Q (q_full counts these lanes)
       const int lane = threadIdx.x - 32;
-      const float* lse = a.lse + int64_t(bh) * a.Nq;
-      const float* dsum = a.dsum + int64_t(bh) * a.Nq;
+      const int64_t row0 = kVarlen ? h * a.row_sh + qs : int64_t(bh) * a.Nq;  // (B, H, Nq) or (H, total_q)
+      const int nq = kVarlen ? vnq : a.Nq;
+      const float* lse = a.lse + row0;
+      const float* dsum = a.dsum + row0;
       float* rows0 = reinterpret_cast<float*>(sm + L::kRows);
       for (int it = 0; it < n_it; ++it) {
         const int q = tile(it) * kBlockM + lane, s = it % kStages;
@@ -215,8 +250,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         float* rows = rows0 + s * 2 * kBlockM;
 #pragma unroll
         for (int i = 0; i < kBlockM; i += 32) {
-          rows[lane + i] = q + i < a.Nq ? lse[q + i] * kLog2e : INFINITY;
-          rows[kBlockM + lane + i] = q + i < a.Nq ? dsum[q + i] : 0.f;
+          rows[lane + i] = q + i < nq ? lse[q + i] * kLog2e : INFINITY;
+          rows[kBlockM + lane + i] = q + i < nq ? dsum[q + i] : 0.f;
         }
         kc::mbar_arrive(&q_full[s]);
       }
@@ -228,8 +263,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         int* sem = nullptr;
         int turn = kb;  // the key blocks before this one that reach the tile (above)
         if constexpr (kDeterministic) {
-          sem = a.dq_sem + int64_t(bh) * n_qt + tile(it);
-          if constexpr (kLocal) turn = kb - max(0, tile(it) * kBlockM - a.w.wl) / kBlockN;
+          sem = a.dq_sem + int64_t(bh) * n_qt_all + tile(it);
+          if constexpr (kLocal) turn = kb - max(0, tile(it) * kBlockM - band.wl) / kBlockN;
           while (load_acquire(sem) != turn) {
           }
         }
@@ -237,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         for (int j = 0; j < kD / 32; ++j)
           if (32 * j < a.d)
             kc::tma_reduce_add_4d(&a.dq_accum, sm + L::kDq + buf * L::kDqBytes + j * L::kDqBox, 32 * j,
-                                  tile(it) * kBlockM, h, b);
+                                  qs + tile(it) * kBlockM, h, mb);
         kc::bulk_commit();
         if constexpr (kDeterministic) {  // the adds landed, then the next key block's turn
           kc::bulk_wait<0>();
@@ -253,18 +288,19 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     if (threadIdx.x == 0) {
       kc::mbar_arrive_expect_tx(kv_full, 2 * L::kKVBytes);
       for (int p = 0; p < L::kPanels; ++p) {
-        kc::tma_load_4d(sm + L::kK + p * L::kKVPanel, &a.k, kv_full, p * 64, k0, hk, b);
-        kc::tma_load_4d(sm + L::kV + p * L::kKVPanel, &a.v, kv_full, p * 64, k0, hk, b);
+        kc::tma_load_4d(sm + L::kK + p * L::kKVPanel, &a.k, kv_full, p * 64, ks + k0, hk, mb);
+        kc::tma_load_4d(sm + L::kV + p * L::kKVPanel, &a.v, kv_full, p * 64, ks + k0, hk, mb);
       }
       for (int it = 0; it < n_it; ++it) {
         const int q0 = tile(it) * kBlockM, s = it % kStages;
         if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
         kc::mbar_arrive_expect_tx(&q_full[s], L::kQBytes);
         for (int p = 0; p < L::kPanels; ++p)
-          kc::tma_load_4d(sm + L::kQ + s * L::kQBytes + p * L::kQPanel, &a.q, &q_full[s], p * 64, q0, h, b);
+          kc::tma_load_4d(sm + L::kQ + s * L::kQBytes + p * L::kQPanel, &a.q, &q_full[s], p * 64, qs + q0, h, mb);
         kc::mbar_arrive_expect_tx(&do_full[s], L::kQBytes);
         for (int p = 0; p < L::kPanels; ++p)
-          kc::tma_load_4d(sm + L::kDo + s * L::kQBytes + p * L::kQPanel, &a.dout, &do_full[s], p * 64, q0, h, b);
+          kc::tma_load_4d(sm + L::kDo + s * L::kQBytes + p * L::kQPanel, &a.dout, &do_full[s], p * 64, qs + q0, h,
+                          mb);
       }
     }
     return;
@@ -356,9 +392,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     if constexpr (kD != 64) load_lse();
     if constexpr (kLateHandoff)
       if (it > 0) hand_off(it - 1);
-    // the mask on a tile crossing the diagonal or a window's edge only (flash::with_mask)
+    // the mask on a tile crossing the diagonal or a window's edge only (flash::with_mask), and
+    // packed sequences' last key block (the keys past the sequence are the next one's)
     const bool crosses = (kCausal && q0 < k0 + kBlockN) ||
-                         (kLocal && (k0 + kBlockN - 1 > q0 + a.w.wr || k0 < q0 + kBlockM - 1 - a.w.wl));
+                         (kLocal && (k0 + kBlockN - 1 > q0 + band.wr || k0 < q0 + kBlockM - 1 - band.wl)) ||
+                         (kVarlen && k0 + kBlockN > nk());
     // P^T as T, the A operand of dV's product (the accumulator layout is the A layout). kSoftcap:
     // packed here, and sacc keeps P^T (1 - t^2), the part of dS^T that needs t (no registers
     // held for t until dS^T's step: d = 128 spilled so).
@@ -374,7 +412,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
           float pv = flash::fast_exp2(fmaf(x, a.scale_log2, -lse2[2 * c + (e & 1)]));
           if constexpr (decltype(masked)::value) {
             const int key = k0 + key_local + 8 * (e >> 1), q = q0 + 8 * c + 2 * t + (e & 1);
-            if ((kCausal && key > q) || (kLocal && (key > q + a.w.wr || key < q - a.w.wl))) pv = 0.f;
+            if ((kCausal && key > q) || (kLocal && (key > q + band.wr || key < q - band.wl)) || (kVarlen && key >= nk()))
+              pv = 0.f;
           }
           if constexpr (kSoftcap) {  // d(softcap t) / d(scale q.k) = 1 - t^2
             if (e & 1)
@@ -480,9 +519,30 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
           for (int j = 0; j < kD / 32; ++j)
             if (32 * j < a.d)
               kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * 2 + ww) * L::kDqBytes + j * L::kDqBox, 32 * j,
-                                    k0 + 64 * ww, hk, m * (a.order.bh / a.H) + b);
+                                    ks + k0 + 64 * ww, hk, kVarlen ? m : m * (a.order.bh / a.H) + b);
       kc::bulk_commit();
       kc::bulk_wait_read<0>();  // shared memory read before the CTA exits (the adds land on their own)
+    }
+    return;
+  }
+  if (kVarlen && !a.gqa && k0 + kBlockN > nk()) {
+    // Packed sequences, multi-head, the sequence's last key block: its rows past the sequence
+    // are the next one's, so each thread stores its own rows below the end (a tile store of the
+    // whole block would write the next sequence's rows)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = k0 + key_local + 8 * r;
+      if (key >= nk()) continue;
+      const int64_t at = int64_t(ks + key) * a.dk_sr + h * a.dk_sh;
+#pragma unroll
+      for (int c = 0; c < kD / 8; ++c) {
+        const int col = 8 * c + 2 * t;
+        if (col >= a.d) continue;
+        *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dk_ptr) + at + col) =
+            flash::pack2<T>(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
+        *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv_ptr) + at + col) =
+            flash::pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
+      }
     }
     return;
   }
@@ -510,8 +570,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     if (threadIdx.x == 128) {
 #pragma unroll
       for (int p = 0; p < L::kPanels; ++p) {
-        kc::tma_store_4d(&a.dk, sm + L::kK + p * L::kKVPanel, p * 64, k0, h, b);
-        kc::tma_store_4d(&a.dv, sm + L::kV + p * L::kKVPanel, p * 64, k0, h, b);
+        kc::tma_store_4d(&a.dk, sm + L::kK + p * L::kKVPanel, p * 64, ks + k0, h, mb);
+        kc::tma_store_4d(&a.dv, sm + L::kV + p * L::kKVPanel, p * 64, ks + k0, h, mb);
       }
       kc::bulk_commit();
       kc::bulk_wait_read<0>();
@@ -520,18 +580,19 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   }
   // Grouped-query and deterministic: fp32 partials of this q head (split h % group of kv head
   // b * Hk + hk), which flash_bwd.cu's dkv_reduce_kernel sums over the group in a fixed order.
-  const int64_t nkd = int64_t(a.Nk) * a.d;
-  const int64_t part = (int64_t(b) * (a.H / a.group) + hk) * a.group + h % a.group;  // (kv head, split)
-  const int64_t v_off = int64_t(a.order.bh) * nkd;  // dV's partials follow dK's: B * H * Nk * d floats
+  // Packed sequences: one batch of total_k key rows.
+  const int64_t nkd = int64_t(kVarlen ? a.total_k : a.Nk) * a.d;
+  const int64_t part = (int64_t(mb) * (a.H / a.group) + hk) * a.group + h % a.group;  // (kv head, split)
+  const int64_t v_off = int64_t(kVarlen ? a.H : a.order.bh) * nkd;  // dV's partials follow dK's (B H Nk d floats)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = k0 + key_local + 8 * r;
-    if (key >= a.Nk) continue;
+    if (key >= nk()) continue;
 #pragma unroll
     for (int c = 0; c < kD / 8; ++c) {
       const int col = 8 * c + 2 * t;
       if (col >= a.d) continue;
-      float* pk = a.dkv_partial + part * nkd + int64_t(key) * a.d + col;
+      float* pk = a.dkv_partial + part * nkd + int64_t(ks + key) * a.d + col;
       *reinterpret_cast<float2*>(pk) = make_float2(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
       *reinterpret_cast<float2*>(pk + v_off) = make_float2(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
     }
@@ -541,30 +602,32 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #endif
 }
 
-template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDet>
+template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDet, bool kVarlen = false>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
-  if (hopper_common::make_map<T>(&a.q, p.q, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess ||
-      hopper_common::make_map<T>(&a.dout, p.dout, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess ||
-      hopper_common::make_map<T>(&a.k, p.k, p.B, p.Hk, p.Nk, p.d, kBlockN) != cudaSuccess ||
-      hopper_common::make_map<T>(&a.v, p.v, p.B, p.Hk, p.Nk, p.d, kBlockN) != cudaSuccess)
+  // Packed sequences: maps over all rows, one "batch"
+  const int64_t mq = kVarlen ? p.total_q : p.Nq, mk = kVarlen ? p.total_k : p.Nk, mB = kVarlen ? 1 : p.B;
+  auto rows = [&](const View4& x, int64_t n) { return kVarlen ? hopper_common::packed_rows(x, n) : x; };
+  if (hopper_common::make_map<T>(&a.q, rows(p.q, mq), mB, p.H, mq, p.d, kBlockM) != cudaSuccess ||
+      hopper_common::make_map<T>(&a.dout, rows(p.dout, mq), mB, p.H, mq, p.d, kBlockM) != cudaSuccess ||
+      hopper_common::make_map<T>(&a.k, rows(p.k, mk), mB, p.Hk, mk, p.d, kBlockN) != cudaSuccess ||
+      hopper_common::make_map<T>(&a.v, rows(p.v, mk), mB, p.Hk, mk, p.d, kBlockN) != cudaSuccess)
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
   a.lse = p.lse;
   a.dsum = p.dsum;
-  if (p.d > kD || hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, p.B, p.H, p.Nq, p.d, kBlockM) != cudaSuccess)
+  if (p.d > kD || hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, mB, p.H, mq, p.d, kBlockM) != cudaSuccess)
     return cudaErrorNotSupported;
   a.gqa = p.H != p.Hk;
-  if (!a.gqa && (hopper_common::make_map<T>(&a.dk, View4{p.dk, p.dk_sb, p.dk_sh, p.dk_sr, 1}, p.B, p.H, p.Nk, p.d,
-                                            kBlockN) != cudaSuccess ||
-                 hopper_common::make_map<T>(&a.dv, View4{p.dv, p.dk_sb, p.dk_sh, p.dk_sr, 1}, p.B, p.H, p.Nk, p.d,
-                                            kBlockN) != cudaSuccess))
+  const View4 dk{p.dk, p.dk_sb, p.dk_sh, p.dk_sr, 1}, dv{p.dv, p.dk_sb, p.dk_sh, p.dk_sr, 1};
+  if (!a.gqa && (hopper_common::make_map<T>(&a.dk, rows(dk, mk), mB, p.H, mk, p.d, kBlockN) != cudaSuccess ||
+                 hopper_common::make_map<T>(&a.dv, rows(dv, mk), mB, p.H, mk, p.d, kBlockN) != cudaSuccess))
     return cudaErrorNotSupported;
   a.dkv_partial = p.dkv_partial;
   if (a.gqa && (p.dkv_partial == nullptr || p.heads_per_cta != 1)) return cudaErrorInvalidValue;  // the plan says
   // the accumulator: the workspace's first 2 * B * Hk * Nk * d floats (the plan zeroed them),
-  // dK's batches then dV's; boxes of 64 keys (a consumer's)
+  // dK's batches then dV's; boxes of 64 keys (a consumer's). Packed sequences: (2, Hk, total_k, d).
   if (a.gqa && !kDet &&
-      hopper_common::make_accum_map(&a.dkv_accum, p.dkv_partial, 2 * p.B, p.Hk, p.Nk, p.d, 64) != cudaSuccess)
+      hopper_common::make_accum_map(&a.dkv_accum, p.dkv_partial, 2 * mB, p.Hk, mk, p.d, 64) != cudaSuccess)
     return cudaErrorNotSupported;
   a.group = int(p.H / p.Hk);
   a.H = int(p.H);
@@ -576,8 +639,17 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.w = hopper_common::band(p);
   a.cap_in = kSoftcap ? p.scale / p.softcap : 0.f;
   a.d = int(p.d);
+  a.cu_q = p.cu_seqlens_q;
+  a.cu_k = p.cu_seqlens_k;
+  a.sw = hopper_common::seq_window(p);
+  a.row_sh = p.row_sh;
+  a.total_k = int(p.total_k);
+  a.dk_ptr = p.dk;
+  a.dv_ptr = p.dv;
+  a.dk_sh = p.dk_sh;
+  a.dk_sr = p.dk_sr;
   if (kDet && p.dq_sem == nullptr) return cudaErrorInvalidValue;
-  auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kSoftcap, kDet>;
+  auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kSoftcap, kDet, kVarlen>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
   const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
   a.order = hopper_common::make_order(n_kt, p.B * p.H, 2 * p.Nq * kD * int64_t(sizeof(T)));  // Q, dO of a head
@@ -586,9 +658,13 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
 }
 
 // A window (other than plain causal's) runs the kLocal variant, whose bounds cover causal and
-// full attention too: a softcap runs there whatever the mask.
+// full attention too: a softcap runs there whatever the mask, and packed sequences (their
+// diagonal is each sequence's bottom-right one).
 template <typename T, int kD, bool kDet>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
+  if (p.cu_seqlens_q != nullptr)
+    return p.softcap > 0 ? launch<T, kD, false, true, true, kDet, true>(p, stream)
+                         : launch<T, kD, false, true, false, kDet, true>(p, stream);
   if (p.softcap > 0) return launch<T, kD, false, true, true, kDet>(p, stream);
   if (hopper_common::local(p)) return launch<T, kD, false, true, false, kDet>(p, stream);
   return p.causal ? launch<T, kD, true, false, false, kDet>(p, stream)
@@ -609,7 +685,7 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 }  // namespace hopper_bwd
 
 bool hopper_backward_applies(const FusedParams& p) {
-  return p.d <= 128 && p.cu_seqlens_q == nullptr && (p.Nk + 127) / 128 * p.B * p.H <= INT32_MAX &&
+  return p.d <= 128 && (p.Nk + 127) / 128 * p.B * p.H <= INT32_MAX &&
          p.Nk <= (int64_t(1) << 30) && p.Nq < (int64_t(1) << 31) && hopper_forward_applies(p);
 }
 

@@ -47,6 +47,36 @@ inline Band band(const FusedParams& p) {
   return w;
 }
 
+// Packed sequences (attention_varlen): each sequence's lengths and offsets come from
+// cu_seqlens in the kernel, so the kernels get the window as given (-1: unbounded; a bound
+// past every index, Nq + Nk, clamped to it) and each sequence shifts it by its bottom-right
+// diagonal (query i's diagonal key is i + nk - nq) into that sequence's Band.
+struct SeqWindow {
+  int wl = -1, wr = -1;
+};
+inline SeqWindow seq_window(const FusedParams& p) {
+  const int64_t wmax = p.Nq + p.Nk;
+  SeqWindow w;
+  w.wl = p.window_left < 0 ? -1 : int(p.window_left < wmax ? p.window_left : wmax);
+  w.wr = p.window_right < 0 ? -1 : int(p.window_right < wmax ? p.window_right : wmax);
+  return w;
+}
+#ifdef __CUDACC__
+__device__ __forceinline__ Band seq_band(const SeqWindow& w, int nq, int nk) {
+  const int off = nk - nq;
+  Band b;
+  b.wl = w.wl < 0 ? nq + nk : w.wl - off;
+  b.wr = w.wr < 0 ? nq + nk : w.wr + off;
+  return b;
+}
+#endif
+// A packed (total, heads, d) tensor as the maps see it: one batch of `total` rows (its batch
+// stride, past the last row, is never used).
+inline View4 packed_rows(View4 x, int64_t total) {
+  x.sb = x.sr * total;
+  return x;
+}
+
 // An fp32 buffer the backward adds into with the copy engine (dq_accum, the grouped-query
 // dK, dV accumulator): contiguous (batch, heads, n, d), boxes of 32 columns (128 bytes) x
 // box_rows rows, 128-byte swizzled as the shared tiles it adds from.

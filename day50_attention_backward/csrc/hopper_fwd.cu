@@ -90,12 +90,11 @@ struct Args {
   float scale_log2;  // softmax scale * log2(e); kSoftcap: softcap * log2(e)
   hopper_common::Band w;  // kLocal: the window
   float cap_in;           // kSoftcap: scale / softcap
-  // kVarlen: the sequences' offsets, lse's head stride (total_q), the window as given (-1:
-  // unbounded; each sequence's bottom-right diagonal shifts it into its Band)
+  // kVarlen: the sequences' offsets, lse's head stride (total_q), the window as given
   const int* cu_q;
   const int* cu_k;
   int64_t lse_sh;
-  int wl, wr;
+  hopper_common::SeqWindow sw;
 };
 
 // Byte offsets inside the (1024-byte aligned) dynamic shared memory: Q, then kStages
@@ -142,9 +141,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
     vnq = a.cu_q[b + 1] - qs;
     vnk = a.cu_k[b + 1] - ks;
     mb = 0;
-    const int off = vnk - vnq;  // bottom-right: query i's diagonal is key i + off
-    vw.wl = a.wl < 0 ? vnq + vnk : a.wl - off;
-    vw.wr = a.wr < 0 ? vnq + vnk : a.wr + off;
+    vw = hopper_common::seq_band(a.sw, vnq, vnk);
   }
   // the sequence's lengths (read where used: dense kernels keep reading the parameters there)
   auto nq = [&] { return kVarlen ? vnq : a.Nq; };
@@ -417,12 +414,9 @@ template <typename T, int kD, int kC, bool kCausal, bool kLocal, bool kSoftcap, 
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   Args a;
   constexpr int kBlockM = 64 * kC, kBlockN = Layout<kD, kC>::kBlockN;
-  // Packed sequences: maps over all rows, one "batch" (its stride: past the last row, unused)
+  // Packed sequences: maps over all rows, one "batch"
   const int64_t mq = kVarlen ? p.total_q : p.Nq, mk = kVarlen ? p.total_k : p.Nk, mB = kVarlen ? 1 : p.B;
-  auto rows = [&](View4 x, int64_t n) {
-    if (kVarlen) x.sb = x.sr * n;
-    return x;
-  };
+  auto rows = [&](const View4& x, int64_t n) { return kVarlen ? hopper_common::packed_rows(x, n) : x; };
   const View4 o{p.o, p.o_sb, p.o_sh, p.o_sr, 1};
   if (hopper_common::make_map<T>(&a.q, rows(p.q, mq), mB, p.H, mq, p.d, kBlockM) != cudaSuccess ||
       hopper_common::make_map<T>(&a.k, rows(p.k, mk), mB, p.Hk, mk, p.d, kBlockN) != cudaSuccess ||
@@ -446,9 +440,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.cu_q = p.cu_seqlens_q;
   a.cu_k = p.cu_seqlens_k;
   a.lse_sh = p.row_sh;
-  const int64_t wmax = p.Nq + p.Nk;  // a bound past every index: unbounded
-  a.wl = p.window_left < 0 ? -1 : int(p.window_left < wmax ? p.window_left : wmax);
-  a.wr = p.window_right < 0 ? -1 : int(p.window_right < wmax ? p.window_right : wmax);
+  a.sw = hopper_common::seq_window(p);
   auto kernel = hopper_fwd_kernel<T, kD, kC, kCausal, kLocal, kSoftcap, kVarlen>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD, kC>::kBytes));
   const int64_t n_qt = (p.Nq + kBlockM - 1) / kBlockM;
