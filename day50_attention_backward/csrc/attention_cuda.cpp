@@ -398,24 +398,30 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   return {dq, dk, dv};
 }
 
-// Packed sequences on CUDA. fp16 / bf16 with a head dim the tensor-core kernels take, and not
-// deterministic: version 1 of the fused kernels, the offsets read only on the device (no host
-// sync, CUDA-graph capturable). Otherwise the reference math per sequence (attention_cpu.cpp),
-// which reads the offsets on the host.
-bool varlen_fused(const Tensor& q, bool deterministic) {
-  return !deterministic && (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) &&
-         q.size(2) % 8 == 0 && q.size(2) <= day50::kFusedMaxHeadDim;
+// Packed sequences on CUDA: the fused tensor-core kernels for fp16 / bf16 with a head dim they
+// take, the offsets read only on the device (no host sync, CUDA-graph capturable); the backward
+// with deterministic=True only where version 2 runs it (its dq adds ordered; the forward has no
+// atomics). Otherwise the SIMT kernels (varlen_simt) or the reference math per sequence
+// (attention_cpu.cpp), which reads the offsets on the host.
+bool varlen_fused(const Tensor& q) {
+  return (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) && q.size(2) % 8 == 0 &&
+         q.size(2) <= day50::kFusedMaxHeadDim;
+}
+// deterministic=True: whether version 2, which orders its dq adds, runs p's backward
+bool varlen_orders_dq(const day50::FusedParams& p) {
+  return p.bwd_version != 1 && day50::hopper_backward_applies(p);
 }
 
-// Where version 1 does not run packed sequences (float32, head dims it refuses, deterministic=True):
-// the SIMT kernels up to d = 256 (O(N) memory, no atomics; fp16 / bf16 there warned once, as the
-// dense path does). float64 and larger head dims run the reference sequence by sequence.
-bool varlen_simt(const Tensor& q, bool deterministic) {
-  if (varlen_fused(q, deterministic) || q.scalar_type() == at::kDouble || q.size(2) > day50::kSimtMaxHeadDim)
+// Where the fused kernels do not run packed sequences (float32, head dims they refuse, a
+// deterministic backward off Hopper): the SIMT kernels up to d = 256 (O(N) memory, no atomics;
+// fp16 / bf16 there warned once, as the dense path does). float64 and larger head dims run the
+// reference sequence by sequence.
+bool varlen_simt(const Tensor& q, bool deterministic, bool fused) {
+  if (fused || q.scalar_type() == at::kDouble || q.size(2) > day50::kSimtMaxHeadDim)
     return false;
   if (q.scalar_type() != at::kFloat)
     TORCH_WARN_ONCE("attention_varlen: q ", kc::fmt(q.sizes()), " (", q.scalar_type(), ") runs the fused kernels "
-                    "on CUDA cores (", deterministic ? "deterministic=True" : "a head dim not a multiple of 8 up to 128",
+                    "on CUDA cores (", deterministic ? "deterministic=True off Hopper" : "a head dim not a multiple of 8 up to 128",
                     "), several times slower than on tensor cores");
   return true;
 }
@@ -429,8 +435,9 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
   const day50::Window w = day50::make_window(window, causal, true, op);
   day50::check_softcap(softcap, op);
   const c10::cuda::CUDAGuard guard(q.device());
-  const bool simt = varlen_simt(q, deterministic);
-  if (!simt && !varlen_fused(q, deterministic))
+  const bool fused = varlen_fused(q);  // deterministic=True or not: the forward has no atomics
+  const bool simt = varlen_simt(q, false, fused);
+  if (!simt && !fused)
     return day50::reference_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, w, softcap);
   const int64_t H = q.size(1), total_q = q.size(0);
   Tensor out = kc::new_output(q.sizes(), q.options());
@@ -469,15 +476,18 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   const day50::Window w = day50::make_window(window, causal, true, op);
   day50::check_softcap(softcap, op);
   const c10::cuda::CUDAGuard guard(q.device());
-  const bool simt = varlen_simt(q, deterministic);
-  if (!simt && !varlen_fused(q, deterministic))
+  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
+  bool fused = varlen_fused(q);
+  if (fused && deterministic)  // only version 2 orders its dq adds
+    fused = varlen_orders_dq(varlen_params(q, k, v, cq, ck, max_q, max_k, scale, w, softcap));
+  const bool simt = varlen_simt(q, deterministic, fused);
+  if (!simt && !fused)
     return day50::reference_varlen_backward(grad_out, q, k, v, out, lse_, grad_lse_, cu_q, cu_k, max_q, max_k, scale,
                                             w, softcap);
   const int64_t H = q.size(1), total_q = q.size(0), d = q.size(2);
   Tensor dq = kc::new_output(q.sizes(), q.options());
   Tensor dk = kc::new_output(k.sizes(), q.options());
   Tensor dv = kc::new_output(v.sizes(), q.options());
-  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
   if (cu_q.size(0) > 1 && (total_q > 0 || k.size(0) > 0))
     KC_TORCH_CHECK_CUDA(day50::varlen_offsets_check(cq.data_ptr<int>(), ck.data_ptr<int>(), cq.size(0) - 1, q.size(0),
                                                     k.size(0), max_q, max_k, c10::cuda::getCurrentCUDAStream()));
@@ -511,8 +521,14 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   }
   Tensor dq_accum = at::empty({H * total_q * d}, q.options().dtype(at::kFloat));
   p.dq_accum = dq_accum.data_ptr<float>();
+  Tensor dq_sem;  // deterministic: one counter per (sequence, q head, query tile)
+  if (deterministic) {
+    p.deterministic = true;
+    dq_sem = at::zeros({p.B * H * day50::hopper_bwd_query_tiles(max_q)}, q.options().dtype(at::kInt));
+    p.dq_sem = dq_sem.data_ptr<int>();
+  }
   // Grouped-query attention: version 1 takes a whole group per CTA; version 2 one q head, adding
-  // into an fp32 (2, Hk, total_k, d) accumulator (flash_bwd.cu)
+  // into an fp32 (2, Hk, total_k, d) accumulator (deterministic: partials per q head; flash_bwd.cu)
   const day50::FusedBwdPlan plan = day50::fused_backward_plan(p);
   p.heads_per_cta = plan.heads_per_cta;
   Tensor dkv_partial;
