@@ -163,7 +163,7 @@ struct FusedBwdPlan {
 FusedBwdPlan fused_backward_plan(const FusedParams& p);
 
 // Runs version p.fwd_version (see FusedParams); cudaErrorNotSupported when version 2
-// was asked for and cannot run these inputs here.
+// was asked for and cannot run these inputs here, or d is over 128 and version 2 does not run.
 cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream);
 // The masking version 2 (Hopper) runs: any window (plain causal included; `causal` set exactly
 // when window_right == 0, as the glue sets it), top-left for dense attention and bottom-right

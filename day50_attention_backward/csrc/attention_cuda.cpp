@@ -401,11 +401,17 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
 // Packed sequences on CUDA: the fused tensor-core kernels for fp16 / bf16 with a head dim they
 // take, the offsets read only on the device (no host sync, CUDA-graph capturable); the backward
 // with deterministic=True only where version 2 runs it (its dq adds ordered; the forward has no
-// atomics). Otherwise the SIMT kernels (varlen_simt) or the reference math per sequence
+// atomics). Head dims over 128 (multiples of 8 up to 256) as for dense attention: the forward
+// where version 2 runs, the backward on version 1's column halves (not deterministic).
+// Otherwise the SIMT kernels (varlen_simt) or the reference math per sequence
 // (attention_cpu.cpp), which reads the offsets on the host.
 bool varlen_fused(const Tensor& q) {
   return (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) && q.size(2) % 8 == 0 &&
          q.size(2) <= day50::kFusedMaxHeadDim;
+}
+bool varlen_wide(const Tensor& q) {
+  return (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) && q.size(2) % 8 == 0 &&
+         q.size(2) > day50::kFusedMaxHeadDim && q.size(2) <= day50::kHopperFwdMaxHeadDim;
 }
 // deterministic=True: whether version 2, which orders its dq adds, runs p's backward
 bool varlen_orders_dq(const day50::FusedParams& p) {
@@ -421,7 +427,7 @@ bool varlen_simt(const Tensor& q, bool deterministic, bool fused) {
     return false;
   if (q.scalar_type() != at::kFloat)
     TORCH_WARN_ONCE("attention_varlen: q ", kc::fmt(q.sizes()), " (", q.scalar_type(), ") runs the fused kernels "
-                    "on CUDA cores (", deterministic ? "deterministic=True off Hopper" : "a head dim not a multiple of 8 up to 128",
+                    "on CUDA cores (", deterministic ? "deterministic=True off Hopper" : "a head dim or a GPU the tensor-core kernels do not take",
                     "), several times slower than on tensor cores");
   return true;
 }
@@ -435,7 +441,10 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
   const day50::Window w = day50::make_window(window, causal, true, op);
   day50::check_softcap(softcap, op);
   const c10::cuda::CUDAGuard guard(q.device());
-  const bool fused = varlen_fused(q);  // deterministic=True or not: the forward has no atomics
+  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
+  bool fused = varlen_fused(q);  // deterministic=True or not: the forward has no atomics
+  if (varlen_wide(q) && day50::fused_fwd_version() != 1)  // over d 128: version 2 alone
+    fused = day50::hopper_forward_applies(varlen_params(q, k, v, cq, ck, max_q, max_k, scale, w, softcap));
   const bool simt = varlen_simt(q, false, fused);
   if (!simt && !fused)
     return day50::reference_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, w, softcap);
@@ -443,7 +452,6 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
   Tensor out = kc::new_output(q.sizes(), q.options());
   Tensor lse = kc::new_output({H, total_q}, q.options().dtype(at::kFloat));
   if (total_q == 0 || cu_q.size(0) == 1) return {out, lse};
-  const Tensor cq = cu_q.contiguous(), ck = cu_k.contiguous();
   KC_TORCH_CHECK_CUDA(day50::varlen_offsets_check(cq.data_ptr<int>(), ck.data_ptr<int>(), cq.size(0) - 1, q.size(0),
                                                   k.size(0), max_q, max_k, c10::cuda::getCurrentCUDAStream()));
   if (max_k == 0 || max_q == 0) {  // no sequence has a key (or a query): every row sees nothing
@@ -480,6 +488,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   bool fused = varlen_fused(q);
   if (fused && deterministic)  // only version 2 orders its dq adds
     fused = varlen_orders_dq(varlen_params(q, k, v, cq, ck, max_q, max_k, scale, w, softcap));
+  if (varlen_wide(q) && !deterministic && day50::fused_bwd_version() != 2)  // version 1's column halves
+    fused = day50::fused_backward_wide_fits();
   const bool simt = varlen_simt(q, deterministic, fused);
   if (!simt && !fused)
     return day50::reference_varlen_backward(grad_out, q, k, v, out, lse_, grad_lse_, cu_q, cu_k, max_q, max_k, scale,

@@ -279,7 +279,7 @@ cudaError_t dispatch_fwd(const FusedParams& p, cudaStream_t stream) {
 }  // namespace flash
 
 cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream) {
-  if (p.d % 8 != 0 || p.d > kFusedMaxHeadDim || p.d <= 0 || p.Nk <= 0) return cudaErrorInvalidValue;
+  if (p.d % 8 != 0 || p.d > kHopperFwdMaxHeadDim || p.d <= 0 || p.Nk <= 0) return cudaErrorInvalidValue;
   if (!fused_layout_ok(p.q) || !fused_layout_ok(p.k) || !fused_layout_ok(p.v)) return cudaErrorMisalignedAddress;
   if (p.B * p.H == 0 || p.Nq == 0) return cudaSuccess;
   if (p.Hk <= 0 || p.H % p.Hk != 0) return cudaErrorInvalidValue;
@@ -291,6 +291,7 @@ cudaError_t fused_attention_forward(const FusedParams& p, cudaStream_t stream) {
     const cudaError_t e = hopper_attention_forward(p, stream);
     if (e != cudaErrorNotSupported || p.fwd_version == 2) return e;
   }
+  if (p.d > kFusedMaxHeadDim) return cudaErrorNotSupported;  // version 1 stops at 128
   switch (p.dtype) {
     case kc::DType::F16: return flash::dispatch_fwd<__half>(p, stream);
     case kc::DType::BF16: return flash::dispatch_fwd<__nv_bfloat16>(p, stream);
