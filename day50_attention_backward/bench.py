@@ -189,41 +189,23 @@ def ladder(args, pas):
     print(text)
 
 
-def llm_rows(args):
-    """--llm: packed sequences (ours against SDPA on the padded batch and torch's own varlen
-    attention where it runs), a sliding window and a softcap (ours against FlexAttention with
-    the same mask or score_mod, against version 1 pinned and against our own plain causal
-    call), bf16, forward and forward + backward, ms."""
-    meta = bench.device_meta()
-    print(f"== llm rows: {meta['device']} {meta['date']} torch {meta['torch']}", flush=True)
-    rows = []
-
-    def fwd_bwd(f, xs, do):
-        def both():
-            for x in xs:
-                x.grad = None
-            f().backward(do)
-        with torch.no_grad():
-            t_f = timed(f, args)
-        return t_f, timed(both, args)
-
-    def add(name, t_f, t_b, **extra):
-        r = {"row": name, "fwd ms": None if t_f is None else t_f / 1e3, "fwd+bwd ms": None if t_b is None else t_b / 1e3}
-        r.update(extra)
-        rows.append(r)
-        print(f"   {name}: fwd {r['fwd ms']} ms, fwd+bwd {r['fwd+bwd ms']} ms", flush=True)
-
-    # packed sequences: 8 causal sequences of 512..4096 tokens, 32 q heads over 8 kv heads, d 128
+def packed_rows(add, fwd_bwd, mk, hi, hq, hkv, d):
+    """--llm's packed-sequence rows: 8 causal sequences of 512..hi - 1 tokens, hq q heads over hkv,
+    head dim d; ours (auto, and version 1 pinned where it runs), SDPA on the padded batch and
+    torch's own varlen attention."""
     g = torch.Generator().manual_seed(0)
-    lens = [int(x) for x in torch.randint(512, 4097, (8,), generator=g)]
-    hq, hkv, d, total, mx = 32, 8, 128, sum(lens), max(lens)
+    lens = [int(x) for x in torch.randint(512, hi, (8,), generator=g)]
+    total, mx = sum(lens), max(lens)
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16).requires_grad_()  # noqa: E731
     q, k, v = mk(total, hq, d), mk(total, hkv, d), mk(total, hkv, d)
     do = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16)
     tag = f"varlen B={len(lens)} total={total} max={mx} Hq={hq} Hkv={hkv} d={d} causal"
     add(f"{tag}: day50 attention_varlen",
         *fwd_bwd(lambda: da.attention_varlen(q, k, v, cu, cu, mx, mx, causal=True), (q, k, v), do))
+    if d <= 128:  # version 1's forward stops at d 128
+        with da.ops.kernel_versions(fwd=1, bwd=1):
+            add(f"{tag}: day50 attention_varlen, version 1 (mma.sync)",
+                *fwd_bwd(lambda: da.attention_varlen(q, k, v, cu, cu, mx, mx, causal=True), (q, k, v), do))
     qp, kp, vp = mk(len(lens), hq, mx, d), mk(len(lens), hkv, mx, d), mk(len(lens), hkv, mx, d)
     dop = torch.randn(len(lens), hq, mx, d, device="cuda", dtype=torch.bfloat16)
     for name in ("flash", "cudnn"):
@@ -248,7 +230,37 @@ def llm_rows(args):
         print(f"   torch varlen_attn: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
         res = (None, None)
     add(f"{tag}: torch.nn.attention.varlen.varlen_attn (k, v repeated to Hq)", *res)
-    del q, k, v, do, qp, kp, vp, dop
+
+
+def llm_rows(args):
+    """--llm: packed sequences (ours against SDPA on the padded batch and torch's own varlen
+    attention where it runs), a sliding window and a softcap (ours against FlexAttention with
+    the same mask or score_mod, against version 1 pinned and against our own plain causal
+    call), bf16, forward and forward + backward, ms."""
+    meta = bench.device_meta()
+    print(f"== llm rows: {meta['device']} {meta['date']} torch {meta['torch']}", flush=True)
+    rows = []
+
+    def fwd_bwd(f, xs, do):
+        def both():
+            for x in xs:
+                x.grad = None
+            f().backward(do)
+        with torch.no_grad():
+            t_f = timed(f, args)
+        return t_f, timed(both, args)
+
+    def add(name, t_f, t_b, **extra):
+        r = {"row": name, "fwd ms": None if t_f is None else t_f / 1e3, "fwd+bwd ms": None if t_b is None else t_b / 1e3}
+        r.update(extra)
+        rows.append(r)
+        print(f"   {name}: fwd {r['fwd ms']} ms, fwd+bwd {r['fwd+bwd ms']} ms", flush=True)
+
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16).requires_grad_()  # noqa: E731
+    # packed sequences: 8 causal sequences of 512..4096 tokens, 32 q heads over 8 kv heads, d 128;
+    # then 8 of 512..2048 tokens, 8 q heads over 4 of d 256 (Gemma's head dim)
+    for (hi, hq, hkv, d) in ((4097, 32, 8, 128), (2049, 8, 4, 256)):
+        packed_rows(add, fwd_bwd, mk, hi, hq, hkv, d)
 
     # sliding window: causal with 1024 keys to the left (Mistral's shape of window), N = 16384
     n, hq, d, left = 16384, 16, 128, 1024
