@@ -186,23 +186,18 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   hopper_common::order_of(blockIdx.x, a.order, kb, bh);
   const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
   const int k0 = kb * kBlockN;
-  // Packed sequences (kVarlen): sequence b is rows qs .. qs + nq - 1 of q (ks .. of k, v); the
-  // maps span all rows (batch coordinate mb = 0); bounds and the diagonal are the sequence's.
-  int qs = 0, ks = 0, mb = b, vnq = 0, vnk = 0;
-  hopper_common::Band vband;
+  // Packed sequences (kVarlen): sequence b (hopper_common::Seq); the maps span all rows (batch
+  // coordinate mb = 0); bounds and the diagonal are the sequence's.
+  hopper_common::Seq sq;
   if constexpr (kVarlen) {
-    qs = a.cu_q[b];
-    ks = a.cu_k[b];
-    vnq = a.cu_q[b + 1] - qs;
-    vnk = a.cu_k[b + 1] - ks;
-    mb = 0;
-    vband = hopper_common::seq_band(a.sw, vnq, vnk);
-    if (k0 >= vnk) return;  // the grid covers the longest sequence: past this one's keys
+    sq = hopper_common::seq_of(a.cu_q, a.cu_k, a.sw, b);
+    if (k0 >= sq.nk) return;  // the grid covers the longest sequence: past this one's keys
   }
-  auto nk = [&] { return kVarlen ? vnk : a.Nk; };
-  const hopper_common::Band& band = kVarlen ? vband : a.w;
+  const int qs = sq.qs, ks = sq.ks, mb = kVarlen ? 0 : b;
+  auto nk = [&] { return kVarlen ? sq.nk : a.Nk; };
+  const hopper_common::Band& band = kVarlen ? sq.band : a.w;
   const int n_qt_all = (a.Nq + kBlockM - 1) / kBlockM;  // the semaphores' stride
-  const int n_qt = kVarlen ? (vnq + kBlockM - 1) / kBlockM : n_qt_all;
+  const int n_qt = kVarlen ? (sq.nq + kBlockM - 1) / kBlockM : n_qt_all;
   // The query tiles that see a key of the block: j_first .. j_end - 1 (causal: from the one
   // holding key k0; a window: rows k0 - wr .. k0 + kBlockN - 1 + wl)
   int j_first = kCausal ? k0 / kBlockM : 0, j_end = n_qt;
@@ -240,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       // consumers find them there with Q (q_full counts these lanes)
       const int lane = threadIdx.x - 32;
       const int64_t row0 = kVarlen ? h * a.row_sh + qs : int64_t(bh) * a.Nq;  // (B, H, Nq) or (H, total_q)
-      const int nq = kVarlen ? vnq : a.Nq;
+      const int nq = kVarlen ? sq.nq : a.Nq;
       const float* lse = a.lse + row0;
       const float* dsum = a.dsum + row0;
       float* rows0 = reinterpret_cast<float*>(sm + L::kRows);

@@ -48,9 +48,9 @@ inline Band band(const FusedParams& p) {
 }
 
 // Packed sequences (attention_varlen): each sequence's lengths and offsets come from
-// cu_seqlens in the kernel, so the kernels get the window as given (-1: unbounded; a bound
-// past every index, Nq + Nk, clamped to it) and each sequence shifts it by its bottom-right
-// diagonal (query i's diagonal key is i + nk - nq) into that sequence's Band.
+// cu_seqlens in the kernel (seq_of), so the kernels get the window as given (-1: unbounded; a
+// bound past every index, Nq + Nk, clamped to it) and each sequence shifts it by its
+// bottom-right diagonal (query i's diagonal key is i + nk - nq) into that sequence's Band.
 struct SeqWindow {
   int wl = -1, wr = -1;
 };
@@ -62,12 +62,21 @@ inline SeqWindow seq_window(const FusedParams& p) {
   return w;
 }
 #ifdef __CUDACC__
-__device__ __forceinline__ Band seq_band(const SeqWindow& w, int nq, int nk) {
-  const int off = nk - nq;
-  Band b;
-  b.wl = w.wl < 0 ? nq + nk : w.wl - off;
-  b.wr = w.wr < 0 ? nq + nk : w.wr + off;
-  return b;
+// A CTA's sequence b: rows qs .. qs + nq - 1 of q, ks .. ks + nk - 1 of k and v, and its Band.
+struct Seq {
+  int qs = 0, ks = 0, nq = 0, nk = 0;
+  Band band;
+};
+__device__ __forceinline__ Seq seq_of(const int* cu_q, const int* cu_k, const SeqWindow& w, int b) {
+  Seq s;
+  s.qs = cu_q[b];
+  s.ks = cu_k[b];
+  s.nq = cu_q[b + 1] - s.qs;
+  s.nk = cu_k[b + 1] - s.ks;
+  const int off = s.nk - s.nq;  // query i's diagonal key: i + off
+  s.band.wl = w.wl < 0 ? s.nq + s.nk : w.wl - off;
+  s.band.wr = w.wr < 0 ? s.nq + s.nk : w.wr + off;
+  return s;
 }
 #endif
 // A packed (total, heads, d) tensor as the maps see it: one batch of `total` rows (its batch

@@ -131,22 +131,15 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   int step, bh;
   hopper_common::order_of(blockIdx.x, a.order, step, bh);
   const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
-  // Packed sequences (kVarlen): sequence b is rows qs .. qs + nq - 1 of q (ks .. of k, v); the
-  // maps span all rows (batch coordinate mb = 0); bounds and the diagonal are the sequence's.
-  int qs = 0, ks = 0, mb = b, vnq = 0, vnk = 0;
-  hopper_common::Band vw;
-  if constexpr (kVarlen) {
-    qs = a.cu_q[b];
-    ks = a.cu_k[b];
-    vnq = a.cu_q[b + 1] - qs;
-    vnk = a.cu_k[b + 1] - ks;
-    mb = 0;
-    vw = hopper_common::seq_band(a.sw, vnq, vnk);
-  }
+  // Packed sequences (kVarlen): sequence b (hopper_common::Seq); the maps span all rows (batch
+  // coordinate mb = 0); bounds and the diagonal are the sequence's.
+  hopper_common::Seq sq;
+  if constexpr (kVarlen) sq = hopper_common::seq_of(a.cu_q, a.cu_k, a.sw, b);
+  const int qs = sq.qs, ks = sq.ks, mb = kVarlen ? 0 : b;
   // the sequence's lengths (read where used: dense kernels keep reading the parameters there)
-  auto nq = [&] { return kVarlen ? vnq : a.Nq; };
-  auto nk = [&] { return kVarlen ? vnk : a.Nk; };
-  const hopper_common::Band& w = kVarlen ? vw : a.w;
+  auto nq = [&] { return kVarlen ? sq.nq : a.Nq; };
+  auto nk = [&] { return kVarlen ? sq.nk : a.Nk; };
+  const hopper_common::Band& w = kVarlen ? sq.band : a.w;
   const int q0 = nq() - (step + 1) * kBlockM;  // may be negative for the last step (Tails above)
   if (kVarlen && q0 + kBlockM <= 0) return;  // the grid covers the longest sequence: past this one's rows
   // the keys its rows see: [kbeg, kend), in key tiles jb .. jb + n_blocks - 1
