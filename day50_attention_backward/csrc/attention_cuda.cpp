@@ -427,7 +427,9 @@ bool varlen_simt(const Tensor& q, bool deterministic, bool fused) {
     return false;
   if (q.scalar_type() != at::kFloat)
     TORCH_WARN_ONCE("attention_varlen: q ", kc::fmt(q.sizes()), " (", q.scalar_type(), ") runs the fused kernels "
-                    "on CUDA cores (", deterministic ? "deterministic=True off Hopper" : "a head dim or a GPU the tensor-core kernels do not take",
+                    "on CUDA cores (",
+                    deterministic ? "deterministic=True off Hopper"
+                                  : "a head dim or a GPU the tensor-core kernels do not take",
                     "), several times slower than on tensor cores");
   return true;
 }

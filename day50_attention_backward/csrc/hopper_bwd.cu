@@ -407,7 +407,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
           float pv = flash::fast_exp2(fmaf(x, a.scale_log2, -lse2[2 * c + (e & 1)]));
           if constexpr (decltype(masked)::value) {
             const int key = k0 + key_local + 8 * (e >> 1), q = q0 + 8 * c + 2 * t + (e & 1);
-            if ((kCausal && key > q) || (kLocal && (key > q + band.wr || key < q - band.wl)) || (kVarlen && key >= nk()))
+            if ((kCausal && key > q) || (kLocal && (key > q + band.wr || key < q - band.wl)) ||
+                (kVarlen && key >= nk()))
               pv = 0.f;
           }
           if constexpr (kSoftcap) {  // d(softcap t) / d(scale q.k) = 1 - t^2

@@ -394,7 +394,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   kc::named_barrier_sync(kTurnBar + kConsumers + cw, 128);
   if (tid == 0) {
 #pragma unroll
-    for (int p = 0; p < L::kPanels; ++p) kc::tma_store_4d(&a.o, my_q + p * L::kQPanel, p * 64, qs + q0 + cw * 64, h, mb);
+    for (int p = 0; p < L::kPanels; ++p)
+      kc::tma_store_4d(&a.o, my_q + p * L::kQPanel, p * 64, qs + q0 + cw * 64, h, mb);
     kc::bulk_commit();
     kc::bulk_wait_read<0>();
   }
@@ -458,7 +459,8 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 template <typename T>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
   if (p.cu_seqlens_q != nullptr)
-    return p.softcap > 0 ? dispatch<T, false, true, true, true>(p, stream) : dispatch<T, false, true, false, true>(p, stream);
+    return p.softcap > 0 ? dispatch<T, false, true, true, true>(p, stream)
+                         : dispatch<T, false, true, false, true>(p, stream);
   if (p.softcap > 0) return dispatch<T, false, true, true>(p, stream);
   if (hopper_common::local(p)) return dispatch<T, false, true, false>(p, stream);
   return p.causal ? dispatch<T, true, false, false>(p, stream) : dispatch<T, false, false, false>(p, stream);
