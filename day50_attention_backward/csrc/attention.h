@@ -137,10 +137,13 @@ struct SeqSpan {
   int64_t q0, k0, nq, nk;
 };
 #ifdef __CUDACC__
+__device__ __forceinline__ SeqSpan seq_span(const int* cu_q, const int* cu_k, int64_t b) {
+  const int64_t q0 = cu_q[b], k0 = cu_k[b];
+  return {q0, k0, cu_q[b + 1] - q0, cu_k[b + 1] - k0};
+}
 __device__ __forceinline__ SeqSpan seq_span(const FusedParams& p, int64_t b) {
   if (p.cu_seqlens_q == nullptr) return {0, 0, p.Nq, p.Nk};
-  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-  return {q0, k0, p.cu_seqlens_q[b + 1] - q0, p.cu_seqlens_k[b + 1] - k0};
+  return seq_span(p.cu_seqlens_q, p.cu_seqlens_k, b);
 }
 #endif
 

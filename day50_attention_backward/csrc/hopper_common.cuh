@@ -62,17 +62,19 @@ inline SeqWindow seq_window(const FusedParams& p) {
   return w;
 }
 #ifdef __CUDACC__
-// A CTA's sequence b: rows qs .. qs + nq - 1 of q, ks .. ks + nk - 1 of k and v, and its Band.
+// A CTA's sequence b (attention.h: seq_span) in 32 bits: rows qs .. qs + nq - 1 of q, ks .. ks +
+// nk - 1 of k and v, and its Band.
 struct Seq {
   int qs = 0, ks = 0, nq = 0, nk = 0;
   Band band;
 };
 __device__ __forceinline__ Seq seq_of(const int* cu_q, const int* cu_k, const SeqWindow& w, int b) {
+  const SeqSpan sp = seq_span(cu_q, cu_k, b);
   Seq s;
-  s.qs = cu_q[b];
-  s.ks = cu_k[b];
-  s.nq = cu_q[b + 1] - s.qs;
-  s.nk = cu_k[b + 1] - s.ks;
+  s.qs = int(sp.q0);
+  s.ks = int(sp.k0);
+  s.nq = int(sp.nq);
+  s.nk = int(sp.nk);
   const int off = s.nk - s.nq;  // query i's diagonal key: i + off
   s.band.wl = w.wl < 0 ? s.nq + s.nk : w.wl - off;
   s.band.wr = w.wr < 0 ? s.nq + s.nk : w.wr + off;
