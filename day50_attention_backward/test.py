@@ -321,7 +321,8 @@ def test_cuda_hopper_forward_many_tiles_and_graph_replay(causal, shape):
 
 
 # Head dims over 128 (multiples of 8 up to 256): "auto" runs the forward on the Hopper kernel
-# (64-key tiles, O in two 128-column products), the backward on the SIMT kernels.
+# (64-key tiles, O in two 128-column products) and the backward on the Hopper d 256 kernel
+# (64-key blocks, each consumer warpgroup half of dK's and dV's columns).
 WIDE_SHAPES = [(1, 1, 1, 1, 256), (2, 2, 150, 97, 256), (1, 2, 97, 300, 256), (1, 1, 333, 333, 192),
                (1, 2, 130, 129, 136)]
 if SANITIZE:
@@ -345,11 +346,40 @@ def test_cuda_hopper_forward_wide_head_dims(dtype, causal, shape):
     check_forward(out, lse, q, k, v, causal, "v2-wide")
 
 
+@pytest.mark.skipif(not HOPPER, reason="the wide backward is version 2's: a compute capability 9.0 GPU (H100, H200)")
+@pytest.mark.parametrize("shape", WIDE_SHAPES + [(2, 8, 2, 700, 900, 256)], ids=sid)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", LOWP, ids=["f16", "bf16"])
+def test_cuda_hopper_backward_wide_head_dims(dtype, causal, shape):
+    """d over 128 on Hopper under "auto": dq, dk, dv from version 2's d 256 kernel (the profiler
+    sees it, and neither version 1's nor a SIMT backward) within the 2x rule; deterministic=True
+    there too, bitwise equal run to run; version 1's column halves, pinned, within the rule.
+    One query, fewer keys than a block, Nq != Nk both ways, d 136 and 192 (zero-filled columns),
+    grouped-query heads over many key blocks."""
+    q, k, v, do = (gqa_inputs(shape, dtype, "cuda", seed=shape[-1] + shape[-3]) if len(shape) == 6
+                   else inputs(shape, dtype, "cuda", seed=shape[-1] + shape[-3]))
+    ref = reference(q, k, v, do, causal)
+    theirs = torch_same_precision(q, k, v, do, causal)
+    out, lse = da.attention_forward(q, k, v, causal, None, "auto")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto")
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("hopper_bwd_kernel" in n for n in names), names
+    assert not any("flash_bwd_dkdv" in n or "simt" in n for n in names), names
+    check_lowp([out, *got], [ref[0], *ref[2:]], theirs, "bwd v2-wide:")
+    det = [da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto", True) for _ in range(2)]
+    check_lowp([out, *det[0]], [ref[0], *ref[2:]], theirs, "bwd v2-wide deterministic:")
+    assert all(torch.equal(a, b) for a, b in zip(*det)), "deterministic backward differs run to run"
+    with da.ops.bwd_version(1):
+        v1 = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto")
+    check_lowp([out, *v1], [ref[0], *ref[2:]], theirs, "bwd v1-wide:")
+
+
 @requires_cuda
 def test_cuda_wide_head_dims_grouped_query_through_autograd():
-    """Grouped-query heads at d = 256 under "auto" through autograd (the forward on Hopper where
-    it runs, the backward on SIMT from its out and lse), (B, N, H, d) views: every output and
-    gradient within the 2x rule."""
+    """Grouped-query heads at d = 256 under "auto" through autograd (both on Hopper where they
+    run), (B, N, H, d) views: every output and gradient within the 2x rule."""
     g = torch.Generator().manual_seed(9)
     q = testing.fresh(2, 120, 8, 256, dtype=torch.bfloat16, device="cuda", gen=g).transpose(1, 2)
     k = testing.fresh(2, 77, 2, 256, dtype=torch.bfloat16, device="cuda", gen=g).transpose(1, 2)
@@ -463,7 +493,7 @@ def test_fused_backward_preprocess_out_layouts(out_layout, d):
 # deterministic=True: dq, dk, dv bitwise the same from run to run (version 2 orders its dq adds
 # key block by key block; auto takes the naive path where version 2 does not run)
 DET_SHAPES = [(2, 3, 1000, 777, 64), (1, 2, 300, 513, 128), (1, 1, 17, 130, 64)]
-DET_GQA = [(2, 8, 2, 333, 300, 128), (1, 4, 1, 257, 130, 64)]
+DET_GQA = [(2, 8, 2, 333, 300, 128), (1, 4, 1, 257, 130, 64), (1, 4, 2, 200, 130, 256)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -146,7 +146,8 @@ def test_simt_fp32_within_2x_sdpa(shape, causal):
 @pytest.mark.parametrize("dtype", LOWP, ids=["f16", "bf16"])
 def test_simt_lowp_head_dims(dtype, d):
     """Head dims over 128 under "auto": multiples of 8 (160, 256) on tensor cores (the forward on
-    Hopper's version 2 where it runs, else SIMT; the backward on version 1 in column halves),
+    Hopper's version 2 where it runs, else SIMT; the backward on version 2 where it runs, else on
+    version 1 in column halves),
     others (100, 33, 1) on the SIMT kernels."""
     for causal, (Nq, Nk) in ((False, (150, 97)), (True, (97, 150)), (True, (150, 97))):
         q, k, v, do = _inputs(2, 2, 2, Nq, Nk, d, dtype, seed=d + Nq)

@@ -107,7 +107,7 @@ DENSE_CASES = [
     ((1, 4, 1, 129, 129, 128), True, (-1, -1), 2.0),  # softcap + causal
     ((2, 2, 2, 90, 60, 40), False, (7, 2), 10.0),     # softcap + window, odd head dim
     ((1, 2, 2, 300, 300, 64), False, (-1, 0), 0.0),   # (-1, 0) is plain causal
-    ((1, 4, 2, 97, 130, 256), True, (20, -1), 0.0),   # d 256 (the backward's column halves): causal + window
+    ((1, 4, 2, 97, 130, 256), True, (20, -1), 0.0),   # d 256: causal + window
     ((1, 2, 2, 70, 90, 136), False, (-1, -1), 5.0),   # d 136: softcap
 ]
 
@@ -430,7 +430,7 @@ def test_varlen_cuda_bad_offsets_raise(cu_q, max_q, bad):
 
 # Windows and softcaps on the Hopper kernels (version 2), pinned: many tiles and both edges,
 # one edge alone, rows (and whole forward tiles) that see no key, grouped- and multi-query
-# heads, d 96 (both kernels) and 256 (the forward; its backward is version 1's), softcaps with
+# heads, d 96 and 256 (version 2's d 256 kernels both ways), softcaps with
 # causal, full and windowed masks, and the deterministic backward, whose ordered adds start at
 # the first key block that reaches a query tile: bitwise equal from run to run.
 # (B, H, Hk, Nq, Nk, d), causal, window, softcap
@@ -458,16 +458,15 @@ def test_hopper_window_softcap(case):
     kw = dict(causal=causal, window=window, softcap=softcap)
     ref = dense_ref(q, k, v, do, **kw)
     theirs = dense_same_precision(q, k, v, do, **kw)
-    bwd_v2 = d <= 128
-    with da.ops.kernel_versions(fwd=2, bwd=2 if bwd_v2 else 0):
-        got = run_dense(q, k, v, do, causal, window, softcap, "fused" if d <= 128 else "auto")
+    backend = "fused" if d <= 128 else "auto"  # "fused" names the kernels up to d 128
+    with da.ops.kernel_versions(fwd=2, bwd=2):
+        got = run_dense(q, k, v, do, causal, window, softcap, backend)
         check_all(got, ref, theirs, torch.bfloat16, "v2:")
-        if bwd_v2:
-            out, lse = got[:2]
-            det = [da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused", True, window, softcap)
-                   for _ in range(2)]
-            check_all((out, lse, *det[0]), ref, theirs, torch.bfloat16, "v2 deterministic:")
-            assert all(torch.equal(a, b) for a, b in zip(*det)), "deterministic backward differs run to run"
+        out, lse = got[:2]
+        det = [da.attention_backward(do, q, k, v, out, lse, None, causal, None, backend, True, window, softcap)
+               for _ in range(2)]
+        check_all((out, lse, *det[0]), ref, theirs, torch.bfloat16, "v2 deterministic:")
+        assert all(torch.equal(a, b) for a, b in zip(*det)), "deterministic backward differs run to run"
 
 
 
@@ -477,8 +476,7 @@ def test_hopper_window_softcap(case):
 # sequence's last block holds the next one's first keys: masked, and multi-head dK, dV stored
 # row by row), empty sequences, sequences whose keys end early or that have no key, grouped-
 # query heads (the backward's accumulator; deterministic: its partials), bottom-right windows,
-# a softcap, d 40 and 96; the deterministic backward bitwise equal run to run. Over d 128 the
-# forward is version 2's and the backward version 1's column halves (SIMT when deterministic).
+# a softcap, d 40, 96, 192 and 256; the deterministic backward bitwise equal run to run.
 # (lengths q, lengths k, H, Hk, d), causal, window, softcap
 HOPPER_VARLEN_CASES = [
     (([700, 1, 1300, 0, 257], [700, 1, 1300, 0, 257], 8, 2, 128), True, (-1, -1), 0.0),
@@ -487,7 +485,8 @@ HOPPER_VARLEN_CASES = [
     (([600, 400], [600, 700], 2, 1, 96), True, (-1, -1), 30.0),           # softcap, d 96
     (([300, 333], [300, 333], 2, 2, 128), False, (-1, -1), 0.0),         # full attention, multi-head
     (([333, 777], [500, 129], 2, 2, 40), False, (-1, -1), 0.0),         # multi-head, partial key blocks
-    (([400, 257, 0], [400, 300, 64], 4, 2, 256), True, (-1, -1), 0.0),  # d 256: version 1's backward
+    (([400, 257, 0], [400, 300, 64], 4, 2, 256), True, (-1, -1), 0.0),  # d 256, grouped-query
+    (([200, 70], [200, 130], 2, 2, 256), False, (-1, -1), 0.0),         # d 256, multi-head, partial blocks
     (([300, 500], [300, 500], 2, 2, 192), False, (64, 64), 10.0),       # d 192, window and softcap
 ]
 
@@ -500,7 +499,7 @@ def test_hopper_varlen(case):
     kw = dict(causal=causal, window=window, softcap=softcap)
     ref = varlen_ref(q, k, v, do, lq, lk, **kw)
     theirs = varlen_ref(q, k, v, do, lq, lk, same_precision=True, **kw)
-    with da.ops.kernel_versions(fwd=2, bwd=2 if d <= 128 else 0):
+    with da.ops.kernel_versions(fwd=2, bwd=2):
         got = run_varlen(q, k, v, do, lq, lk, causal, window, softcap)
         check_all(got, ref, theirs, torch.bfloat16, "v2:")
         det = [run_varlen(q, k, v, do, lq, lk, causal, window, softcap, True) for _ in range(2)]

@@ -83,15 +83,22 @@ bool wide_hopper_forward(Backend backend, const Tensor& q) {
 }
 
 // The backward of fp16 / bf16 at a head dim over 128 (a multiple of 8, at most
-// kFusedBwdMaxHeadDim) under "auto": version 1's main kernel in column halves, windows and
-// softcaps included, where the GPU gives a block its shared memory and no version-2 pin says
-// otherwise. Not for deterministic=True (its dq adds are unordered): the SIMT kernels then.
-bool wide_fused_backward(Backend backend, const Tensor& q) {
+// kFusedBwdMaxHeadDim) under "auto", windows and softcaps included: whether the fused kernels
+// run it (wide_backward_fused says).
+bool wide_backward(Backend backend, const Tensor& q) {
   const int64_t d = q.size(3);
   return backend == Backend::Auto &&
          (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) && d > day50::kFusedMaxHeadDim &&
-         d <= day50::kFusedBwdMaxHeadDim && d % 8 == 0 && day50::fused_bwd_version() != 2 &&
-         day50::fused_backward_wide_fits();
+         d <= day50::kFusedBwdMaxHeadDim && d % 8 == 0;
+}
+
+// p's backward at a head dim over 128 runs fused: on version 2's d 256 kernel where it runs
+// (deterministic too) and no version-1 pin says otherwise; else on version 1's main kernel in
+// column halves where the GPU gives a block its shared memory and no version-2 pin says
+// otherwise, but not for deterministic=True (its dq adds are unordered). Elsewhere the SIMT kernels.
+bool wide_backward_fused(const day50::FusedParams& p, bool deterministic) {
+  if (p.bwd_version != 1 && day50::hopper_backward_applies(p)) return true;
+  return !deterministic && p.bwd_version != 2 && day50::fused_backward_wide_fits();
 }
 
 // Why the SIMT kernels (flash_simt.cu) cannot run these inputs (nullptr: they can).
@@ -321,20 +328,23 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   const Tensor lse = lse_.contiguous();
   const Tensor grad_lse = grad_lse_.has_value() ? grad_lse_->contiguous() : Tensor();
   bool fused = choose_fused(backend, q);
-  if (fused && deterministic) {
-    // Only version 2's main kernel orders its dq adds; elsewhere the naive path (no atomics)
+  const bool wide = !fused && wide_backward(backend, q);
+  if ((fused && deterministic) || wide) {
     day50::FusedParams probe = fused_params(q, k, v, causal, scale);
     set_masking(probe, w, softcap);
     probe.bwd_version = day50::fused_bwd_version();
-    const bool v2 = probe.bwd_version != 1 && day50::hopper_backward_applies(probe);
-    TORCH_CHECK(v2 || backend != Backend::Fused,
-                "attention_backward: deterministic=True with backend=\"fused\" needs the Hopper kernel (compute "
-                "capability 9.0, an sm_90a build, head dim at most 128); use backend=\"auto\" or "
-                "\"simt\" (the SIMT kernels, which have no atomics)");
-    fused = v2;
+    if (wide) {
+      fused = wide_backward_fused(probe, deterministic);
+    } else {
+      // Only version 2's main kernel orders its dq adds; elsewhere the SIMT kernels (no atomics)
+      const bool v2 = probe.bwd_version != 1 && day50::hopper_backward_applies(probe);
+      TORCH_CHECK(v2 || backend != Backend::Fused,
+                  "attention_backward: deterministic=True with backend=\"fused\" needs the Hopper kernel "
+                  "(compute capability 9.0, an sm_90a build); use backend=\"auto\" or \"simt\" (the SIMT "
+                  "kernels, which have no atomics)");
+      fused = v2;
+    }
   }
-  const bool wide = !fused && wide_fused_backward(backend, q);
-  if (wide && !deterministic) fused = true;
   const char* why_not_fused = fused_unsupported(q);
   if (why_not_fused == nullptr || wide)  // not fused here only for deterministic=True
     why_not_fused = "order their dq adds only in the Hopper backward (deterministic=True)";
@@ -490,8 +500,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   bool fused = varlen_fused(q);
   if (fused && deterministic)  // only version 2 orders its dq adds
     fused = varlen_orders_dq(varlen_params(q, k, v, cq, ck, max_q, max_k, scale, w, softcap));
-  if (varlen_wide(q) && !deterministic && day50::fused_bwd_version() != 2)  // version 1's column halves
-    fused = day50::fused_backward_wide_fits();
+  if (varlen_wide(q))  // version 2's d 256 kernel, or version 1's column halves
+    fused = wide_backward_fused(varlen_params(q, k, v, cq, ck, max_q, max_k, scale, w, softcap), deterministic);
   const bool simt = varlen_simt(q, deterministic, fused);
   if (!simt && !fused)
     return day50::reference_varlen_backward(grad_out, q, k, v, out, lse_, grad_lse_, cu_q, cu_k, max_q, max_k, scale,

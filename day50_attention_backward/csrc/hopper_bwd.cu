@@ -56,9 +56,17 @@
 // zeros, which the reduce-adds may add to the next sequence's rows (dq_accum, the grouped-query
 // accumulator); multi-head dK, dV of a sequence's last key block are stored row by row.
 // Head dims: the kernels for d = 64 and 128 run every multiple of 8 up to 128 (d <= 64 in the
-// first, the rest in the second): the copy engine zero-fills the columns past d, which add
-// nothing to S, dP or dQ, and stores or adds only the columns below d (the boxes that start past
-// d are not issued).
+// first, the rest in the second), the d = 256 kernel those above: the copy engine zero-fills
+// the columns past d, which add nothing to S, dP or dQ, and stores or adds only the columns
+// below d (the boxes that start past d are not issued).
+// d = 256 (Layout::kSplit): 64 x 256 fp32 of dK and dV would take a consumer's 240 registers,
+// so a CTA takes 64 keys and both consumers hold all of them, each 128 columns of dK, dV.
+// Consumer w computes S^T and dP^T for its 32 queries of the tile (64 keys x 32, m64n32),
+// stores its halves of P^T and dS^T to shared memory (two buffers each, by tile parity), and
+// after one named barrier adds dV += P^T dO and dK += dS^T Q for its columns (A from shared
+// memory) and computes dQ = dS K for its columns, 64 at a time, each staged in its own buffer
+// for the writer. Shared memory: K, V 32 KB each, two Q stages and one dO stage (32 KB
+// each), P^T and dS^T 2 x 8 KB each, dQ 2 x 16 KB = 224 KB.
 #include "attention.h"
 
 #include <cmath>
@@ -75,7 +83,7 @@ namespace day50 {
 namespace hopper_bwd {
 namespace {
 
-constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
+constexpr int kBlockM = 64, kStages = 2;  // the key block: Layout::kBlockN
 constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
 // 24 registers for the producer, 240 for the consumers: 128 x 24 + 256 x 240 = 64512, the
 // block's allocation at launch (384 threads x 168). setmaxnreg only moves registers within
@@ -116,17 +124,26 @@ struct Args {
 
 template <int kD>
 struct Layout {
+  // kD = 256 (kSplit): 64-key blocks; both consumers hold all 64 keys, each half of dK's and
+  // dV's columns (64 x 256 fp32 of each would not fit one warpgroup's registers). One dO stage
+  // (Q keeps two), P^T exchanged through shared memory, dQ staged 64 columns a consumer at a time.
+  static constexpr bool kSplit = kD > 128;
+  static constexpr int kBlockN = kSplit ? 64 : 128, kDoStages = kSplit ? 1 : kStages;
+  static constexpr int kAccCols = kSplit ? 128 : kD;  // dK, dV columns a consumer holds
   static constexpr int kPanels = kD / 64;
   static constexpr int kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128;
   static constexpr int kKVBytes = kPanels * kKVPanel, kQBytes = kPanels * kQPanel;
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T: 128 keys x 64 queries, one 128-byte panel
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T: keys x 64 queries, one 128-byte panel
   static constexpr int kDqBox = kBlockM * 128;              // dQ: 64 queries x 32 fp32 columns, swizzled
-  static constexpr int kDqBytes = (kD / 32) * kDqBox;
+  // a dQ staging buffer: a tile's d columns (two, the consumers' halves side by side); kSplit:
+  // one per consumer, 64 of its columns
+  static constexpr int kDqBytes = kSplit ? 2 * kDqBox : (kD / 32) * kDqBox;
   static constexpr int kK = 0, kV = kKVBytes, kQ = 2 * kKVBytes, kDo = kQ + kStages * kQBytes,
-                       kDs = kDo + kStages * kQBytes, kDq = kDs + 2 * kDsBytes, kRows = kDq + 2 * kDqBytes,
+                       kDs = kDo + kDoStages * kQBytes, kP = kDs + 2 * kDsBytes,
+                       kDq = kP + (kSplit ? 2 * kDsBytes : 0), kRows = kDq + 2 * kDqBytes,
                        kBars = kRows + kStages * 2 * kBlockM * 4;  // rows: per stage lse2, D (64 floats each)
-  // kv_full, q_full[], do_full[], empty[], dq_full[2], dq_empty[2]
-  static constexpr int kNumBars = 1 + 3 * kStages + 4;
+  // kv_full, q_full[], do_full[], empty[], dq_full[2], dq_empty[2]; kSplit: do_empty[]
+  static constexpr int kNumBars = 1 + 3 * kStages + 4 + (kSplit ? kDoStages : 0);
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;
 };
 
@@ -158,6 +175,10 @@ __device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const fl
     }
 }
 
+__device__ __forceinline__ void st_shared(uint32_t at, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(v));
+}
+
 // kDeterministic: the key blocks of one q head add their dQ tiles in key-block order.
 // Block n's dQ writer waits until the counter of the query tile reads n - f, adds, waits for
 // its adds to land, and sets n - f + 1, where f is the first key block that reaches the tile:
@@ -172,6 +193,7 @@ template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDe
 __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<kD>;
+  constexpr int kBlockN = L::kBlockN;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::kBars);
@@ -181,6 +203,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   uint64_t* empty = bars + 1 + 2 * kStages;
   uint64_t* dq_full = bars + 1 + 3 * kStages;   // both consumers' dQ of a tile is in shared memory
   uint64_t* dq_empty = dq_full + 2;             // the writer has read it
+  // dO's stage is free (kSplit: its own barriers, as dO has one stage; else Q's empty[])
+  uint64_t* do_empty = L::kSplit ? dq_empty + 2 : empty;
 
   int kb, bh;  // key block, (batch, q head): the launch order (hopper_common::Order)
   hopper_common::order_of(blockIdx.x, a.order, kb, bh);
@@ -220,9 +244,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       kc::mbar_init(&empty[s], kConsumers * 128);
     }
     for (int i = 0; i < 2; ++i) {
-      kc::mbar_init(&dq_full[i], kConsumers * 128);
+      kc::mbar_init(&dq_full[i], (L::kSplit ? 1 : kConsumers) * 128);  // kSplit: consumer i's buffer
       kc::mbar_init(&dq_empty[i], 1);
     }
+    if constexpr (L::kSplit)
+      for (int s = 0; s < L::kDoStages; ++s) kc::mbar_init(&do_empty[s], kConsumers * 128);
     kc::mbar_init_fence();
   }
   __syncthreads();
@@ -253,31 +279,38 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     }
     if (threadIdx.x == 64) {  // warp 2: the dQ writer
       for (int it = 0; it < n_it; ++it) {
-        const int buf = it & 1;
-        kc::mbar_wait(&dq_full[buf], (it >> 1) & 1);
         int* sem = nullptr;
         int turn = kb;  // the key blocks before this one that reach the tile (above)
-        if constexpr (kDeterministic) {
-          sem = a.dq_sem + int64_t(bh) * n_qt_all + tile(it);
-          if constexpr (kLocal) turn = kb - max(0, tile(it) * kBlockM - band.wl) / kBlockN;
-          while (load_acquire(sem) != turn) {
+        // hand-off i of the tile: kSplit, consumer i % 2's next 64 columns (buffer i % 2,
+        // columns 128 (i % 2) + 64 (i / 2)); else both consumers' d columns, buffer it % 2
+        constexpr int kHandoffs = L::kSplit ? 4 : 1;
+#pragma unroll 1
+        for (int i = 0; i < kHandoffs; ++i) {
+          const int buf = L::kSplit ? i % 2 : it & 1, use = L::kSplit ? 2 * it + i / 2 : it >> 1;
+          kc::mbar_wait(&dq_full[buf], use & 1);
+          if (kDeterministic && i == 0) {
+            sem = a.dq_sem + int64_t(bh) * n_qt_all + tile(it);
+            if constexpr (kLocal) turn = kb - max(0, tile(it) * kBlockM - band.wl) / kBlockN;
+            while (load_acquire(sem) != turn) {
+            }
           }
-        }
+          const int col0 = L::kSplit ? 128 * (i % 2) + 64 * (i / 2) : 0;
 #pragma unroll
-        for (int j = 0; j < kD / 32; ++j)
-          if (32 * j < a.d)
-            kc::tma_reduce_add_4d(&a.dq_accum, sm + L::kDq + buf * L::kDqBytes + j * L::kDqBox, 32 * j,
-                                  qs + tile(it) * kBlockM, h, mb);
-        kc::bulk_commit();
-        if constexpr (kDeterministic) {  // the adds landed, then the next key block's turn
-          kc::bulk_wait<0>();
-          asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          __threadfence();
-          store_release(sem, turn + 1);
-        } else {
-          kc::bulk_wait_read<0>();
+          for (int j = 0; j < L::kDqBytes / L::kDqBox; ++j)
+            if (col0 + 32 * j < a.d)
+              kc::tma_reduce_add_4d(&a.dq_accum, sm + L::kDq + buf * L::kDqBytes + j * L::kDqBox, col0 + 32 * j,
+                                    qs + tile(it) * kBlockM, h, mb);
+          kc::bulk_commit();
+          if (kDeterministic && i == kHandoffs - 1) {  // the adds landed, then the next key block's turn
+            kc::bulk_wait<0>();
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            __threadfence();
+            store_release(sem, turn + 1);
+          } else {
+            kc::bulk_wait_read<0>();
+          }
+          kc::mbar_arrive(&dq_empty[buf]);
         }
-        kc::mbar_arrive(&dq_empty[buf]);
       }
     }
     if (threadIdx.x == 0) {
@@ -292,9 +325,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         kc::mbar_arrive_expect_tx(&q_full[s], L::kQBytes);
         for (int p = 0; p < L::kPanels; ++p)
           kc::tma_load_4d(sm + L::kQ + s * L::kQBytes + p * L::kQPanel, &a.q, &q_full[s], p * 64, qs + q0, h, mb);
-        kc::mbar_arrive_expect_tx(&do_full[s], L::kQBytes);
+        const int sd = it % L::kDoStages;
+        if (L::kSplit && it >= L::kDoStages) kc::mbar_wait(&do_empty[sd], ((it / L::kDoStages) - 1) & 1);
+        kc::mbar_arrive_expect_tx(&do_full[sd], L::kQBytes);
         for (int p = 0; p < L::kPanels; ++p)
-          kc::tma_load_4d(sm + L::kDo + s * L::kQBytes + p * L::kQPanel, &a.dout, &do_full[s], p * 64, qs + q0, h,
+          kc::tma_load_4d(sm + L::kDo + sd * L::kQBytes + p * L::kQPanel, &a.dout, &do_full[sd], p * 64, qs + q0, h,
                           mb);
       }
     }
@@ -303,195 +338,359 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 
   // ------------------------------------------------------------------------ consumers
   kc::warpgroup_reg_alloc<kConsumerRegs>();
-  using Sq = kc::WgmmaOp<T, kBlockM>;  // 64 x 64 score tiles
-  using Acc = kc::WgmmaOp<T, kD>;      // dK, dV: 64 keys x d
-  using Dq = kc::WgmmaOp<T, kD / 2>;   // this warpgroup's d / 2 columns of dQ
   const int w = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int key_local = 64 * w + 16 * warp + g;  // this thread's keys: key_local and + 8 (within the block)
-
-  // Descriptors at k-step 0 (stage 0, dS buffer 0); steps add byte offsets / 16.
-  const uint64_t d_k = kc::gmma_desc_sw128(sm + L::kK + w * 64 * 128, 16, 1024);    // A of S^T (K-major)
-  const uint64_t d_v = kc::gmma_desc_sw128(sm + L::kV + w * 64 * 128, 16, 1024);    // A of dP^T
-  const uint64_t d_q = kc::gmma_desc_sw128(sm + L::kQ, 16, 1024);                    // B of S^T (K-major)
-  const uint64_t d_do = kc::gmma_desc_sw128(sm + L::kDo, 16, 1024);                  // B of dP^T
-  const uint64_t d_q_mn = kc::gmma_desc_sw128(sm + L::kQ, L::kQPanel, 1024);         // B of dK (MN-major)
-  const uint64_t d_do_mn = kc::gmma_desc_sw128(sm + L::kDo, L::kQPanel, 1024);       // B of dV (MN-major)
-  const uint64_t d_ds = kc::gmma_desc_sw128(sm + L::kDs, L::kDsBytes, 1024);  // A of dQ (MN-major)
-  // B of dQ (MN-major): K's columns w d/2 .. : the next panel (d = 128), or 64 bytes into
-  // the 128-byte rows (d = 64; the swizzle is a function of the address, so a start inside
-  // a row reads the same layout, as the K-major k-steps' 32-byte starts do)
-  const int dq_col0 = w * kD / 2;
-  const uint64_t d_k_mn =
-      kc::gmma_desc_sw128(sm + L::kK + (dq_col0 / 64) * L::kKVPanel + (dq_col0 % 64) * 2, L::kKVPanel, 1024);
-
-  float dk[kD / 2], dv[kD / 2];
+  // this thread's keys: key_local and + 8 (within the block); its dK, dV columns from col0
+  const int key_local = (L::kSplit ? 0 : 64 * w) + 16 * warp + g, col0 = L::kSplit ? 128 * w : 0;
+  float dk[L::kAccCols / 2], dv[L::kAccCols / 2];
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
+  for (int i = 0; i < L::kAccCols / 2; ++i) dk[i] = dv[i] = 0.f;
 
-  float sacc[kBlockM / 2], dpacc[kBlockM / 2];
-  // S^T and dP^T of step it: two wgmma groups
-  auto issue_sdp = [&](int it) {
-    const int s = it % kStages, par = (it / kStages) & 1;
-    kc::mbar_wait(&q_full[s], par);
-    kc::fence_operands(sacc);
-    kc::wgmma_fence();
+  if constexpr (L::kSplit) {
+    // kD = 256: consumer w takes the tile's queries 32 w .. 32 w + 31 for S^T and dP^T (all
+    // 64 keys x its 32 queries), stores its halves of P^T and dS^T (T, rows = keys, as dS^T
+    // below) and, once both halves are in shared memory, adds its columns 128 w .. of dV and
+    // dK (A = P^T, dS^T from shared memory, K-major) and computes its 128 columns of dQ in two
+    // 64-column products, each staged in its buffer for the writer.
+    using S32 = kc::WgmmaOp<T, 32>;
+    using Acc = kc::WgmmaOp<T, 128>;
+    using Dq = kc::WgmmaOp<T, 64>;
+    const int qw = 32 * w;  // this consumer's first query of the tile
+    const uint64_t d_k = kc::gmma_desc_sw128(sm + L::kK, 16, 1024);              // A of S^T (K-major)
+    const uint64_t d_v = kc::gmma_desc_sw128(sm + L::kV, 16, 1024);              // A of dP^T
+    const uint64_t d_q = kc::gmma_desc_sw128(sm + L::kQ + qw * 128, 16, 1024);   // B of S^T: its 32 queries
+    const uint64_t d_do = kc::gmma_desc_sw128(sm + L::kDo + qw * 128, 16, 1024); // B of dP^T
+    const uint64_t d_pt = kc::gmma_desc_sw128(sm + L::kP, 16, 1024);             // A of dV (K-major)
+    const uint64_t d_dst = kc::gmma_desc_sw128(sm + L::kDs, 16, 1024);           // A of dK (K-major)
+    const uint64_t d_ds = kc::gmma_desc_sw128(sm + L::kDs, L::kDsBytes, 1024);   // A of dQ (MN-major)
+    const uint64_t d_q_mn = kc::gmma_desc_sw128(sm + L::kQ + 2 * w * L::kQPanel, L::kQPanel, 1024);    // B of dK
+    const uint64_t d_do_mn = kc::gmma_desc_sw128(sm + L::kDo + 2 * w * L::kQPanel, L::kQPanel, 1024);  // B of dV
+    const uint64_t d_k_mn = kc::gmma_desc_sw128(sm + L::kK + 2 * w * L::kKVPanel, L::kKVPanel, 1024);  // B of dQ
+    kc::mbar_wait(kv_full, 0);
+#pragma unroll 1
+    for (int it = 0; it < n_it; ++it) {
+      const int s = it % kStages, sd = it % L::kDoStages, q0 = tile(it) * kBlockM, buf = it & 1;
+      const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
+      float sacc[16], dpacc[16];
+      // K's and V's descriptors, loop-invariant: redefined each tile, so that their 32 k-step
+      // values are not hoisted into registers
+      uint64_t dk_desc = d_k, dv_desc = d_v;
+      asm volatile("" : "+l"(dk_desc), "+l"(dv_desc));
+      kc::mbar_wait(&q_full[s], (it / kStages) & 1);
+      kc::fence_operands(sacc);
+      kc::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int off = (kk % 4) * 32;
-      Sq::template ss<0, 0>(sacc, d_k + ((kk / 4) * L::kKVPanel + off) / 16,
-                            d_q + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
-    }
-    kc::wgmma_commit();
-    kc::mbar_wait(&do_full[s], par);
-    kc::fence_operands(dpacc);
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int off = (kk / 4) * L::kKVPanel + (kk % 4) * 32;
+        S32::template ss<0, 0>(sacc, dk_desc + off / 16,
+                               d_q + (s * L::kQBytes + (kk / 4) * L::kQPanel + (kk % 4) * 32) / 16, kk > 0);
+      }
+      kc::wgmma_commit();
+      kc::mbar_wait(&do_full[sd], (it / L::kDoStages) & 1);
+      kc::fence_operands(dpacc);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int off = (kk % 4) * 32;
-      Sq::template ss<0, 0>(dpacc, d_v + ((kk / 4) * L::kKVPanel + off) / 16,
-                            d_do + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
-    }
-    kc::wgmma_commit();
-  };
-
-  // A tile's dQ goes to the writer (dq_full) once its shared-memory stores are visible to the
-  // copy engine: the fence waits for them. At d = 64 that wait stalled every tile, so there the
-  // hand-off comes in the next tile, once its S^T is done (2% at the GPT-2 and small-Llama
-  // shapes); at d = 128 no gain, and the deterministic chain runs slower with a later writer.
-  constexpr bool kLateHandoff = kD == 64 && !kDeterministic;
-  auto hand_off = [&](int i) {
-    kc::fence_async_shared();
-    kc::mbar_arrive(&dq_full[i & 1]);
-  };
-  kc::mbar_wait(kv_full, 0);
-  for (int it = 0; it < n_it; ++it) {
-    const int s = it % kStages, q0 = tile(it) * kBlockM;
-    const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
-    issue_sdp(it);
-    // lse of this thread's 16 query columns 8 c + 2 t + e. At d = 64 loaded while S^T is
-    // computed (loaded after the wait, their latency stalled every tile); at d = 128 the 16
-    // registers held across the wait would spill.
-    float lse2[16];
-    auto load_lse = [&] {
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int off = (kk / 4) * L::kKVPanel + (kk % 4) * 32;
+        S32::template ss<0, 0>(dpacc, dv_desc + off / 16,
+                               d_do + (sd * L::kQBytes + (kk / 4) * L::kQPanel + (kk % 4) * 32) / 16, kk > 0);
+      }
+      kc::wgmma_commit();
+      float lse2[8], dsum[8];  // of this thread's query columns qw + 8 c + 2 t + e
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const float2 x = *reinterpret_cast<const float2*>(rows + 8 * c + 2 * t);
+      for (int c = 0; c < 4; ++c) {
+        const float2 x = *reinterpret_cast<const float2*>(rows + qw + 8 * c + 2 * t);
         lse2[2 * c] = x.x;
         lse2[2 * c + 1] = x.y;
       }
-    };
-    if constexpr (kD == 64) load_lse();
-
-    // P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 above the causal diagonal or outside the window
-    kc::wgmma_wait<1>();
-    kc::fence_operands(sacc);
-    if constexpr (kD != 64) load_lse();
-    if constexpr (kLateHandoff)
-      if (it > 0) hand_off(it - 1);
-    // the mask on a tile crossing the diagonal or a window's edge only (flash::with_mask), and
-    // packed sequences' last key block (the keys past the sequence are the next one's)
-    const bool crosses = (kCausal && q0 < k0 + kBlockN) ||
-                         (kLocal && (k0 + kBlockN - 1 > q0 + band.wr || k0 < q0 + kBlockM - 1 - band.wl)) ||
-                         (kVarlen && k0 + kBlockN > nk());
-    // P^T as T, the A operand of dV's product (the accumulator layout is the A layout). kSoftcap:
-    // packed here, and sacc keeps P^T (1 - t^2), the part of dS^T that needs t (no registers
-    // held for t until dS^T's step: d = 128 spilled so).
-    uint32_t pa[kBlockM / 16][4];
-    flash::with_mask(crosses, [&](auto masked) {
+      kc::wgmma_wait<1>();
+      kc::fence_operands(sacc);
+      const bool crosses = (kCausal && q0 < k0 + kBlockN) ||
+                           (kLocal && (k0 + kBlockN - 1 > q0 + band.wr || k0 < q0 + kBlockM - 1 - band.wl)) ||
+                           (kVarlen && k0 + kBlockN > nk());
+      // P^T as T to shared memory (A of dV); sacc keeps P^T (kSoftcap: P^T (1 - t^2), dS^T's part)
+      // row = key (128-byte rows of 64 queries), 16-byte chunk 4 w + c swizzled with key % 8 (= g):
+      // the XOR applied to each address (bits 4-6), from a base computed each tile (as dq_row)
+      uint32_t pt_row = kc::smem_u32(sm + L::kP + buf * L::kDsBytes) + key_local * 128 + 64 * w + 4 * t;
+      asm volatile("" : "+r"(pt_row));
+      auto at = [&](int r, int c) { return (pt_row + r * 1024 + 16 * c) ^ (g << 4); };
+      flash::with_mask(crosses, [&](auto masked) {
 #pragma unroll
-      for (int c = 0; c < kBlockM / 8; ++c) {
-        float p_lo = 0.f;
+        for (int c = 0; c < 4; ++c)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = sacc[4 * c + e];
-          if constexpr (kSoftcap) x = flash::tanh_fast(x * a.cap_in);
-          float pv = flash::fast_exp2(fmaf(x, a.scale_log2, -lse2[2 * c + (e & 1)]));
-          if constexpr (decltype(masked)::value) {
-            const int key = k0 + key_local + 8 * (e >> 1), q = q0 + 8 * c + 2 * t + (e & 1);
-            if ((kCausal && key > q) || (kLocal && (key > q + band.wr || key < q - band.wl)) ||
-                (kVarlen && key >= nk()))
-              pv = 0.f;
+          for (int r = 0; r < 2; ++r) {
+            float pe[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float x = sacc[4 * c + 2 * r + e];
+              if constexpr (kSoftcap) x = flash::tanh_fast(x * a.cap_in);
+              float pv = flash::fast_exp2(fmaf(x, a.scale_log2, -lse2[2 * c + e]));
+              if constexpr (decltype(masked)::value) {
+                const int key = k0 + key_local + 8 * r, q = q0 + qw + 8 * c + 2 * t + e;
+                if ((kCausal && key > q) || (kLocal && (key > q + band.wr || key < q - band.wl)) ||
+                    (kVarlen && key >= nk()))
+                  pv = 0.f;
+              }
+              pe[e] = pv;
+              if constexpr (kSoftcap) pv *= 1.f - x * x;  // d(softcap t) / d(scale q.k) = 1 - t^2
+              sacc[4 * c + 2 * r + e] = pv;
+            }
+            st_shared(at(r, c), flash::pack2<T>(pe[0], pe[1]));
           }
-          if constexpr (kSoftcap) {  // d(softcap t) / d(scale q.k) = 1 - t^2
-            if (e & 1)
-              pa[c / 2][(c % 2) * 2 + (e >> 1)] = flash::pack2<T>(p_lo, pv);
-            else
-              p_lo = pv;
-            pv *= 1.f - x * x;
-          }
-          sacc[4 * c + e] = pv;
-        }
+      });
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float2 x = *reinterpret_cast<const float2*>(rows + kBlockM + qw + 8 * c + 2 * t);
+        dsum[2 * c] = x.x;
+        dsum[2 * c + 1] = x.y;
       }
-    });
-    if constexpr (!kSoftcap)
+      // dS^T = P^T (dP^T - D), to shared memory (A of dK and dQ)
+      kc::wgmma_wait<0>();
+      kc::fence_operands(dpacc);
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float d0 = sacc[4 * c + 2 * r] * (dpacc[4 * c + 2 * r] - dsum[2 * c]);
+          const float d1 = sacc[4 * c + 2 * r + 1] * (dpacc[4 * c + 2 * r + 1] - dsum[2 * c + 1]);
+          st_shared(at(r, c) + (L::kDs - L::kP), flash::pack2<T>(d0, d1));
+        }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      kc::named_barrier_sync(kDsBar, 256);  // both halves of P^T and dS^T are in shared memory
+      // dV += P^T dO, dK += dS^T Q (its 128 columns), dQ = dS K (its columns, two halves: the
+      // second issued once the first is stored, as dV, dK and both halves of dQ in registers at
+      // once spilled)
+      float dq[32];
+      kc::fence_operands(dv);
+      kc::fence_operands(dk);
+      kc::fence_operands(dq);
+      kc::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk)
+        Acc::template ss<0, 1>(dv, d_pt + (buf * L::kDsBytes + kk * 32) / 16,
+                               d_do_mn + (sd * L::kQBytes + kk * 2048) / 16, 1);
+      kc::wgmma_commit();
 #pragma unroll
-        for (int i = 0; i < 4; ++i) pa[kk][i] = flash::pack2<T>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
-    float dsum[16];  // D of the same columns
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        Acc::template ss<0, 1>(dk, d_dst + (buf * L::kDsBytes + kk * 32) / 16,
+                               d_q_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
+      kc::wgmma_commit();
+      // this thread's first address in its dQ buffer, computed each tile: loop-invariant, its 16
+      // swizzled store addresses would be hoisted into registers (the consumers spilled)
+      uint32_t dq_row = kc::smem_u32(sm + L::kDq + w * L::kDqBytes) + (16 * warp + g) * 128 + 8 * t;
+      asm volatile("" : "+r"(dq_row));
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const float2 x = *reinterpret_cast<const float2*>(rows + kBlockM + 8 * c + 2 * t);
-      dsum[2 * c] = x.x;
-      dsum[2 * c + 1] = x.y;
-    }
-    // dV += P^T dO
-    kc::fence_operands(dv);
-    kc::wgmma_fence();
+      for (int half = 0; half < 2; ++half) {
+        if (half > 0) {
+          kc::fence_operands(dq);
+          kc::wgmma_fence();
+        }
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) Acc::template rs<1>(dv, pa[kk], d_do_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
-    kc::wgmma_commit();
-
-    // dS^T = P^T (dP^T - D), to registers (A of dK) and to shared memory (A of dQ)
-    kc::wgmma_wait<1>();
-    kc::fence_operands(dpacc);
-    uint32_t dsa[kBlockM / 16][4];
-    unsigned char* ds_buf = sm + L::kDs + (it & 1) * L::kDsBytes;
-#pragma unroll
-    for (int c = 0; c < kBlockM / 8; ++c)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float d0 = sacc[4 * c + 2 * r] * (dpacc[4 * c + 2 * r] - dsum[2 * c]);
-        const float d1 = sacc[4 * c + 2 * r + 1] * (dpacc[4 * c + 2 * r + 1] - dsum[2 * c + 1]);
-        const uint32_t packed = flash::pack2<T>(d0, d1);
-        dsa[c / 2][(c % 2) * 2 + r] = packed;
-        // row = key (128-byte rows of 64 queries), 16-byte chunk c swizzled with key % 8 (= g)
-        const int key = key_local + 8 * r;
-        *reinterpret_cast<uint32_t*>(ds_buf + key * 128 + ((c ^ g) << 4) + 4 * t) = packed;
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          Dq::template ss<1, 1>(dq, d_ds + (buf * L::kDsBytes + kk * 2048) / 16,
+                                d_k_mn + (half * L::kKVPanel + kk * 2048) / 16, kk > 0);
+        kc::wgmma_commit();
+        if (half == 0) {
+          kc::wgmma_wait<2>();
+          kc::mbar_arrive(&do_empty[sd]);  // dO of this stage is no longer read
+          kc::wgmma_wait<1>();
+          kc::mbar_arrive(&empty[s]);  // nor Q
+        }
+        kc::wgmma_wait<0>();
+        kc::fence_operands(dq);
+        // to this consumer's buffer once the writer has read the last (a fresh barrier's parity 1 passes)
+        kc::mbar_wait(&dq_empty[w], (2 * it + half + 1) & 1);
+        store_swizzled_f32<8>(dq_row, g, dq, 1.f);
+        kc::fence_async_shared();
+        kc::mbar_arrive(&dq_full[w]);
       }
-    // dK += dS^T Q
-    kc::fence_operands(dk);
-    kc::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) Acc::template rs<1>(dk, dsa[kk], d_q_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
-    kc::wgmma_commit();
+      kc::fence_operands(dk);
+      kc::fence_operands(dv);
+    }
+  } else {
+    using Sq = kc::WgmmaOp<T, kBlockM>;  // 64 x 64 score tiles
+    using Acc = kc::WgmmaOp<T, kD>;      // dK, dV: 64 keys x d
+    using Dq = kc::WgmmaOp<T, kD / 2>;   // this warpgroup's d / 2 columns of dQ
+    // Descriptors at k-step 0 (stage 0, dS buffer 0); steps add byte offsets / 16.
+    const uint64_t d_k = kc::gmma_desc_sw128(sm + L::kK + w * 64 * 128, 16, 1024);    // A of S^T (K-major)
+    const uint64_t d_v = kc::gmma_desc_sw128(sm + L::kV + w * 64 * 128, 16, 1024);    // A of dP^T
+    const uint64_t d_q = kc::gmma_desc_sw128(sm + L::kQ, 16, 1024);                    // B of S^T (K-major)
+    const uint64_t d_do = kc::gmma_desc_sw128(sm + L::kDo, 16, 1024);                  // B of dP^T
+    const uint64_t d_q_mn = kc::gmma_desc_sw128(sm + L::kQ, L::kQPanel, 1024);         // B of dK (MN-major)
+    const uint64_t d_do_mn = kc::gmma_desc_sw128(sm + L::kDo, L::kQPanel, 1024);       // B of dV (MN-major)
+    const uint64_t d_ds = kc::gmma_desc_sw128(sm + L::kDs, L::kDsBytes, 1024);  // A of dQ (MN-major)
+    // B of dQ (MN-major): K's columns w d/2 .. : the next panel (d = 128), or 64 bytes into
+    // the 128-byte rows (d = 64; the swizzle is a function of the address, so a start inside
+    // a row reads the same layout, as the K-major k-steps' 32-byte starts do)
+    const int dq_col0 = w * kD / 2;
+    const uint64_t d_k_mn =
+        kc::gmma_desc_sw128(sm + L::kK + (dq_col0 / 64) * L::kKVPanel + (dq_col0 % 64) * 2, L::kKVPanel, 1024);
 
-    // dQ = dS K (this warpgroup's columns), once both consumers' dS^T is in shared memory
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    kc::named_barrier_sync(kDsBar, 256);
-    float dq[kD / 4];
-    kc::fence_operands(dq);
-    kc::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      Dq::template ss<1, 1>(dq, d_ds + ((it & 1) * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16, kk > 0);
-    kc::wgmma_commit();
-    kc::wgmma_wait<0>();
-    kc::fence_operands(dq);
-    kc::fence_operands(dk);
-    kc::fence_operands(dv);
-    kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
+    float sacc[kBlockM / 2], dpacc[kBlockM / 2];
+    // S^T and dP^T of step it: two wgmma groups
+    auto issue_sdp = [&](int it) {
+      const int s = it % kStages, par = (it / kStages) & 1;
+      kc::mbar_wait(&q_full[s], par);
+      kc::fence_operands(sacc);
+      kc::wgmma_fence();
+  #pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int off = (kk % 4) * 32;
+        Sq::template ss<0, 0>(sacc, d_k + ((kk / 4) * L::kKVPanel + off) / 16,
+                              d_q + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
+      }
+      kc::wgmma_commit();
+      kc::mbar_wait(&do_full[s], par);
+      kc::fence_operands(dpacc);
+  #pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int off = (kk % 4) * 32;
+        Sq::template ss<0, 0>(dpacc, d_v + ((kk / 4) * L::kKVPanel + off) / 16,
+                              d_do + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
+      }
+      kc::wgmma_commit();
+    };
 
-    // dQ (this consumer's d / 2 columns) to this iteration's shared tile, free once the
-    // writer has read what it held two tiles ago; then the writer's turn (hand_off).
-    const int buf = it & 1;
-    if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
-    store_swizzled_f32<kD / 16>(kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox +
-                                    (16 * warp + g) * 128 + 8 * t,
-                                g, dq, 1.f);
-    if constexpr (!kLateHandoff) hand_off(it);
+    // A tile's dQ goes to the writer (dq_full) once its shared-memory stores are visible to the
+    // copy engine: the fence waits for them. At d = 64 that wait stalled every tile, so there the
+    // hand-off comes in the next tile, once its S^T is done (2% at the GPT-2 and small-Llama
+    // shapes); at d = 128 no gain, and the deterministic chain runs slower with a later writer.
+    constexpr bool kLateHandoff = kD == 64 && !kDeterministic;
+    auto hand_off = [&](int i) {
+      kc::fence_async_shared();
+      kc::mbar_arrive(&dq_full[i & 1]);
+    };
+    kc::mbar_wait(kv_full, 0);
+    for (int it = 0; it < n_it; ++it) {
+      const int s = it % kStages, q0 = tile(it) * kBlockM;
+      const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
+      issue_sdp(it);
+      // lse of this thread's 16 query columns 8 c + 2 t + e. At d = 64 loaded while S^T is
+      // computed (loaded after the wait, their latency stalled every tile); at d = 128 the 16
+      // registers held across the wait would spill.
+      float lse2[16];
+      auto load_lse = [&] {
+  #pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const float2 x = *reinterpret_cast<const float2*>(rows + 8 * c + 2 * t);
+          lse2[2 * c] = x.x;
+          lse2[2 * c + 1] = x.y;
+        }
+      };
+      if constexpr (kD == 64) load_lse();
+
+      // P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 above the causal diagonal or outside the window
+      kc::wgmma_wait<1>();
+      kc::fence_operands(sacc);
+      if constexpr (kD != 64) load_lse();
+      if constexpr (kLateHandoff)
+        if (it > 0) hand_off(it - 1);
+      // the mask on a tile crossing the diagonal or a window's edge only (flash::with_mask), and
+      // packed sequences' last key block (the keys past the sequence are the next one's)
+      const bool crosses = (kCausal && q0 < k0 + kBlockN) ||
+                           (kLocal && (k0 + kBlockN - 1 > q0 + band.wr || k0 < q0 + kBlockM - 1 - band.wl)) ||
+                           (kVarlen && k0 + kBlockN > nk());
+      // P^T as T, the A operand of dV's product (the accumulator layout is the A layout). kSoftcap:
+      // packed here, and sacc keeps P^T (1 - t^2), the part of dS^T that needs t (no registers
+      // held for t until dS^T's step: d = 128 spilled so).
+      uint32_t pa[kBlockM / 16][4];
+      flash::with_mask(crosses, [&](auto masked) {
+  #pragma unroll
+        for (int c = 0; c < kBlockM / 8; ++c) {
+          float p_lo = 0.f;
+  #pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = sacc[4 * c + e];
+            if constexpr (kSoftcap) x = flash::tanh_fast(x * a.cap_in);
+            float pv = flash::fast_exp2(fmaf(x, a.scale_log2, -lse2[2 * c + (e & 1)]));
+            if constexpr (decltype(masked)::value) {
+              const int key = k0 + key_local + 8 * (e >> 1), q = q0 + 8 * c + 2 * t + (e & 1);
+              if ((kCausal && key > q) || (kLocal && (key > q + band.wr || key < q - band.wl)) ||
+                  (kVarlen && key >= nk()))
+                pv = 0.f;
+            }
+            if constexpr (kSoftcap) {  // d(softcap t) / d(scale q.k) = 1 - t^2
+              if (e & 1)
+                pa[c / 2][(c % 2) * 2 + (e >> 1)] = flash::pack2<T>(p_lo, pv);
+              else
+                p_lo = pv;
+              pv *= 1.f - x * x;
+            }
+            sacc[4 * c + e] = pv;
+          }
+        }
+      });
+      if constexpr (!kSoftcap)
+  #pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+  #pragma unroll
+          for (int i = 0; i < 4; ++i) pa[kk][i] = flash::pack2<T>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
+      float dsum[16];  // D of the same columns
+  #pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float2 x = *reinterpret_cast<const float2*>(rows + kBlockM + 8 * c + 2 * t);
+        dsum[2 * c] = x.x;
+        dsum[2 * c + 1] = x.y;
+      }
+      // dV += P^T dO
+      kc::fence_operands(dv);
+      kc::wgmma_fence();
+  #pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        Acc::template rs<1>(dv, pa[kk], d_do_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
+      kc::wgmma_commit();
+
+      // dS^T = P^T (dP^T - D), to registers (A of dK) and to shared memory (A of dQ)
+      kc::wgmma_wait<1>();
+      kc::fence_operands(dpacc);
+      uint32_t dsa[kBlockM / 16][4];
+      unsigned char* ds_buf = sm + L::kDs + (it & 1) * L::kDsBytes;
+  #pragma unroll
+      for (int c = 0; c < kBlockM / 8; ++c)
+  #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float d0 = sacc[4 * c + 2 * r] * (dpacc[4 * c + 2 * r] - dsum[2 * c]);
+          const float d1 = sacc[4 * c + 2 * r + 1] * (dpacc[4 * c + 2 * r + 1] - dsum[2 * c + 1]);
+          const uint32_t packed = flash::pack2<T>(d0, d1);
+          dsa[c / 2][(c % 2) * 2 + r] = packed;
+          // row = key (128-byte rows of 64 queries), 16-byte chunk c swizzled with key % 8 (= g)
+          const int key = key_local + 8 * r;
+          *reinterpret_cast<uint32_t*>(ds_buf + key * 128 + ((c ^ g) << 4) + 4 * t) = packed;
+        }
+      // dK += dS^T Q
+      kc::fence_operands(dk);
+      kc::wgmma_fence();
+  #pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+        Acc::template rs<1>(dk, dsa[kk], d_q_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
+      kc::wgmma_commit();
+
+      // dQ = dS K (this warpgroup's columns), once both consumers' dS^T is in shared memory
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      kc::named_barrier_sync(kDsBar, 256);
+      float dq[kD / 4];
+      kc::fence_operands(dq);
+      kc::wgmma_fence();
+  #pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        Dq::template ss<1, 1>(dq, d_ds + ((it & 1) * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16, kk > 0);
+      kc::wgmma_commit();
+      kc::wgmma_wait<0>();
+      kc::fence_operands(dq);
+      kc::fence_operands(dk);
+      kc::fence_operands(dv);
+      kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
+
+      // dQ (this consumer's d / 2 columns) to this iteration's shared tile, free once the
+      // writer has read what it held two tiles ago; then the writer's turn (hand_off).
+      const int buf = it & 1;
+      if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
+      store_swizzled_f32<kD / 16>(kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox +
+                                      (16 * warp + g) * 128 + 8 * t,
+                                  g, dq, 1.f);
+      if constexpr (!kLateHandoff) hand_off(it);
+    }
+    if constexpr (kLateHandoff)
+      if (n_it > 0) hand_off(n_it - 1);
   }
-  if constexpr (kLateHandoff)
-    if (n_it > 0) hand_off(n_it - 1);
 
   // dK (times the softmax scale, which dS^T leaves out) and dV, rows < Nk.
   if (!kDeterministic && a.gqa) {
@@ -500,10 +699,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     // come (as dQ's adds); flash_bwd.cu then converts it. Both consumers stage their tiles in
     // shared memory (the K, V, Q, dO buffers: every product is done once both are past the
     // barrier), swizzled as dQ's, then one thread adds them.
+    constexpr int kTile = (L::kAccCols / 32) * L::kDqBox;  // a consumer's dK or dV: 64 keys x kAccCols fp32
     kc::named_barrier_sync(kDsBar, 256);
     const uint32_t tiles = kc::smem_u32(sm) + (16 * warp + g) * 128 + 8 * t;  // tile (matrix * 2 + w)
-    store_swizzled_f32<kD / 8>(tiles + w * L::kDqBytes, g, dk, a.scale);
-    store_swizzled_f32<kD / 8>(tiles + (2 + w) * L::kDqBytes, g, dv, 1.f);
+    store_swizzled_f32<L::kAccCols / 8>(tiles + w * kTile, g, dk, a.scale);
+    store_swizzled_f32<L::kAccCols / 8>(tiles + (2 + w) * kTile, g, dv, 1.f);
     kc::fence_async_shared();
     kc::named_barrier_sync(kDsBar, 256);
     if (threadIdx.x == 128) {
@@ -512,10 +712,13 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 #pragma unroll
         for (int ww = 0; ww < 2; ++ww)
 #pragma unroll
-          for (int j = 0; j < kD / 32; ++j)
-            if (32 * j < a.d)
-              kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * 2 + ww) * L::kDqBytes + j * L::kDqBox, 32 * j,
-                                    ks + k0 + 64 * ww, hk, kVarlen ? m : m * (a.order.bh / a.H) + b);
+          for (int j = 0; j < L::kAccCols / 32; ++j) {
+            // consumer ww's tile: its 64 keys (kSplit: its 128 columns)
+            const int col = (L::kSplit ? 128 * ww : 0) + 32 * j, row = ks + k0 + (L::kSplit ? 0 : 64 * ww);
+            if (col < a.d)
+              kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * 2 + ww) * kTile + j * L::kDqBox, col, row, hk,
+                                    kVarlen ? m : m * (a.order.bh / a.H) + b);
+          }
       kc::bulk_commit();
       kc::bulk_wait_read<0>();  // shared memory read before the CTA exits (the adds land on their own)
     }
@@ -531,8 +734,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       if (key >= nk()) continue;
       const int64_t at = int64_t(ks + key) * a.dk_sr + h * a.dk_sh;
 #pragma unroll
-      for (int c = 0; c < kD / 8; ++c) {
-        const int col = 8 * c + 2 * t;
+      for (int c = 0; c < L::kAccCols / 8; ++c) {
+        const int col = col0 + 8 * c + 2 * t;
         if (col >= a.d) continue;
         *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dk_ptr) + at + col) =
             flash::pack2<T>(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
@@ -554,8 +757,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     for (int r = 0; r < 2; ++r) {
       const int row = key_local + 8 * r;
 #pragma unroll
-      for (int c = 0; c < kD / 8; ++c) {
-        const int at = (c / 8) * L::kKVPanel + row * 128 + (((c % 8) ^ g) << 4) + 4 * t;
+      for (int c = 0; c < L::kAccCols / 8; ++c) {
+        const int cg = col0 / 8 + c;  // the 8-column group
+        const int at = (cg / 8) * L::kKVPanel + row * 128 + (((cg % 8) ^ g) << 4) + 4 * t;
         *reinterpret_cast<uint32_t*>(sm + L::kK + at) =
             flash::pack2<T>(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
         *reinterpret_cast<uint32_t*>(sm + L::kV + at) = flash::pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
@@ -585,8 +789,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     const int key = k0 + key_local + 8 * r;
     if (key >= nk()) continue;
 #pragma unroll
-    for (int c = 0; c < kD / 8; ++c) {
-      const int col = 8 * c + 2 * t;
+    for (int c = 0; c < L::kAccCols / 8; ++c) {
+      const int col = col0 + 8 * c + 2 * t;
       if (col >= a.d) continue;
       float* pk = a.dkv_partial + part * nkd + int64_t(ks + key) * a.d + col;
       *reinterpret_cast<float2*>(pk) = make_float2(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
@@ -600,6 +804,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 
 template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDet, bool kVarlen = false>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
+  constexpr int kBlockN = Layout<kD>::kBlockN;
   Args a;
   // Packed sequences: maps over all rows, one "batch"
   const int64_t mq = kVarlen ? p.total_q : p.Nq, mk = kVarlen ? p.total_k : p.Nk, mB = kVarlen ? 1 : p.B;
@@ -669,7 +874,9 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 
 template <typename T, bool kDet>
 cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
-  return p.d <= 64 ? dispatch<T, 64, kDet>(p, stream) : dispatch<T, 128, kDet>(p, stream);
+  return p.d <= 64    ? dispatch<T, 64, kDet>(p, stream)
+         : p.d <= 128 ? dispatch<T, 128, kDet>(p, stream)
+                      : dispatch<T, 256, kDet>(p, stream);
 }
 
 template <typename T>
@@ -681,7 +888,7 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 }  // namespace hopper_bwd
 
 bool hopper_backward_applies(const FusedParams& p) {
-  return p.d <= 128 && (p.Nk + 127) / 128 * p.B * p.H <= INT32_MAX &&
+  return p.d <= 256 && (p.Nk + 63) / 64 * p.B * p.H <= INT32_MAX &&
          p.Nk <= (int64_t(1) << 30) && p.Nq < (int64_t(1) << 31) && hopper_forward_applies(p);
 }
 
