@@ -347,7 +347,7 @@ def test_cuda_hopper_forward_wide_head_dims(dtype, causal, shape):
 
 
 @pytest.mark.skipif(not HOPPER, reason="the wide backward is version 2's: a compute capability 9.0 GPU (H100, H200)")
-@pytest.mark.parametrize("shape", WIDE_SHAPES + [(2, 8, 2, 700, 900, 256)], ids=sid)
+@pytest.mark.parametrize("shape", WIDE_SHAPES + ([] if SANITIZE else [(2, 8, 2, 700, 900, 256)]), ids=sid)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", LOWP, ids=["f16", "bf16"])
 def test_cuda_hopper_backward_wide_head_dims(dtype, causal, shape):
@@ -361,12 +361,15 @@ def test_cuda_hopper_backward_wide_head_dims(dtype, causal, shape):
     ref = reference(q, k, v, do, causal)
     theirs = torch_same_precision(q, k, v, do, causal)
     out, lse = da.attention_forward(q, k, v, causal, None, "auto")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    if SANITIZE:  # compute-sanitizer holds CUPTI, which the profiler needs
         got = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto")
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert any("hopper_bwd_kernel" in n for n in names), names
-    assert not any("flash_bwd_dkdv" in n or "simt" in n for n in names), names
+    else:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            got = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto")
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert any("hopper_bwd_kernel" in n for n in names), names
+        assert not any("flash_bwd_dkdv" in n or "simt" in n for n in names), names
     check_lowp([out, *got], [ref[0], *ref[2:]], theirs, "bwd v2-wide:")
     det = [da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto", True) for _ in range(2)]
     check_lowp([out, *det[0]], [ref[0], *ref[2:]], theirs, "bwd v2-wide deterministic:")
