@@ -234,7 +234,7 @@ def packed_rows(add, fwd_bwd, mk, hi, hq, hkv, d):
 
 def llm_rows(args):
     """--llm: packed sequences (ours against SDPA on the padded batch and torch's own varlen
-    attention where it runs), a sliding window and a softcap (ours against FlexAttention with
+    attention where it runs), dense attention at d 256, a sliding window and a softcap (ours against FlexAttention with
     the same mask or score_mod, against version 1 pinned and against our own plain causal
     call), bf16, forward and forward + backward, ms."""
     meta = bench.device_meta()
@@ -261,6 +261,27 @@ def llm_rows(args):
     # then 8 of 512..2048 tokens, 8 q heads over 4 of d 256 (Gemma's head dim)
     for (hi, hq, hkv, d) in ((4097, 32, 8, 128), (2049, 8, 4, 256)):
         packed_rows(add, fwd_bwd, mk, hi, hq, hkv, d)
+
+    # dense attention at d 256 (Gemma's head dim): ours, its backward pinned to version 1 (the
+    # mma.sync column halves it replaced), SDPA's backends
+    b, hq, hkv, n, d = 2, 16, 8, 4096, 256
+    q, k, v = mk(b, hq, n, d), mk(b, hkv, n, d), mk(b, hkv, n, d)
+    do = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    tag = f"dense B={b} Hq={hq} Hkv={hkv} N={n} d={d} causal"
+    add(f"{tag}: day50", *fwd_bwd(lambda: da.attention(q, k, v, causal=True), (q, k, v), do))
+    with da.ops.kernel_versions(bwd=1):
+        add(f"{tag}: day50, backward version 1 (mma.sync column halves)",
+            *fwd_bwd(lambda: da.attention(q, k, v, causal=True), (q, k, v), do))
+    for name in ("flash", "cudnn"):
+        try:
+            with sdpa_kernel(SDPA[name]):
+                res = fwd_bwd(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                              (q, k, v), do)
+        except RuntimeError as e:
+            print(f"   sdpa {name}: {str(e).splitlines()[0][:100]}")
+            res = (None, None)
+        add(f"{tag}: SDPA {name}", *res)
+    del q, k, v, do
 
     # sliding window: causal with 1024 keys to the left (Mistral's shape of window), N = 16384
     n, hq, d, left = 16384, 16, 128, 1024
