@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       kc::mbar_wait(&q_full[s], par);
       kc::fence_operands(sacc);
       kc::wgmma_fence();
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const int off = (kk % 4) * 32;
         Sq::template ss<0, 0>(sacc, d_k + ((kk / 4) * L::kKVPanel + off) / 16,
@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       kc::wgmma_commit();
       kc::mbar_wait(&do_full[s], par);
       kc::fence_operands(dpacc);
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const int off = (kk % 4) * 32;
         Sq::template ss<0, 0>(dpacc, d_v + ((kk / 4) * L::kKVPanel + off) / 16,
@@ -568,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       // registers held across the wait would spill.
       float lse2[16];
       auto load_lse = [&] {
-  #pragma unroll
+#pragma unroll
         for (int c = 0; c < 8; ++c) {
           const float2 x = *reinterpret_cast<const float2*>(rows + 8 * c + 2 * t);
           lse2[2 * c] = x.x;
@@ -593,10 +593,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       // held for t until dS^T's step: d = 128 spilled so).
       uint32_t pa[kBlockM / 16][4];
       flash::with_mask(crosses, [&](auto masked) {
-  #pragma unroll
+#pragma unroll
         for (int c = 0; c < kBlockM / 8; ++c) {
           float p_lo = 0.f;
-  #pragma unroll
+#pragma unroll
           for (int e = 0; e < 4; ++e) {
             float x = sacc[4 * c + e];
             if constexpr (kSoftcap) x = flash::tanh_fast(x * a.cap_in);
@@ -619,12 +619,12 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         }
       });
       if constexpr (!kSoftcap)
-  #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk)
-  #pragma unroll
+#pragma unroll
           for (int i = 0; i < 4; ++i) pa[kk][i] = flash::pack2<T>(sacc[8 * kk + 2 * i], sacc[8 * kk + 2 * i + 1]);
       float dsum[16];  // D of the same columns
-  #pragma unroll
+#pragma unroll
       for (int c = 0; c < 8; ++c) {
         const float2 x = *reinterpret_cast<const float2*>(rows + kBlockM + 8 * c + 2 * t);
         dsum[2 * c] = x.x;
@@ -633,7 +633,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       // dV += P^T dO
       kc::fence_operands(dv);
       kc::wgmma_fence();
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk)
         Acc::template rs<1>(dv, pa[kk], d_do_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
       kc::wgmma_commit();
@@ -643,9 +643,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       kc::fence_operands(dpacc);
       uint32_t dsa[kBlockM / 16][4];
       unsigned char* ds_buf = sm + L::kDs + (it & 1) * L::kDsBytes;
-  #pragma unroll
+#pragma unroll
       for (int c = 0; c < kBlockM / 8; ++c)
-  #pragma unroll
+#pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float d0 = sacc[4 * c + 2 * r] * (dpacc[4 * c + 2 * r] - dsum[2 * c]);
           const float d1 = sacc[4 * c + 2 * r + 1] * (dpacc[4 * c + 2 * r + 1] - dsum[2 * c + 1]);
@@ -658,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       // dK += dS^T Q
       kc::fence_operands(dk);
       kc::wgmma_fence();
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk)
         Acc::template rs<1>(dk, dsa[kk], d_q_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
       kc::wgmma_commit();
@@ -669,7 +669,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       float dq[kD / 4];
       kc::fence_operands(dq);
       kc::wgmma_fence();
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk)
         Dq::template ss<1, 1>(dq, d_ds + ((it & 1) * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16, kk > 0);
       kc::wgmma_commit();
