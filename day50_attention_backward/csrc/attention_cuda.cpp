@@ -345,8 +345,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
       fused = v2;
     }
   }
+  // why the tensor-core kernels do not run (the SIMT warning says it): d <= 128 or a head dim
+  // over 128 with deterministic=True, only as the Hopper kernel is missing; otherwise the head dim
   const char* why_not_fused = fused_unsupported(q);
-  if (why_not_fused == nullptr || wide)  // not fused here only for deterministic=True
+  if (why_not_fused == nullptr || (wide && deterministic))
     why_not_fused = "order their dq adds only in the Hopper backward (deterministic=True)";
   const bool simt = !fused && choose_simt(backend, q, why_not_fused);
   Tensor dq = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
