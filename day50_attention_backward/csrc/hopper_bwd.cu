@@ -376,24 +376,22 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       uint64_t dk_desc = d_k, dv_desc = d_v;
       asm volatile("" : "+l"(dk_desc), "+l"(dv_desc));
       kc::mbar_wait(&q_full[s], (it / kStages) & 1);
+      // S^T = K Q^T or dP^T = V dO^T for this consumer's 32 queries: one wgmma group over d
+      auto scores = [&](float(&acc)[16], uint64_t a, uint64_t b, int stage) {
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          const int off = (kk / 4) * L::kKVPanel + (kk % 4) * 32;
+          S32::template ss<0, 0>(acc, a + off / 16,
+                                 b + (stage * L::kQBytes + (kk / 4) * L::kQPanel + (kk % 4) * 32) / 16, kk > 0);
+        }
+        kc::wgmma_commit();
+      };
       kc::fence_operands(sacc);
       kc::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const int off = (kk / 4) * L::kKVPanel + (kk % 4) * 32;
-        S32::template ss<0, 0>(sacc, dk_desc + off / 16,
-                               d_q + (s * L::kQBytes + (kk / 4) * L::kQPanel + (kk % 4) * 32) / 16, kk > 0);
-      }
-      kc::wgmma_commit();
+      scores(sacc, dk_desc, d_q, s);
       kc::mbar_wait(&do_full[sd], (it / L::kDoStages) & 1);
       kc::fence_operands(dpacc);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const int off = (kk / 4) * L::kKVPanel + (kk % 4) * 32;
-        S32::template ss<0, 0>(dpacc, dv_desc + off / 16,
-                               d_do + (sd * L::kQBytes + (kk / 4) * L::kQPanel + (kk % 4) * 32) / 16, kk > 0);
-      }
-      kc::wgmma_commit();
+      scores(dpacc, dv_desc, d_do, sd);
       float lse2[8], dsum[8];  // of this thread's query columns qw + 8 c + 2 t + e
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
