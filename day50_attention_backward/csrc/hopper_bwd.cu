@@ -527,24 +527,21 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     auto issue_sdp = [&](int it) {
       const int s = it % kStages, par = (it / kStages) & 1;
       kc::mbar_wait(&q_full[s], par);
+      auto scores = [&](float(&acc)[kBlockM / 2], uint64_t a, uint64_t b) {
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          const int off = (kk % 4) * 32;
+          Sq::template ss<0, 0>(acc, a + ((kk / 4) * L::kKVPanel + off) / 16,
+                                b + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
+        }
+        kc::wgmma_commit();
+      };
       kc::fence_operands(sacc);
       kc::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const int off = (kk % 4) * 32;
-        Sq::template ss<0, 0>(sacc, d_k + ((kk / 4) * L::kKVPanel + off) / 16,
-                              d_q + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
-      }
-      kc::wgmma_commit();
+      scores(sacc, d_k, d_q);
       kc::mbar_wait(&do_full[s], par);
       kc::fence_operands(dpacc);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const int off = (kk % 4) * 32;
-        Sq::template ss<0, 0>(dpacc, d_v + ((kk / 4) * L::kKVPanel + off) / 16,
-                              d_do + (s * L::kQBytes + (kk / 4) * L::kQPanel + off) / 16, kk > 0);
-      }
-      kc::wgmma_commit();
+      scores(dpacc, d_v, d_do);
     };
 
     // A tile's dQ goes to the writer (dq_full) once its shared-memory stores are visible to the
