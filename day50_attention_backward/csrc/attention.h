@@ -91,7 +91,7 @@ struct FusedParams {
   int bwd_version = 0;  // fused backward's main kernel: 0 auto (2 where it applies, else 1), 1 mma.sync
                         // (flash_bwd.cuh), 2 Hopper TMA + wgmma (hopper_bwd.cu: d up to 128)
   bool deterministic = false;  // backward: dq's adds in a fixed order (version 2 only; dq_sem below)
-  int* dq_sem = nullptr;       // deterministic: B * H * hopper_bwd_query_tiles(Nq) ints, zeroed
+  int* dq_sem = nullptr;       // deterministic: B * H * hopper_bwd_query_tiles(Nq) ints (dq_sem_ints)
   // Masking, every fused kernel, forward and backward. Query i of a sequence of nq queries sees
   // key j of its nk keys when lo(i) <= j <= hi(i), around the diagonal i + off, where
   // off = bottom_right ? nk - nq : 0:
@@ -129,6 +129,10 @@ struct FusedParams {
   int64_t heads_per_cta = 1;     // q heads of a group one CTA of the dK/dV kernel sums in registers (divides H / Hk)
   float* dkv_partial = nullptr;  // fp32 workspace, 2 * B * (H / heads_per_cta) * Nk * d floats, when
                                  // heads_per_cta < H / Hk (a group split over several CTAs)
+  // Zeroed by the backward's pre-kernel, before the main kernel adds into them: version 2's
+  // accumulator (the first dkv_zero_floats of dkv_partial, a multiple of 4: fused_backward_plan's
+  // accum_floats) and the deterministic dq counters (dq_sem_ints of dq_sem).
+  int64_t dkv_zero_floats = 0, dq_sem_ints = 0;
 };
 
 // Where sequence b lives: its first query row q0 and key row k0 in the packed tensors, and its
@@ -159,8 +163,8 @@ struct FusedBwdPlan {
   int64_t splits = 1;
   int64_t partial_floats = 0;  // fp32 workspace for the partial sums (0 when splits == 1)
   // Version 2 runs, not deterministic: it adds into a (2, B, Hk, Nk, d) fp32 accumulator
-  // (packed sequences: (2, Hk, total_k, d)), the workspace's first accum_floats, zeroed by the
-  // caller.
+  // (packed sequences: (2, Hk, total_k, d)), the workspace's first accum_floats, which the
+  // caller passes as FusedParams::dkv_zero_floats.
   int64_t accum_floats = 0;
 };
 FusedBwdPlan fused_backward_plan(const FusedParams& p);

@@ -370,8 +370,9 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
     Tensor dq_sem;  // deterministic: one counter per (q head, query tile)
     if (deterministic) {
       p.deterministic = true;
-      dq_sem = at::zeros({B * H * day50::hopper_bwd_query_tiles(Nq)}, q.options().dtype(at::kInt));
+      dq_sem = at::empty({B * H * day50::hopper_bwd_query_tiles(Nq)}, q.options().dtype(at::kInt));
       p.dq_sem = dq_sem.data_ptr<int>();
+      p.dq_sem_ints = dq_sem.numel();  // zeroed by the pre-kernel
     }
     // Grouped-query attention: how the group's dk, dv are summed (flash_bwd.cu); an
     // fp32 workspace of partial sums only when the group is split over CTAs.
@@ -382,7 +383,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
       dkv_partial = at::empty({plan.partial_floats}, q.options().dtype(at::kFloat));
       p.dkv_partial = dkv_partial.data_ptr<float>();
     }
-    if (plan.accum_floats > 0) dkv_partial.narrow(0, 0, plan.accum_floats).zero_();  // version 2 adds into it
+    p.dkv_zero_floats = plan.accum_floats;  // version 2 adds into it: the pre-kernel zeroes it
     KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, stream));
   } else if (simt) {  // any strides: no copies; workspace: D, one float a query row
     day50::FusedParams p =
@@ -548,8 +549,9 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   Tensor dq_sem;  // deterministic: one counter per (sequence, q head, query tile)
   if (deterministic) {
     p.deterministic = true;
-    dq_sem = at::zeros({p.B * H * day50::hopper_bwd_query_tiles(max_q)}, q.options().dtype(at::kInt));
+    dq_sem = at::empty({p.B * H * day50::hopper_bwd_query_tiles(max_q)}, q.options().dtype(at::kInt));
     p.dq_sem = dq_sem.data_ptr<int>();
+    p.dq_sem_ints = dq_sem.numel();  // zeroed by the pre-kernel
   }
   // Grouped-query attention: version 1 takes a whole group per CTA; version 2 one q head, adding
   // into an fp32 (2, Hk, total_k, d) accumulator (deterministic: partials per q head; flash_bwd.cu)
@@ -560,7 +562,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
     dkv_partial = at::empty({plan.partial_floats}, q.options().dtype(at::kFloat));
     p.dkv_partial = dkv_partial.data_ptr<float>();
   }
-  if (plan.accum_floats > 0) dkv_partial.narrow(0, 0, plan.accum_floats).zero_();  // version 2 adds into it
+  p.dkv_zero_floats = plan.accum_floats;  // version 2 adds into it: the pre-kernel zeroes it
   KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, c10::cuda::getCurrentCUDAStream()));
   return {dq, dk, dv};
 }

@@ -7,14 +7,15 @@
 //      kernel only moves bytes (4 d of O and dO, 4 d of zeros a row): a warp per row with
 //      two-byte loads, 64 of them for a 64-wide row, keeps far fewer bytes in flight than the
 //      copy bandwidth needs. Packed sequences: the grid covers max_seqlen_q rows of each
-//      sequence, and rows past a sequence's end are skipped.
+//      sequence, and rows past a sequence's end are skipped. Its threads also zero version 2's
+//      grouped-query accumulator and the deterministic dq counters (FusedParams says which).
 //   2. the main kernel: dK, dV, and dQ accumulated by fp32 atomics. Version 2
 //      (hopper_bwd.cu) where it applies, else flash_bwd_dkdv_kernel (flash_bwd.cuh).
-//   3. dq_convert_kernel: dQ = scale * dq_accum, stored as T in q's layout.
-//   4. grouped-query attention with the group split over CTAs only: dkv_reduce_kernel,
-//      dK, dV = the sum of the fp32 partials of the splits, in split order, stored as T;
-//      after version 2 (not deterministic) one "split": the accumulator its CTAs added
-//      into with the copy engine, converted to T.
+//   3. bwd_convert_kernel: dQ = scale * dq_accum, stored as T in q's layout; under
+//      grouped-query attention with the group split over CTAs, in the same launch, dK, dV =
+//      the sum of the fp32 partials of the splits, in split order, stored as T; after
+//      version 2 (not deterministic) one "split": the accumulator its CTAs added into with
+//      the copy engine.
 // dQ by atomics (FA2's choice) rather than a second pass over K, V per query
 // tile: the second pass would recompute S and dP (7 products instead of 5);
 // the atomics cost L2 traffic of Nk / kBc * Nq * d floats per (b, h). The
@@ -33,6 +34,8 @@
 // deterministic; no float atomics). The plan takes the most heads per CTA that
 // still leave kGqaMinCtas CTAs. Multi-head attention runs none of this.
 #include "attention.h"
+
+#include <algorithm>
 
 #include "flash_bwd.cuh"
 #include "flash_common.cuh"
@@ -54,8 +57,18 @@ namespace {
 
 constexpr int kPreWarps = 8;
 
+// The workspaces the main kernel adds into, zeroed by the pre-kernel's threads (grid-stride):
+// one launch fewer than a fill of its own.
+__device__ __forceinline__ void zero_workspaces(const FusedParams& p) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, n = int64_t(gridDim.x) * blockDim.x;
+  float4* acc = reinterpret_cast<float4*>(p.dkv_partial);
+  for (int64_t i = t; i < p.dkv_zero_floats / 4; i += n) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t i = t; i < p.dq_sem_ints; i += n) p.dq_sem[i] = 0;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kPreWarps * 32) bwd_preprocess_kernel(const FusedParams p) {
+  zero_workspaces(p);
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kPreWarps + threadIdx.x / 32;
   if (row >= p.B * p.H * p.Nq) return;  // whole warps leave together
@@ -83,6 +96,7 @@ constexpr int kPreLanes = 8;
 
 template <typename T>
 __global__ void __launch_bounds__(kPreWarps * 32) bwd_preprocess_vec_kernel(const FusedParams p) {
+  zero_workspaces(p);
   const int sub = threadIdx.x % kPreLanes;
   const int64_t row = (int64_t(blockIdx.x) * kPreWarps * 32 + threadIdx.x) / kPreLanes;
   // No early return: every lane reaches the full-warp shuffles below; a row past the end (of
@@ -116,68 +130,78 @@ __global__ void __launch_bounds__(kPreWarps * 32) bwd_preprocess_vec_kernel(cons
   if (sub == 0 && r >= 0) p.dsum[r] = acc - (p.grad_lse != nullptr ? p.grad_lse[r] : 0.f);
 }
 
-// dq (p.dq with p's dq strides) = scale * dq_accum (rows numbered as lse's). i runs over
-// (b, h, row < Nq, col); n is a multiple of 4 (d % 8 == 0), so four consecutive elements share
-// a row; dq_accum is 16-byte aligned (cudaMalloc'd by torch), dq's rows 8-byte aligned (strides
-// multiples of 8). Packed sequences: rows past a sequence's end are skipped.
+// The post-kernel, one launch for both conversions: dQ = scale * dq_accum (rows numbered as
+// lse's) as T in dq's layout, and under grouped-query attention dK, dV = the sum over s <
+// splits of the fp32 partials (B*Hk, splits, Nk, d) (dK's first, then dV's), in order s = 0,
+// 1, ..: deterministic; splits = 1 converts version 2's accumulator. The first dq_blocks
+// blocks take dQ, the rest dK, dV; a thread takes 8 elements of a row (d % 8 == 0): two
+// 16-byte loads (a split), one 16-byte store. The fp32 buffers are torch's allocations and
+// every output row starts 16-byte aligned (strides multiples of d). I: int where every index
+// fits (its divisions cost a fraction of 64-bit ones), else int64_t. Packed sequences: dQ rows
+// past a sequence's end are skipped; the partials span all key rows as one batch (p.B = 1,
+// p.Nk = total_k, set by the caller).
 template <typename T>
-__global__ void dq_convert_kernel(const FusedParams p, int64_t n) {
-  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < n; i += int64_t(gridDim.x) * blockDim.x * 4) {
-    const int64_t row = i / p.d, col = i % p.d, bh = row / p.Nq, b = bh / p.H, h = bh % p.H;
-    const SeqSpan sp = seq_span(p, b);
-    const int64_t q = row % p.Nq;
-    if (q >= sp.nq) continue;
-    const float4 v =
-        *reinterpret_cast<const float4*>(p.dq_accum + (b * p.row_sb + h * p.row_sh + sp.q0 + q) * p.d + col);
-    T* dst = static_cast<T*>(p.dq) + b * p.dq_sb + h * p.dq_sh + (sp.q0 + q) * p.dq_sr + col;
-    dst[0] = kc::from_float<T>(v.x * p.scale);
-    dst[1] = kc::from_float<T>(v.y * p.scale);
-    dst[2] = kc::from_float<T>(v.z * p.scale);
-    dst[3] = kc::from_float<T>(v.w * p.scale);
-  }
+__device__ __forceinline__ void store_scaled8(T* dst, const float4& x, const float4& y, float s) {
+  kc::Vec<T, 8> o;
+  const float f[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o.v[e] = kc::from_float<T>(f[e] * s);
+  kc::store_vec<8>(dst, o);
 }
 
-// dK, dV (B, Hk, Nk, d) = sum over s < splits of the fp32 partials (B*Hk, splits, Nk, d)
-// (dK's partials first, then dV's), in order s = 0, 1, ...: deterministic. dK, dV at
-// p.dk_s* strides. n = B*Hk*Nk*d and nkd = Nk*d are multiples of 4 (d % 8 == 0), the
-// partials 16-byte aligned (cudaMalloc'd by torch), so a float4 never straddles two rows,
-// kv heads or dK/dV.
-template <typename T>
-__global__ void dkv_reduce_kernel(const float* __restrict__ part, T* __restrict__ dk, T* __restrict__ dv, int64_t n,
-                                  int64_t splits, FusedParams p) {
-  const int64_t nkd = p.Nk * p.d;
-  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < 2 * n;
-       i += int64_t(gridDim.x) * blockDim.x * 4) {
-    const bool is_v = i >= n;
-    const int64_t j = is_v ? i - n : i, kv = j / nkd, r = j % nkd;
-    const float* src = part + (is_v ? n * splits : 0) + kv * splits * nkd + r;
-    float4 acc = *reinterpret_cast<const float4*>(src);
-    for (int64_t s = 1; s < splits; ++s) {
-      const float4 x = *reinterpret_cast<const float4*>(src + s * nkd);
-      acc.x += x.x;
-      acc.y += x.y;
-      acc.z += x.z;
-      acc.w += x.w;
-    }
-    T* dst = (is_v ? dv : dk) + (kv / p.Hk) * p.dk_sb + (kv % p.Hk) * p.dk_sh + (r / p.d) * p.dk_sr + r % p.d;
-    dst[0] = kc::from_float<T>(acc.x);
-    dst[1] = kc::from_float<T>(acc.y);
-    dst[2] = kc::from_float<T>(acc.z);
-    dst[3] = kc::from_float<T>(acc.w);
+template <typename T, typename I>
+__global__ void __launch_bounds__(256) bwd_convert_kernel(const FusedParams p, I n_dq, I n_kv, I dq_blocks, I splits) {
+  const I cpr = I(p.d / 8);  // 8-element chunks a row
+  if (I(blockIdx.x) < dq_blocks) {
+    const I i = I(blockIdx.x) * 256 + I(threadIdx.x);
+    if (i >= n_dq) return;
+    const I row = i / cpr, bh = row / I(p.Nq), b = bh / I(p.H);
+    const I c = (i - row * cpr) * 8, q = row - bh * I(p.Nq), h = bh - b * I(p.H);
+    const SeqSpan sp = seq_span(p, b);
+    if (q >= sp.nq) return;
+    const int64_t r = b * p.row_sb + h * p.row_sh + sp.q0 + q;  // the row's index in lse, dq_accum
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + r * p.d + c);
+    store_scaled8(static_cast<T*>(p.dq) + b * p.dq_sb + h * p.dq_sh + (sp.q0 + q) * p.dq_sr + c, __ldcs(src),
+                  __ldcs(src + 1), p.scale);
+    return;
   }
+  const I j = (I(blockIdx.x) - dq_blocks) * 256 + I(threadIdx.x);
+  if (j >= 2 * n_kv) return;
+  const bool is_v = j >= n_kv;
+  const I jj = is_v ? j - n_kv : j, per_head = I(p.Nk) * cpr, kv = jj / per_head, r = jj - kv * per_head;
+  const I row = r / cpr, c = (r - row * cpr) * 8, hk = kv % I(p.Hk);
+  const int64_t nkd = p.Nk * p.d;
+  const float4* src = reinterpret_cast<const float4*>(p.dkv_partial + (is_v ? int64_t(n_kv) * 8 * splits : 0) +
+                                                      int64_t(kv) * splits * nkd + int64_t(row) * p.d + c);
+  float4 x = __ldcs(src), y = __ldcs(src + 1);
+  for (I s = 1; s < splits; ++s) {
+    const float4 x1 = __ldcs(src + s * nkd / 4), y1 = __ldcs(src + s * nkd / 4 + 1);
+    x = make_float4(x.x + x1.x, x.y + x1.y, x.z + x1.z, x.w + x1.w);
+    y = make_float4(y.x + y1.x, y.y + y1.y, y.z + y1.z, y.w + y1.w);
+  }
+  T* dst = static_cast<T*>(is_v ? p.dv : p.dk) + (kv / I(p.Hk)) * p.dk_sb + hk * p.dk_sh + row * p.dk_sr + c;
+  store_scaled8(dst, x, y, 1.f);
+}
+
+template <typename T, typename I>
+cudaError_t launch_convert(const FusedParams& p, int64_t n_dq, int64_t n_kv, int64_t splits, cudaStream_t stream) {
+  const int64_t dq_blocks = (n_dq + 255) / 256, blocks = dq_blocks + (2 * n_kv + 255) / 256;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  bwd_convert_kernel<T, I><<<unsigned(blocks), 256, 0, stream>>>(p, I(n_dq), I(n_kv), I(dq_blocks), I(splits));
+  return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
   const int64_t rows = p.B * p.H * p.Nq;
-  if (rows > 0) {
+  if (rows > 0 || p.dkv_zero_floats > 0 || p.dq_sem_ints > 0) {  // no query row: a block for the zeros
     if (fused_layout_ok(p.out) && fused_layout_ok(p.dout) && kc::is_aligned(p.dq_accum, 16)) {
       const int64_t rows_per_block = kPreWarps * 32 / kPreLanes;
-      const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+      const int64_t blocks = std::max<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1);
       if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
       bwd_preprocess_vec_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
     } else {
-      const int64_t blocks = (rows + kPreWarps - 1) / kPreWarps;
+      const int64_t blocks = std::max<int64_t>((rows + kPreWarps - 1) / kPreWarps, 1);
       if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
       bwd_preprocess_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
     }
@@ -198,22 +222,19 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
                  : p.d <= 128 ? launch_bwd_dkdv<T, 128>(p, stream)
                               : launch_bwd_dkdv<T, 256>(p, stream)));
   }
-  if (p.H != p.Hk && p.dkv_partial != nullptr) {
-    FusedParams pr = p;  // packed sequences: the partials span all key rows as one batch
-    if (p.cu_seqlens_q != nullptr) {
-      pr.B = 1;
-      pr.Nk = p.total_k;
-    }
-    const int64_t n = pr.B * pr.Hk * pr.Nk * pr.d, blocks = (2 * n / 4 + 255) / 256;
-    dkv_reduce_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
-        p.dkv_partial, static_cast<T*>(p.dk), static_cast<T*>(p.dv), n, splits, pr);
-    KC_CUDA_LAUNCH_TRY();
+  // the post-kernel: dQ and, under grouped-query attention with partials or version 2's
+  // accumulator, dK and dV (chunks of 8 elements each)
+  FusedParams pc = p;  // packed sequences: the partials span all key rows as one batch
+  if (p.cu_seqlens_q != nullptr) {
+    pc.B = 1;
+    pc.Nk = p.total_k;
   }
-  const int64_t n = rows * p.d;
-  if (n > 0) {
-    const int64_t blocks = (n / 4 + 255) / 256;
-    dq_convert_kernel<T><<<unsigned(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(p, n);
-    KC_CUDA_LAUNCH_TRY();
+  const int64_t n_dq = rows * p.d / 8;
+  const int64_t n_kv = p.H != p.Hk && p.dkv_partial != nullptr ? pc.B * pc.Hk * pc.Nk * pc.d / 8 : 0;
+  if (n_dq + n_kv > 0) {
+    const bool narrow = 8 * (n_dq + 2 * n_kv) < 0x7fffffff;  // every element index fits an int
+    KC_CUDA_TRY((narrow ? launch_convert<T, int>(pc, n_dq, n_kv, splits, stream)
+                        : launch_convert<T, int64_t>(pc, n_dq, n_kv, splits, stream)));
   }
   return cudaSuccess;
 }

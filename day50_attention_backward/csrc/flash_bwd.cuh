@@ -45,7 +45,7 @@
 //   grid: (B*H / heads_per_cta, ceil(Nk / kBc)); CTA x = (b*Hk + hk) * splits + s with
 //   splits = G / heads_per_cta. splits == 1: the epilogue stores dK, dV as T; else it
 //   stores fp32 partials (B, Hk, splits, Nk, d) to dkv_partial and flash_bwd.cu's
-//   dkv_reduce_kernel adds the splits in order. kGQA = false is the multi-head kernel,
+//   bwd_convert_kernel adds the splits in order. kGQA = false is the multi-head kernel,
 //   unchanged (heads_per_cta = 1, kv head = q head).
 // Masking (attention.h): kLocal = a window bound is set (causal is the window (-1, 0)). A
 // CTA's key block [k0, k0 + kBc) is seen only by queries i with j - off - right <= i <=

@@ -774,7 +774,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     return;
   }
   // Grouped-query and deterministic: fp32 partials of this q head (split h % group of kv head
-  // b * Hk + hk), which flash_bwd.cu's dkv_reduce_kernel sums over the group in a fixed order.
+  // b * Hk + hk), which flash_bwd.cu's bwd_convert_kernel sums over the group in a fixed order.
   // Packed sequences: one batch of total_k key rows.
   const int64_t nkd = int64_t(kVarlen ? a.total_k : a.Nk) * a.d;
   const int64_t part = (int64_t(mb) * (a.H / a.group) + hk) * a.group + h % a.group;  // (kv head, split)
@@ -820,7 +820,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;
   a.dkv_partial = p.dkv_partial;
   if (a.gqa && (p.dkv_partial == nullptr || p.heads_per_cta != 1)) return cudaErrorInvalidValue;  // the plan says
-  // the accumulator: the workspace's first 2 * B * Hk * Nk * d floats (the plan zeroed them),
+  // the accumulator: the workspace's first 2 * B * Hk * Nk * d floats (the pre-kernel zeroed them),
   // dK's batches then dV's; boxes of 64 keys (a consumer's). Packed sequences: (2, Hk, total_k, d).
   if (a.gqa && !kDet &&
       hopper_common::make_accum_map(&a.dkv_accum, p.dkv_partial, 2 * mB, p.Hk, mk, p.d, 64) != cudaSuccess)
