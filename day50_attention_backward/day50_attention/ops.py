@@ -113,11 +113,14 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     grid: on CUDA the offsets are never read on the host, so a shorter max drops rows silently).
     Sequences may be empty and have Nq != Nk; causal and window align bottom-right within each
     (flash-attn's rule: the last query sees the last key). A query that sees no key gets 0.
-    CUDA, fp16 / bf16 with head dim a multiple of 8 up to 128: the fused kernels, no host
-    sync, CUDA-graph capturable; float32, other head dims up to 256 and deterministic=True: the
-    SIMT kernels (backend "simt" of attention(); no host sync either, a one-time warning for
-    fp16 / bf16); float64 and head dims above 256 run the reference math per sequence after
-    reading the offsets on the host."""
+    CUDA, fp16 / bf16 with head dim a multiple of 8: the fused kernels up to 128 (version 2 on
+    Hopper, else version 1) and on Hopper up to 256, deterministic=True included there; no
+    host sync, CUDA-graph capturable. float32, other head dims up to 256 and what those do not
+    run (d over 128 or deterministic=True off Hopper): the SIMT kernels (backend "simt" of
+    attention(); no host sync either, a one-time warning for fp16 / bf16); float64 and head dims
+    above 256 run the reference math per sequence after reading the offsets on the host.
+    Open bug: on version 2 an inf or NaN in one sequence's q, k, v or the gradient reaches the
+    sequences beside it (kernel_versions(fwd=1, bwd=1) keeps them apart)."""
     return attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                     window, softcap, deterministic)[0]
 
