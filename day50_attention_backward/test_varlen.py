@@ -323,30 +323,35 @@ def test_varlen_torch_compile_fullgraph(device):
 POISON = [(t, row) for row in (100, 99) for t in ("q", "k", "v", "dout")]
 
 
-@pytest.mark.parametrize("version", [0, 1], ids=["auto", "v1"])
+# (H, Hk, d, deterministic, version): the multi-head stores, the grouped-query accumulator and
+# partials, d 128 and the d 256 kernels (version 2 on Hopper, auto), and version 1 pinned.
+NONFINITE_CASES = [(2, 2, 64, False, 0), (2, 2, 64, False, 1), (4, 2, 128, False, 0), (4, 2, 64, True, 0),
+                   (2, 2, 256, False, 0), (4, 2, 256, True, 0)]
+
+
+@pytest.mark.parametrize("case", NONFINITE_CASES,
+                         ids=lambda c: f"H{c[0]}-{c[1]}-d{c[2]}{'-det' if c[3] else ''}-{'v1' if c[4] else 'auto'}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_varlen_sequences_keep_non_finite_values_to_themselves(device, causal, version, request):
+def test_varlen_sequences_keep_non_finite_values_to_themselves(device, causal, case):
     """An inf or NaN in one sequence's q, k, v or dout leaves every other sequence's output and
-    gradients finite (flash-attn's rule: the sequences are independent). Version 2 reads the next
-    sequence's rows in a tile crossing a sequence's end and multiplies them by P = 0 or dS = 0:
-    0 x inf is NaN (H100, 2026-11-27: a NaN in the second sequence's first row of v makes the
-    first's whole output NaN). Known and open: marked so it fails once fixed, until unmarked."""
+    gradients finite (flash-attn's rule: the sequences are independent). Version 2's tiles cross
+    a sequence's end and read the next sequence's rows, which a product would multiply by P = 0
+    or dS = 0 (0 x inf is NaN) unless they are zeroed first (hopper_common::zero_rows)."""
+    H, Hk, d, det, version = case
     if version and device != "cuda":
         pytest.skip("the version pin is the CUDA kernels'")
-    if device == "cuda" and version == 0 and HOPPER_V:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="version 2 leaks across sequence ends"))
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     cuq = cu([100, 300], device)
     leaks = []
     for t, row in POISON:
         for bad in (math.inf, math.nan):
             gen = torch.Generator().manual_seed(row)
-            q, k, v, do = (rand(400, 2, 64, dtype=dtype, device=device, gen=gen) for _ in range(4))
+            q, k, v, do = (rand(400, n, d, dtype=dtype, device=device, gen=gen) for n in (H, Hk, Hk, H))
             {"q": q, "k": k, "v": v, "dout": do}[t][row] = bad
             xs = [x.requires_grad_() for x in (q, k, v)]
             with da.kernel_versions(fwd=version, bwd=version) if version else contextlib.nullcontext():
-                out = da.attention_varlen(*xs, cuq, cuq, 300, 300, causal=causal)
+                out = da.attention_varlen(*xs, cuq, cuq, 300, 300, causal=causal, deterministic=det)
                 grads = torch.autograd.grad(out, xs, do)
             other = slice(0, 100) if row >= 100 else slice(100, 400)
             for name, x in zip(("out", "dq", "dk", "dv"), (out, *grads)):

@@ -8,7 +8,8 @@
 //     kBlockM = 64 queries into a ring of kStages stages ("full" barriers completed by
 //     the copy engine, "empty" barriers by the consumers); warp 1 stages each tile's lse
 //     and D in shared memory beside them (off the consumers' critical path: read from
-//     global memory there, their latency stalled every tile); the rest of it exits.
+//     global memory there, their latency stalled every tile); the rest of it exits (packed
+//     sequences: warp 3 zeroes the rows past a sequence's end, below).
 //   warpgroups 1 and 2, the consumers: 64 keys each; their dK and dV (64 x d, fp32) stay
 //     in registers for the whole kernel. Per query tile, five wgmma products:
 //       S^T  = K Q^T        (64 keys x 64 queries; A = K, B = Q, both K-major in shared memory)
@@ -51,10 +52,11 @@
 // per q head that its reduce kernel sums over each group in a fixed order.
 // Packed sequences (kVarlen, on the kLocal variant, as the forward's): a CTA reads its
 // sequence's offsets, the maps span all packed rows, and the sequence's bottom-right diagonal
-// is folded into its Band. Rows past a sequence's end are the next sequence's: its queries
-// there get lse = +inf and its keys there are masked, so their dQ, dK and dV terms are exact
-// zeros, which the reduce-adds may add to the next sequence's rows (dq_accum, the grouped-query
-// accumulator); multi-head dK, dV of a sequence's last key block are stored row by row.
+// is folded into its Band. Rows past a sequence's end are the next sequence's: warp 3 zeroes
+// them in the tiles of K, V, Q and dO (an inf or NaN there times P = 0 or dS = 0 would be NaN),
+// its queries there get lse = +inf and its keys there are masked, and the dQ and grouped-query
+// accumulator rows there are staged as zeros, so the reduce-adds into the next sequence's rows
+// add zeros; multi-head dK, dV of a sequence's last key block are stored row by row.
 // Head dims: the kernels for d = 64 and 128 run every multiple of 8 up to 128 (d <= 64 in the
 // first, the rest in the second), the d = 256 kernel those above: the copy engine zero-fills
 // the columns past d, which add nothing to S, dP or dQ, and stores or adds only the columns
@@ -142,8 +144,8 @@ struct Layout {
                        kDs = kDo + kDoStages * kQBytes, kP = kDs + 2 * kDsBytes,
                        kDq = kP + (kSplit ? 2 * kDsBytes : 0), kRows = kDq + 2 * kDqBytes,
                        kBars = kRows + kStages * 2 * kBlockM * 4;  // rows: per stage lse2, D (64 floats each)
-  // kv_full, q_full[], do_full[], empty[], dq_full[2], dq_empty[2]; kSplit: do_empty[]
-  static constexpr int kNumBars = 1 + 3 * kStages + 4 + (kSplit ? kDoStages : 0);
+  // kv_full, q_full[], do_full[], empty[], dq_full[2], dq_empty[2]; kSplit: do_empty[]; edge[2]
+  static constexpr int kNumBars = 1 + 3 * kStages + 4 + (kSplit ? kDoStages : 0) + 2;
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;
 };
 
@@ -163,16 +165,21 @@ __device__ __forceinline__ void store_release(int* p, int v) {
 // 16-byte chunk (column % 32) / 4 XOR row % 8: the swizzle is address bits 4-6 XOR bits 7-9,
 // and bits 7-9 are g (boxes 1024-aligned). The XOR is applied to each address, not folded
 // into per-store constants that the compiler would keep in registers (d = 128 spilled so).
-template <int kGroups>
-__device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const float* acc, float scale) {
+// kClip (packed sequences): the thread's rows are rows r_idx and r_idx + 8 of a tile whose
+// rows from r_end on are the next sequence's; they are stored as zeros.
+template <int kGroups, bool kClip = false>
+__device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const float* acc, float scale,
+                                                   int r_idx = 0, int r_end = 0) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < 2; ++r) {
+    const bool keep = !kClip || r_idx + 8 * r < r_end;
 #pragma unroll
     for (int c = 0; c < kGroups; ++c) {
       const uint32_t at = (row + (c / 4) * (kBlockM * 128) + r * 8 * 128 + 32 * (c % 4)) ^ (g << 4);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[4 * c + 2 * r] * scale),
-                   "f"(acc[4 * c + 2 * r + 1] * scale));
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(keep ? acc[4 * c + 2 * r] * scale : 0.f),
+                   "f"(keep ? acc[4 * c + 2 * r + 1] * scale : 0.f));
     }
+  }
 }
 
 __device__ __forceinline__ void st_shared(uint32_t at, uint32_t v) {
@@ -205,6 +212,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   uint64_t* dq_empty = dq_full + 2;             // the writer has read it
   // dO's stage is free (kSplit: its own barriers, as dO has one stage; else Q's empty[])
   uint64_t* do_empty = L::kSplit ? dq_empty + 2 : empty;
+  // kVarlen: a tile across the sequence's end has landed (0: K, V; 1: Q, dO), for warp 3 to zero
+  // the next sequence's rows before the consumers see it
+  uint64_t* edge = bars + L::kNumBars - 2;
 
   int kb, bh;  // key block, (batch, q head): the launch order (hopper_common::Order)
   hopper_common::order_of(blockIdx.x, a.order, kb, bh);
@@ -235,6 +245,18 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   // (in ascending order a causal block n would wait for block 0 to reach tile 2n).
   auto tile = [&](int it) { return kDeterministic ? j_end - 1 - it : j_first + it; };
   const int wg = threadIdx.x / 128;
+  // Packed sequences: the key block and the last query tile may reach past the sequence's end
+  // into the next one's rows, which the products would multiply by P = 0 or dS = 0 (NaN for an
+  // inf or a NaN). Warp 3 zeroes them in shared memory (hopper_common::zero_rows): K's, V's (dQ =
+  // dS K, dP^T = V dO^T), Q's and dO's (dK += dS^T Q, dV += P^T dO); the rows of dQ and of the
+  // grouped-query accumulator past the end, which the copy engine adds into the next sequence's,
+  // are staged as zeros (store_swizzled_f32's clip).
+  // The edge query tile: the last one, where the sequence's length is no multiple of 64 and the
+  // block's tiles reach it (its step it_edge: counted from j_first, or from j_end - 1 downwards).
+  const bool kv_edge = kVarlen && k0 + kBlockN > nk();
+  const int it_edge = kVarlen && sq.nq % kBlockM != 0 && j_end == n_qt && n_it > 0
+                          ? (kDeterministic ? 0 : n_it - 1)
+                          : -1;
 
   if (threadIdx.x == 0) {
     kc::mbar_init(kv_full, 1);
@@ -249,6 +271,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     }
     if constexpr (L::kSplit)
       for (int s = 0; s < L::kDoStages; ++s) kc::mbar_init(&do_empty[s], kConsumers * 128);
+    kc::mbar_init(&edge[0], 1);
+    kc::mbar_init(&edge[1], 1);
     kc::mbar_init_fence();
   }
   __syncthreads();
@@ -313,24 +337,50 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         }
       }
     }
+    if (kVarlen && threadIdx.x >= 96) {
+      // warp 3, packed sequences: the rows past the sequence's end in the key block's K and V
+      // (then kv_full's arrival) and in the edge query tile's Q and dO (then do_full's and the
+      // copy thread's share of q_full's), once the copy engine has landed them (edge[])
+      const int lane = threadIdx.x - 96;
+      if (kv_edge) {
+        kc::mbar_wait(&edge[0], 0);
+        hopper_common::zero_rows(kc::smem_u32(sm + L::kK), L::kPanels, L::kKVPanel, nk() - k0, kBlockN, lane);
+        hopper_common::zero_rows(kc::smem_u32(sm + L::kV), L::kPanels, L::kKVPanel, nk() - k0, kBlockN, lane);
+        if (lane == 0) kc::mbar_arrive(kv_full);
+      }
+      if (it_edge >= 0) {
+        const int s = it_edge % kStages, sd = it_edge % L::kDoStages, r0 = sq.nq - tile(it_edge) * kBlockM;
+        kc::mbar_wait(&edge[1], 0);
+        hopper_common::zero_rows(kc::smem_u32(sm + L::kQ + s * L::kQBytes), L::kPanels, L::kQPanel, r0, kBlockM, lane);
+        hopper_common::zero_rows(kc::smem_u32(sm + L::kDo + sd * L::kQBytes), L::kPanels, L::kQPanel, r0, kBlockM,
+                                 lane);
+        if (lane == 0) {
+          kc::mbar_arrive(&do_full[sd]);
+          kc::mbar_arrive(&q_full[s]);
+        }
+      }
+    }
     if (threadIdx.x == 0) {
-      kc::mbar_arrive_expect_tx(kv_full, 2 * L::kKVBytes);
+      uint64_t* kvb = kv_edge ? &edge[0] : kv_full;
+      kc::mbar_arrive_expect_tx(kvb, 2 * L::kKVBytes);
       for (int p = 0; p < L::kPanels; ++p) {
-        kc::tma_load_4d(sm + L::kK + p * L::kKVPanel, &a.k, kv_full, p * 64, ks + k0, hk, mb);
-        kc::tma_load_4d(sm + L::kV + p * L::kKVPanel, &a.v, kv_full, p * 64, ks + k0, hk, mb);
+        kc::tma_load_4d(sm + L::kK + p * L::kKVPanel, &a.k, kvb, p * 64, ks + k0, hk, mb);
+        kc::tma_load_4d(sm + L::kV + p * L::kKVPanel, &a.v, kvb, p * 64, ks + k0, hk, mb);
       }
       for (int it = 0; it < n_it; ++it) {
-        const int q0 = tile(it) * kBlockM, s = it % kStages;
+        const int q0 = tile(it) * kBlockM, s = it % kStages, sd = it % L::kDoStages;
+        const bool qe = it == it_edge;
         if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
-        kc::mbar_arrive_expect_tx(&q_full[s], L::kQBytes);
+        // the edge tile: both loads complete edge[1], and warp 3 arrives on q_full, do_full
+        uint64_t* qb = qe ? &edge[1] : &q_full[s];
+        uint64_t* dob = qe ? &edge[1] : &do_full[sd];
+        kc::mbar_arrive_expect_tx(qb, qe ? 2 * L::kQBytes : L::kQBytes);
         for (int p = 0; p < L::kPanels; ++p)
-          kc::tma_load_4d(sm + L::kQ + s * L::kQBytes + p * L::kQPanel, &a.q, &q_full[s], p * 64, qs + q0, h, mb);
-        const int sd = it % L::kDoStages;
+          kc::tma_load_4d(sm + L::kQ + s * L::kQBytes + p * L::kQPanel, &a.q, qb, p * 64, qs + q0, h, mb);
         if (L::kSplit && it >= L::kDoStages) kc::mbar_wait(&do_empty[sd], ((it / L::kDoStages) - 1) & 1);
-        kc::mbar_arrive_expect_tx(&do_full[sd], L::kQBytes);
+        if (!qe) kc::mbar_arrive_expect_tx(&do_full[sd], L::kQBytes);
         for (int p = 0; p < L::kPanels; ++p)
-          kc::tma_load_4d(sm + L::kDo + sd * L::kQBytes + p * L::kQPanel, &a.dout, &do_full[sd], p * 64, qs + q0, h,
-                          mb);
+          kc::tma_load_4d(sm + L::kDo + sd * L::kQBytes + p * L::kQPanel, &a.dout, dob, p * 64, qs + q0, h, mb);
       }
     }
     return;
@@ -496,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         kc::fence_operands(dq);
         // to this consumer's buffer once the writer has read the last (a fresh barrier's parity 1 passes)
         kc::mbar_wait(&dq_empty[w], (2 * it + half + 1) & 1);
-        store_swizzled_f32<8>(dq_row, g, dq, 1.f);
+        store_swizzled_f32<8, kVarlen>(dq_row, g, dq, 1.f, 16 * warp + g, sq.nq - q0);
         kc::fence_async_shared();
         kc::mbar_arrive(&dq_full[w]);
       }
@@ -678,9 +728,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       // writer has read what it held two tiles ago; then the writer's turn (hand_off).
       const int buf = it & 1;
       if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
-      store_swizzled_f32<kD / 16>(kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox +
-                                      (16 * warp + g) * 128 + 8 * t,
-                                  g, dq, 1.f);
+      store_swizzled_f32<kD / 16, kVarlen>(kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) +
+                                               (dq_col0 / 32) * L::kDqBox + (16 * warp + g) * 128 + 8 * t,
+                                           g, dq, 1.f, 16 * warp + g, sq.nq - q0);
       if constexpr (!kLateHandoff) hand_off(it);
     }
     if constexpr (kLateHandoff)
@@ -697,8 +747,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     constexpr int kTile = (L::kAccCols / 32) * L::kDqBox;  // a consumer's dK or dV: 64 keys x kAccCols fp32
     kc::named_barrier_sync(kDsBar, 256);
     const uint32_t tiles = kc::smem_u32(sm) + (16 * warp + g) * 128 + 8 * t;  // tile (matrix * 2 + w)
-    store_swizzled_f32<L::kAccCols / 8>(tiles + w * kTile, g, dk, a.scale);
-    store_swizzled_f32<L::kAccCols / 8>(tiles + (2 + w) * kTile, g, dv, 1.f);
+    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + w * kTile, g, dk, a.scale, key_local, nk() - k0);
+    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + (2 + w) * kTile, g, dv, 1.f, key_local, nk() - k0);
     kc::fence_async_shared();
     kc::named_barrier_sync(kDsBar, 256);
     if (threadIdx.x == 128) {

@@ -80,6 +80,22 @@ __device__ __forceinline__ Seq seq_of(const int* cu_q, const int* cu_k, const Se
   s.band.wr = w.wr < 0 ? s.nq + s.nk : w.wr + off;
   return s;
 }
+// Packed sequences: a tile the copy engine loads across a sequence's end holds the next
+// sequence's rows there, and the products multiply them by P = 0 or dS = 0, which is NaN for an
+// inf or a NaN (one sequence's non-finite value would reach the others). The 32 lanes of a warp
+// zero rows r0 .. rows - 1 of each of the tile's `panels` 128-byte-wide panels (`panel_bytes`
+// apart; the 128-byte swizzle moves 16-byte chunks within a row, so rows stay whole), then
+// order the zeros before the tensor cores' and the copy engine's accesses (the async proxy) and
+// before lane 0's arrival that hands the tile on.
+// `tile`: the shared-memory address (kc::smem_u32).
+__device__ __forceinline__ void zero_rows(uint32_t tile, int panels, int panel_bytes, int r0, int rows, int lane) {
+  for (int p = 0; p < panels; ++p)
+    for (uint32_t at = tile + p * panel_bytes + r0 * 128 + lane * 16; at < tile + p * panel_bytes + rows * 128;
+         at += 32 * 16)
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0u) : "memory");
+  kc::fence_async_shared();
+  __syncwarp();
+}
 #endif
 // A packed (total, heads, d) tensor as the maps see it: one batch of `total` rows (its batch
 // stride, past the last row, is never used).

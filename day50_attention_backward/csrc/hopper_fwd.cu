@@ -10,7 +10,8 @@
 //     tiles (kBlockN = 128 keys, 64 above d = 128) into a ring of kStages shared-memory stages, each
 //     stage guarded by "full" barriers (the copy engine completes them) and an
 //     "empty" barrier (all consumer threads arrive when done reading). Its other
-//     threads exit at once; it gives most of its registers to the consumers.
+//     threads exit at once (packed sequences: warp 1 first zeroes V's rows past the
+//     sequence's end); it gives most of its registers to the consumers.
 //   warpgroups 1 .. C, the consumers: 64 query rows each. Per key tile:
 //     S = Q K^T        wgmma, A = Q and B = K both from shared memory (K-major)
 //     online softmax   in registers, fp32: the row max of the raw scores, then
@@ -50,9 +51,13 @@
 //   ones fill the last wave.
 // Grouped-query attention: q head h reads kv head h / (H / Hk) through the map's head
 //   coordinate; the heads of a group are neighbours in a chunk and share K, V in L2.
+// Packed sequences (kVarlen, on the kLocal variant): a CTA reads its sequence's offsets and
+//   the maps span all packed rows, so a tile reaches into the neighbours' rows: query rows
+//   before the sequence (not stored) and keys past its end (masked; their V rows zeroed in
+//   shared memory, as P = 0 times an inf would be NaN).
 // Falls back to version 1 (hopper_forward_applies): scale <= 0 (the max is taken on raw
-//   scores), more than 2^31 - 1 CTAs, a layout the copy engine refuses, packed sequences
-//   (hopper_masking).
+//   scores), more than 2^31 - 1 CTAs, a layout the copy engine refuses, a mask it does not
+//   express (hopper_masking).
 #include "attention.h"
 
 #include <cmath>
@@ -69,11 +74,14 @@ namespace day50 {
 namespace hopper {
 namespace {
 
-// kC consumer warpgroups (64 query rows each); the register split: the block's 65536
-// registers less the producer's 24 x 128, over the consumers, a multiple of 8 (240 for two,
-// 160 for three).
-constexpr int kProducerRegs = 24;
-__host__ __device__ constexpr int consumer_regs(int kC) { return (65536 - 128 * kProducerRegs) / (128 * kC) / 8 * 8; }
+// kC consumer warpgroups (64 query rows each); the register split within the launch's
+// allocation (setmaxnreg moves registers, never adds): two consumers, 384 threads x 168 = 24 x 128
+// for the producer + 240 x 256; three, 512 x 128 = 32 x 128 + 160 x 384 (with 24 the packed-sequence
+// variant's producer spilled).
+__host__ __device__ constexpr int producer_regs(int kC) { return kC == 3 ? 32 : 24; }
+__host__ __device__ constexpr int consumer_regs(int kC) {
+  return (65536 - 128 * producer_regs(kC)) / (128 * kC) / 8 * 8;
+}
 constexpr int kTurnBar = 1;  // named barriers 1 .. C: the consumers' turns (pingpong)
 // named barriers C + 1 .. 2 C: a consumer's O is in shared memory (its own 128 threads)
 constexpr float kLn2 = 0.6931471805599453f;
@@ -108,7 +116,7 @@ struct Layout {
   static constexpr int kQBytes = kPanels * kQPanel, kKVBytes = kPanels * kKVPanel;
   static constexpr int kStages = kD > 128 ? 2 : 3;
   static constexpr int kQ = 0, kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
-  static constexpr int kNumBars = 1 + 3 * kStages;         // q_full, k_full[], v_full[], empty[]
+  static constexpr int kNumBars = 2 + 3 * kStages;  // q_full, k_full[], v_full[], empty[], v_edge
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;  // + slack to align the base
 };
 
@@ -125,6 +133,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   uint64_t* k_full = bars + 1;
   uint64_t* v_full = bars + 1 + kStages;
   uint64_t* empty = bars + 1 + 2 * kStages;
+  uint64_t* v_edge = bars + 1 + 3 * kStages;  // kVarlen: V's tile across the sequence's end has landed
 
   // Launch order (hopper_common::Order): heads in chunks whose K, V fit in L2, the last
   // (longest causal) query tile of every head of a chunk first.
@@ -162,12 +171,24 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
       kc::mbar_init(&v_full[s], 1);
       kc::mbar_init(&empty[s], kConsumers * 128);
     }
+    kc::mbar_init(v_edge, 1);
     kc::mbar_init_fence();
   }
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------------------ producer
-    kc::warpgroup_reg_dealloc<kProducerRegs>();
+    kc::warpgroup_reg_dealloc<producer_regs(kConsumers)>();
+    // Packed sequences: the first key tile (the last of the keys read) may hold the next
+    // sequence's rows past this one's end. K's there are masked (a select), V's would meet
+    // P = 0 in O += P V: warp 1 zeroes them (hopper_common::zero_rows) between the copy engine
+    // (v_edge) and the consumers (v_full).
+    const int last_rows = nk() - (jb + n_blocks - 1) * kBlockN;  // keys of the first tile in the sequence
+    const bool edge = kVarlen && n_blocks > 0 && last_rows < kBlockN;
+    if (edge && threadIdx.x >= 32 && threadIdx.x < 64) {  // warp 1: after the copy engine, before the consumers
+      kc::mbar_wait(v_edge, 0);
+      hopper_common::zero_rows(kc::smem_u32(sm + L::kV), L::kPanels, L::kKVPanel, last_rows, kBlockN, threadIdx.x - 32);
+      if (threadIdx.x == 32) kc::mbar_arrive(&v_full[0]);
+    }
     if (threadIdx.x == 0 && (!kLocal || n_blocks > 0)) {
       kc::tma_prefetch_map(&a.q);
       kc::tma_prefetch_map(&a.k);
@@ -182,10 +203,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
         for (int p = 0; p < L::kPanels; ++p)
           kc::tma_load_4d(sm + L::kK + s * L::kKVBytes + p * L::kKVPanel, &a.k, &k_full[s], p * 64, ks + j * kBlockN,
                           hk, mb);
-        kc::mbar_arrive_expect_tx(&v_full[s], L::kKVBytes);
+        uint64_t* vb = edge && it == 0 ? v_edge : &v_full[s];
+        kc::mbar_arrive_expect_tx(vb, L::kKVBytes);
         for (int p = 0; p < L::kPanels; ++p)
-          kc::tma_load_4d(sm + L::kV + s * L::kKVBytes + p * L::kKVPanel, &a.v, &v_full[s], p * 64, ks + j * kBlockN,
-                          hk, mb);
+          kc::tma_load_4d(sm + L::kV + s * L::kKVBytes + p * L::kKVPanel, &a.v, vb, p * 64, ks + j * kBlockN, hk, mb);
       }
     }
     return;

