@@ -499,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
         for (int r = 0; r < 2; ++r) {
           const float d0 = sacc[4 * c + 2 * r] * (dpacc[4 * c + 2 * r] - dsum[2 * c]);
           const float d1 = sacc[4 * c + 2 * r + 1] * (dpacc[4 * c + 2 * r + 1] - dsum[2 * c + 1]);
-          st_shared(at(r, c) + (L::kDs - L::kP), flash::pack2<T>(d0, d1));
+          st_shared(at(r, c) - uint32_t(L::kP - L::kDs), flash::pack2<T>(d0, d1));
         }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       kc::named_barrier_sync(kDsBar, 256);  // both halves of P^T and dS^T are in shared memory
@@ -640,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       flash::with_mask(crosses, [&](auto masked) {
 #pragma unroll
         for (int c = 0; c < kBlockM / 8; ++c) {
-          float p_lo = 0.f;
+          [[maybe_unused]] float p_lo = 0.f;  // kSoftcap: the pair's first P^T, until packed
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             float x = sacc[4 * c + e];
