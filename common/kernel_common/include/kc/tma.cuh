@@ -5,8 +5,9 @@
 // Host:   kc::make_tensor_map(&map, dtype, rank, ptr, dims, strides, box, swizzle)
 //         describes a tensor of `rank` <= 5 dims (dims[0] the contiguous one; strides
 //         in BYTES for dims 1.., multiples of 16; ptr 16-byte aligned) and the box one
-//         copy moves. Returns cudaErrorInvalidValue when the driver refuses the
-//         description (e.g. a zero stride), so callers can fall back to another kernel.
+//         copy moves. Returns cudaErrorInvalidValue when the description is outside the
+//         driver's limits (a zero stride, a misaligned base: checked before the driver is
+//         asked) or the driver refuses it, so callers can fall back to another kernel.
 //         The map is passed to the kernel by value as a `const __grid_constant__`
 //         parameter (or a member of one).
 // Device: kc::tma_load_4d(dst, &map, bar, c0, c1, c2, c3) copies the box whose first
@@ -52,9 +53,24 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+// The driver's documented limits a caller's layout may miss (a misaligned base, a zero or
+// odd stride), checked first, so that a refused layout takes the caller's fallback without a
+// failed driver call (compute-sanitizer reports each one as an error).
+inline bool tensor_map_layout_ok(int rank, const void* ptr, const uint64_t* dims, const uint64_t* strides_bytes) {
+  if (rank < 1 || rank > 5 || reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  for (int i = 0; i < rank; ++i)
+    if (dims[i] == 0 || dims[i] > (uint64_t(1) << 32)) return false;
+  for (int i = 0; i + 1 < rank; ++i)  // strides_bytes[i]: dims[i + 1]'s
+    if ((strides_bytes[i] == 0 && dims[i + 1] > 1) || strides_bytes[i] % 16 != 0 ||
+        strides_bytes[i] >= (uint64_t(1) << 40))
+      return false;
+  return true;
+}
+
 inline cudaError_t make_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, int rank, const void* ptr,
                                    const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box,
                                    CUtensorMapSwizzle swizzle) {
+  if (!tensor_map_layout_ok(rank, ptr, dims, strides_bytes)) return cudaErrorInvalidValue;
   auto encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
