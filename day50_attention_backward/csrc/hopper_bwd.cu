@@ -53,7 +53,8 @@
 // Packed sequences (kVarlen, on the kLocal variant, as the forward's): a CTA reads its
 // sequence's offsets, the maps span all packed rows, and the sequence's bottom-right diagonal
 // is folded into its Band. Rows past a sequence's end are the next sequence's: warp 3 zeroes
-// them in the tiles of K, V, Q and dO (an inf or NaN there times P = 0 or dS = 0 would be NaN),
+// them in the tiles of K, V (dQ = dS K, dP^T = V dO^T), Q and dO (dK += dS^T Q, dV += P^T dO)
+// once the copy engine has landed them (an inf or NaN there times P = 0 or dS = 0 would be NaN),
 // its queries there get lse = +inf and its keys there are masked, and the dQ and grouped-query
 // accumulator rows there are staged as zeros, so the reduce-adds into the next sequence's rows
 // add zeros; multi-head dK, dV of a sequence's last key block are stored row by row.
@@ -245,14 +246,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   // (in ascending order a causal block n would wait for block 0 to reach tile 2n).
   auto tile = [&](int it) { return kDeterministic ? j_end - 1 - it : j_first + it; };
   const int wg = threadIdx.x / 128;
-  // Packed sequences: the key block and the last query tile may reach past the sequence's end
-  // into the next one's rows, which the products would multiply by P = 0 or dS = 0 (NaN for an
-  // inf or a NaN). Warp 3 zeroes them in shared memory (hopper_common::zero_rows): K's, V's (dQ =
-  // dS K, dP^T = V dO^T), Q's and dO's (dK += dS^T Q, dV += P^T dO); the rows of dQ and of the
-  // grouped-query accumulator past the end, which the copy engine adds into the next sequence's,
-  // are staged as zeros (store_swizzled_f32's clip).
-  // The edge query tile: the last one, where the sequence's length is no multiple of 64 and the
-  // block's tiles reach it (its step it_edge: counted from j_first, or from j_end - 1 downwards).
+  // Packed sequences (header): the tiles that reach past the sequence's end, whose rows there
+  // warp 3 zeroes. The key block, and the edge query tile: the last one, where the sequence's
+  // length is no multiple of 64 and the block's tiles reach it (its step it_edge: counted from
+  // j_first, or from j_end - 1 downwards).
   const bool kv_edge = kVarlen && k0 + kBlockN > nk();
   const int it_edge = kVarlen && sq.nq % kBlockM != 0 && j_end == n_qt && n_it > 0
                           ? (kDeterministic ? 0 : n_it - 1)
