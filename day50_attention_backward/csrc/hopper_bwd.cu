@@ -3,7 +3,7 @@
 // version 1). It replaces only the main kernel: flash_bwd.cu's pre-kernel (D = rowsum(dO * O)
 // - grad_lse, dq_accum = 0) and dQ conversion run around it as for version 1.
 //
-// CTA: one block of kBlockN = 128 keys of one (batch, head); 3 warpgroups.
+// CTA: one block of kBlockN = 128 keys of one (batch, head); 3 warpgroups (one consumer: below).
 //   warpgroup 0, the producer: one thread loads K and V once, then Q and dO tiles of
 //     kBlockM = 64 queries into a ring of kStages stages ("full" barriers completed by
 //     the copy engine, "empty" barriers by the consumers); warp 1 stages each tile's lse
@@ -33,6 +33,12 @@
 // Shared memory (d = 128): K, V 32 KB each, 2 stages of Q and dO (16 KB each), two dS^T
 //   buffers (16 KB each: one is written while the other may still be read), two dQ tiles
 //   (32 KB each) = 224 KB.
+// One consumer (Layout::kOne; windows, softcaps and packed sequences at d = 64, not
+//   deterministic): 64 keys and one consumer warpgroup that computes all of dQ's columns (no
+//   barrier between consumers), 256 threads and 98 KB, two CTAs an SM: one CTA's softmax,
+//   first loads and epilogue run under the other's products. Dense attention keeps two
+//   consumers: per key it loads Q and dO and adds dQ half as often, and on its long key
+//   blocks that L2 traffic costs more than the overlap gains.
 // Tails: tensor maps zero-fill rows past Nq / Nk; queries past Nq get lse = +inf (P = 0),
 //   keys past Nk have K = V = 0 rows (no contribution to dQ) and are not stored.
 // Causal (top-left): a key block starts at the query tile holding its first key.
@@ -87,12 +93,8 @@ namespace hopper_bwd {
 namespace {
 
 constexpr int kBlockM = 64, kStages = 2;  // the key block: Layout::kBlockN
-constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers);
-// 24 registers for the producer, 240 for the consumers: 128 x 24 + 256 x 240 = 64512, the
-// block's allocation at launch (384 threads x 168). setmaxnreg only moves registers within
-// that allocation: asking for more (e.g. 32 + 240) waits forever.
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-constexpr int kDsBar = 1;  // named barrier 1: both consumers' dS^T is in shared memory
+constexpr int kProducerRegs = 24;
+constexpr int kDsBar = 1;  // named barrier 1: the consumers' dS^T is in shared memory
 using hopper_common::kLog2e;
 
 struct Args {
@@ -125,13 +127,24 @@ struct Args {
   int64_t dk_sh, dk_sr;
 };
 
-template <int kD>
+template <int kD, bool kOneConsumer = false>
 struct Layout {
   // kD = 256 (kSplit): 64-key blocks; both consumers hold all 64 keys, each half of dK's and
   // dV's columns (64 x 256 fp32 of each would not fit one warpgroup's registers). One dO stage
   // (Q keeps two), P^T exchanged through shared memory, dQ staged 64 columns a consumer at a time.
   static constexpr bool kSplit = kD > 128;
-  static constexpr int kBlockN = kSplit ? 64 : 128, kDoStages = kSplit ? 1 : kStages;
+  // kOne (d = 64; LayoutOf says where): 64-key blocks, one consumer warpgroup that computes all
+  // of dQ's columns, two CTAs an SM, so that one CTA's cold start and epilogue run under the
+  // other's products. Twice the Q, dO loads and dQ adds per key: where key blocks run long
+  // (dense attention) that L2 traffic costs more than the overlap buys.
+  static constexpr bool kOne = kOneConsumer;
+  static_assert(!kOne || kD == 64, "one consumer holds 64 keys x d of dK and dV: d = 64");
+  static constexpr int kConsumers = kOne ? 1 : 2, kThreads = 128 * (1 + kConsumers), kCtasPerSm = kOne ? 2 : 1;
+  // 24 registers for the producer, the rest of the CTA's allocation at launch for the consumers
+  // (two consumers: 128 x 24 + 256 x 240 = 64512 <= 384 x 168; kOne: 128 x 24 + 128 x 232 =
+  // 256 x 128). setmaxnreg only moves registers within that allocation: asking for more waits forever.
+  static constexpr int kConsumerRegs = kOne ? 232 : 240;
+  static constexpr int kBlockN = kSplit || kOne ? 64 : 128, kDoStages = kSplit ? 1 : kStages;
   static constexpr int kAccCols = kSplit ? 128 : kD;  // dK, dV columns a consumer holds
   static constexpr int kPanels = kD / 64;
   static constexpr int kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128;
@@ -149,6 +162,11 @@ struct Layout {
   static constexpr int kNumBars = 1 + 3 * kStages + 4 + (kSplit ? kDoStages : 0) + 2;
   static constexpr int kBytes = kBars + 8 * kNumBars + 1024;
 };
+// The one-consumer layout runs where a key block's query tiles are few: windows and packed
+// sequences (the kLocal variants) at d = 64, not deterministic (its ordered dQ adds would
+// wait on twice as many key blocks).
+template <int kD, bool kLocal, bool kDeterministic>
+using LayoutOf = Layout<kD, kD == 64 && kLocal && !kDeterministic>;
 
 __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
@@ -198,10 +216,12 @@ __device__ __forceinline__ void st_shared(uint32_t at, uint32_t v) {
 // The consumers run on while the writer waits (two dQ tiles in flight). Same inputs,
 // same order of fp32 adds: bitwise equal dq.
 template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDeterministic, bool kVarlen>
-__global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_constant__ Args a) {
+__global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads,
+                                  LayoutOf<kD, kLocal, kDeterministic>::kCtasPerSm)
+    hopper_bwd_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = Layout<kD>;
-  constexpr int kBlockN = L::kBlockN;
+  using L = LayoutOf<kD, kLocal, kDeterministic>;
+  constexpr int kBlockN = L::kBlockN, kConsumers = L::kConsumers;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::kBars);
@@ -384,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   }
 
   // ------------------------------------------------------------------------ consumers
-  kc::warpgroup_reg_alloc<kConsumerRegs>();
+  kc::warpgroup_reg_alloc<L::kConsumerRegs>();
   const int w = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   // this thread's keys: key_local and + 8 (within the block); its dK, dV columns from col0
   const int key_local = (L::kSplit ? 0 : 64 * w) + 16 * warp + g, col0 = L::kSplit ? 128 * w : 0;
@@ -499,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
           st_shared(at(r, c) - uint32_t(L::kP - L::kDs), flash::pack2<T>(d0, d1));
         }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      kc::named_barrier_sync(kDsBar, 256);  // both halves of P^T and dS^T are in shared memory
+      kc::named_barrier_sync(kDsBar, 128 * kConsumers);  // both halves of P^T and dS^T are in shared memory
       // dV += P^T dO, dK += dS^T Q (its 128 columns), dQ = dS K (its columns, two halves: the
       // second issued once the first is stored, as dV, dK and both halves of dQ in registers at
       // once spilled)
@@ -553,7 +573,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
   } else {
     using Sq = kc::WgmmaOp<T, kBlockM>;  // 64 x 64 score tiles
     using Acc = kc::WgmmaOp<T, kD>;      // dK, dV: 64 keys x d
-    using Dq = kc::WgmmaOp<T, kD / 2>;   // this warpgroup's d / 2 columns of dQ
+    using Dq = kc::WgmmaOp<T, kD / kConsumers>;  // this warpgroup's columns of dQ (kOne: all)
     // Descriptors at k-step 0 (stage 0, dS buffer 0); steps add byte offsets / 16.
     const uint64_t d_k = kc::gmma_desc_sw128(sm + L::kK + w * 64 * 128, 16, 1024);    // A of S^T (K-major)
     const uint64_t d_v = kc::gmma_desc_sw128(sm + L::kV + w * 64 * 128, 16, 1024);    // A of dP^T
@@ -565,7 +585,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     // B of dQ (MN-major): K's columns w d/2 .. : the next panel (d = 128), or 64 bytes into
     // the 128-byte rows (d = 64; the swizzle is a function of the address, so a start inside
     // a row reads the same layout, as the K-major k-steps' 32-byte starts do)
-    const int dq_col0 = w * kD / 2;
+    const int dq_col0 = w * kD / kConsumers;
     const uint64_t d_k_mn =
         kc::gmma_desc_sw128(sm + L::kK + (dq_col0 / 64) * L::kKVPanel + (dq_col0 % 64) * 2, L::kKVPanel, 1024);
 
@@ -707,8 +727,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 
       // dQ = dS K (this warpgroup's columns), once both consumers' dS^T is in shared memory
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      kc::named_barrier_sync(kDsBar, 256);
-      float dq[kD / 4];
+      kc::named_barrier_sync(kDsBar, 128 * kConsumers);
+      float dq[kD / (2 * kConsumers)];
       kc::fence_operands(dq);
       kc::wgmma_fence();
 #pragma unroll
@@ -725,7 +745,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       // writer has read what it held two tiles ago; then the writer's turn (hand_off).
       const int buf = it & 1;
       if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
-      store_swizzled_f32<kD / 16, kVarlen>(kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) +
+      store_swizzled_f32<kD / (8 * kConsumers), kVarlen>(kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) +
                                                (dq_col0 / 32) * L::kDqBox + (16 * warp + g) * 128 + 8 * t,
                                            g, dq, 1.f, 16 * warp + g, sq.nq - q0);
       if constexpr (!kLateHandoff) hand_off(it);
@@ -742,23 +762,23 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     // shared memory (the K, V, Q, dO buffers: every product is done once both are past the
     // barrier), swizzled as dQ's, then one thread adds them.
     constexpr int kTile = (L::kAccCols / 32) * L::kDqBox;  // a consumer's dK or dV: 64 keys x kAccCols fp32
-    kc::named_barrier_sync(kDsBar, 256);
+    kc::named_barrier_sync(kDsBar, 128 * kConsumers);
     const uint32_t tiles = kc::smem_u32(sm) + (16 * warp + g) * 128 + 8 * t;  // tile (matrix * 2 + w)
     store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + w * kTile, g, dk, a.scale, key_local, nk() - k0);
-    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + (2 + w) * kTile, g, dv, 1.f, key_local, nk() - k0);
+    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + (kConsumers + w) * kTile, g, dv, 1.f, key_local, nk() - k0);
     kc::fence_async_shared();
-    kc::named_barrier_sync(kDsBar, 256);
+    kc::named_barrier_sync(kDsBar, 128 * kConsumers);
     if (threadIdx.x == 128) {
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int ww = 0; ww < 2; ++ww)
+        for (int ww = 0; ww < kConsumers; ++ww)
 #pragma unroll
           for (int j = 0; j < L::kAccCols / 32; ++j) {
             // consumer ww's tile: its 64 keys (kSplit: its 128 columns)
             const int col = (L::kSplit ? 128 * ww : 0) + 32 * j, row = ks + k0 + (L::kSplit ? 0 : 64 * ww);
             if (col < a.d)
-              kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * 2 + ww) * kTile + j * L::kDqBox, col, row, hk,
+              kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * kConsumers + ww) * kTile + j * L::kDqBox, col, row, hk,
                                     kVarlen ? m : m * (a.order.bh / a.H) + b);
           }
       kc::bulk_commit();
@@ -794,7 +814,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
     // stores both through the dk, dv maps (rows past Nk are not written). Written by every
     // thread straight to global memory instead, 16 bytes a row a warp instruction, these
     // stores stalled the CTA's end for about a tile's time at N = 1024.
-    kc::named_barrier_sync(kDsBar, 256);
+    kc::named_barrier_sync(kDsBar, 128 * kConsumers);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = key_local + 8 * r;
@@ -808,7 +828,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
       }
     }
     kc::fence_async_shared();
-    kc::named_barrier_sync(kDsBar, 256);
+    kc::named_barrier_sync(kDsBar, 128 * kConsumers);
     if (threadIdx.x == 128) {
 #pragma unroll
       for (int p = 0; p < L::kPanels; ++p) {
@@ -846,7 +866,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_bwd_kernel(const __grid_co
 
 template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDet, bool kVarlen = false>
 cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
-  constexpr int kBlockN = Layout<kD>::kBlockN;
+  using L = LayoutOf<kD, kLocal, kDet>;
+  constexpr int kBlockN = L::kBlockN;
   Args a;
   // Packed sequences: maps over all rows, one "batch"
   const int64_t mq = kVarlen ? p.total_q : p.Nq, mk = kVarlen ? p.total_k : p.Nk, mB = kVarlen ? 1 : p.B;
@@ -893,10 +914,10 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.dk_sr = p.dk_sr;
   if (kDet && p.dq_sem == nullptr) return cudaErrorInvalidValue;
   auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kSoftcap, kDet, kVarlen>;
-  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD>::kBytes));
+  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
   const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
   a.order = hopper_common::make_order(n_kt, p.B * p.H, 2 * p.Nq * kD * int64_t(sizeof(T)));  // Q, dO of a head
-  kernel<<<unsigned(n_kt * p.B * p.H), kThreads, Layout<kD>::kBytes, stream>>>(a);
+  kernel<<<unsigned(n_kt * p.B * p.H), L::kThreads, L::kBytes, stream>>>(a);
   return cudaGetLastError();
 }
 
