@@ -133,10 +133,8 @@ struct Layout {
   // dV's columns (64 x 256 fp32 of each would not fit one warpgroup's registers). One dO stage
   // (Q keeps two), P^T exchanged through shared memory, dQ staged 64 columns a consumer at a time.
   static constexpr bool kSplit = kD > 128;
-  // kOne (d = 64; LayoutOf says where): 64-key blocks, one consumer warpgroup that computes all
-  // of dQ's columns, two CTAs an SM, so that one CTA's cold start and epilogue run under the
-  // other's products. Twice the Q, dO loads and dQ adds per key: where key blocks run long
-  // (dense attention) that L2 traffic costs more than the overlap buys.
+  // kOne (d = 64, where LayoutOf says; the file's header says why): 64-key blocks, one consumer
+  // warpgroup that computes all of dQ's columns, two CTAs an SM.
   static constexpr bool kOne = kOneConsumer;
   static_assert(!kOne || kD == 64, "one consumer holds 64 keys x d of dK and dV: d = 64");
   static constexpr int kConsumers = kOne ? 1 : 2, kThreads = 128 * (1 + kConsumers), kCtasPerSm = kOne ? 2 : 1;
@@ -741,13 +739,13 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       kc::fence_operands(dv);
       kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
 
-      // dQ (this consumer's d / 2 columns) to this iteration's shared tile, free once the
-      // writer has read what it held two tiles ago; then the writer's turn (hand_off).
+      // dQ (this consumer's d / 2 columns; kOne: all d) to this iteration's shared tile, free
+      // once the writer has read what it held two tiles ago; then the writer's turn (hand_off).
       const int buf = it & 1;
       if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
-      store_swizzled_f32<kD / (8 * kConsumers), kVarlen>(kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) +
-                                               (dq_col0 / 32) * L::kDqBox + (16 * warp + g) * 128 + 8 * t,
-                                           g, dq, 1.f, 16 * warp + g, sq.nq - q0);
+      const uint32_t dq_row =
+          kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox + (16 * warp + g) * 128 + 8 * t;
+      store_swizzled_f32<kD / (8 * kConsumers), kVarlen>(dq_row, g, dq, 1.f, 16 * warp + g, sq.nq - q0);
       if constexpr (!kLateHandoff) hand_off(it);
     }
     if constexpr (kLateHandoff)
