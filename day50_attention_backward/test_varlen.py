@@ -325,8 +325,8 @@ POISON = [(t, row) for row in (100, 99) for t in ("q", "k", "v", "dout")]
 
 
 # (H, Hk, d, deterministic, version): the multi-head stores, the grouped-query accumulator and
-# partials, d 128 and the d 256 kernels (version 2 on Hopper, auto), and version 1 pinned.
-# d 64 runs the one-consumer backward (multi-head and grouped-query), deterministic the two-consumer one
+# partials of each backward family (version 2 on Hopper, auto: d 64 one consumer, d 64
+# deterministic and d 128 two, d 256 split), and version 1 pinned.
 NONFINITE_CASES = [(2, 2, 64, False, 0), (4, 2, 64, False, 0), (2, 2, 64, False, 1), (4, 2, 128, False, 0),
                    (4, 2, 64, True, 0), (2, 2, 256, False, 0), (4, 2, 256, True, 0)]
 
@@ -455,7 +455,7 @@ print("NO ERROR")
 
 
 @requires_cuda
-@pytest.mark.skipif(os.environ.get("KC_SANITIZE", "0") == "1", reason="a deliberate trap under the sanitizer")
+@pytest.mark.skipif(SANITIZE, reason="a deliberate trap under the sanitizer")
 @pytest.mark.parametrize("cu_q,max_q,bad", [("0,3,8", 8, False),    # the control: valid offsets run
                                             ("0,3,6", 8, True),     # rows 6, 7 belong to no sequence
                                             ("0,5,8", 4, True),     # a length above max_seqlen_q
