@@ -90,6 +90,133 @@ def test_mixed_dtypes_outside_autocast_raise(device):
     da.attention(q, k, v.float())  # the process stays usable
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_node_casts_and_returns_input_dtypes(device):
+    """Under autocast the op's autograd node takes the float32 q, k themselves (no cast node in
+    between, so no cast kernel runs on the way back) and returns their gradients as float32. On
+    CUDA the fused backward stores them from its fp32 sums: values a bf16 cast would have
+    rounded, and no less accurate than their rounding."""
+    q, k, v, do = _llama_inputs(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = da.attention(q, k, v, causal=True)
+    nodes = [f for f, _ in out.grad_fn.next_functions]
+    assert [type(f).__name__ for f in nodes] == ["AccumulateGrad"] * 3, nodes
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    assert (dq.dtype, dk.dtype, dv.dtype) == (torch.float32, torch.float32, torch.bfloat16)
+    if device == "cuda":
+        q64, k64, v64 = (t.detach().to(torch.bfloat16).double().requires_grad_() for t in (q, k, v))
+        ref = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, enable_gqa=True)
+        refs = torch.autograd.grad(ref, (q64, k64, v64), do.double())
+        for name, g, r in (("dq", dq, refs[0]), ("dk", dk, refs[1])):
+            rounded = g.to(torch.bfloat16).float()
+            assert (g != rounded).any(), f"{name} holds only bf16 values"
+            assert testing.max_abs_err(g, r) <= testing.max_abs_err(rounded, r), name
+
+
+def _bwd_inputs(shape, device, seed):
+    b, hq, hk, n, d = shape
+    g = torch.Generator().manual_seed(seed)
+    q = testing.fresh(b, hq, n, d, device=device, gen=g).to(torch.bfloat16)
+    k, v = (testing.fresh(b, hk, n, d, device=device, gen=g).to(torch.bfloat16) for _ in range(2))
+    do = testing.fresh(b, hq, n, d, device=device, gen=g).to(torch.bfloat16)
+    return q, k, v, do
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 4, 70, 64), (2, 4, 1, 70, 64), (1, 8, 2, 130, 128), (1, 2, 2, 40, 96)],
+                         ids=["mha", "mqa", "gqa-d128", "d96"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_gradients_in_asked_dtypes(device, shape, deterministic):
+    """attention_backward(dq_dtype=, dk_dtype=, dv_dtype=): the gradients in those dtypes, the
+    values the default call computes. deterministic=True fixes every sum's order, so the float32
+    gradients round to the bf16 ones bit for bit; otherwise both are compared with float64."""
+    q, k, v, do = _bwd_inputs(shape, device, seed=41)
+    out, lse = da.attention_forward(q, k, v, True)
+    base = da.attention_backward(do, q, k, v, out, lse, None, True, deterministic=deterministic)
+    f32 = torch.float32
+    for dts in ((f32, f32, None), (f32, None, f32), (None, f32, torch.float16)):
+        got = da.attention_backward(do, q, k, v, out, lse, None, True, deterministic=deterministic,
+                                    dq_dtype=dts[0], dk_dtype=dts[1], dv_dtype=dts[2])
+        for name, g, b, dt, like in zip(("dq", "dk", "dv"), got, base, dts, (q, k, v)):
+            assert g.dtype == (dt or torch.bfloat16), name
+            assert g.shape == b.shape and g.stride() == b.stride(), name
+            if deterministic:  # otherwise dq (and a group's dk, dv) add in the order their atomics land
+                assert torch.equal(g.to(torch.bfloat16), b) if dt != torch.float16 else \
+                    torch.equal(g, b.to(torch.float16)), name
+    if not deterministic:
+        q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+        ref = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, enable_gqa=True)
+        refs = torch.autograd.grad(ref, (q64, k64, v64), do.double())
+        got = da.attention_backward(do, q, k, v, out, lse, None, True, dq_dtype=f32, dk_dtype=f32, dv_dtype=f32)
+        for name, g, b, r in zip(("dq", "dk", "dv"), got, base, refs):
+            assert testing.max_abs_err(g, r) <= testing.max_abs_err(b, r) * 1.01 + 1e-6, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_gradient_dtype_must_be_floating(device):
+    q, k, v, do = _bwd_inputs((1, 2, 2, 8, 16), device, seed=42)
+    out, lse = da.attention_forward(q, k, v)
+    with pytest.raises(RuntimeError, match="dk_dtype must be float64, float32, float16 or bfloat16"):
+        da.attention_backward(do, q, k, v, out, lse, dk_dtype=torch.int32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_gradient_dtypes(device):
+    q, k, v, do = _bwd_inputs((1, 4, 2, 9, 64), device, seed=43)
+    out, lse = da.attention_forward(q, k, v, True)
+    torch.library.opcheck(torch.ops.day50.attention_backward.default, (do, q, k, v, out, lse, None, True),
+                          {"dq_dtype": torch.float32, "dk_dtype": torch.float32})
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
+    args = (do[0].transpose(0, 1).contiguous(), q[0].transpose(0, 1).contiguous(),
+            k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous())
+    o, l_ = da.attention_varlen_forward(*args[1:], cu, cu, 5, 5, causal=True)
+    torch.library.opcheck(torch.ops.day50.attention_varlen_backward.default,
+                          (args[0], *args[1:], o, l_, None, cu, cu, 5, 5, True), {"dq_dtype": torch.float32})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_varlen_gradients_in_input_dtypes(device):
+    """Packed rows under autocast (a packed Llama batch): float32 q, k get float32 gradients; with
+    deterministic=True they round to the gradients of the bf16-cast inputs bit for bit."""
+    q, k, v, do = (t.detach()[0].transpose(0, 1).contiguous() for t in _llama_inputs(device, b=1, n=40))
+    q.requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    cu = torch.tensor([0, 17, 40], dtype=torch.int32, device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = da.attention_varlen(q, k, v, cu, cu, 23, 23, causal=True, deterministic=True)
+    got = torch.autograd.grad(out, (q, k, v), do)
+    assert [g.dtype for g in got] == [torch.float32, torch.float32, torch.bfloat16]
+    qb, kb, vb = (t.detach().to(torch.bfloat16).requires_grad_() for t in (q, k, v))
+    ob = da.attention_varlen(qb, kb, vb, cu, cu, 23, 23, causal=True, deterministic=True)
+    want = torch.autograd.grad(ob, (qb, kb, vb), do)
+    assert torch.equal(out, ob)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert torch.equal(g.to(torch.bfloat16), w), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_torch_compile_fullgraph(device):
+    """torch.compile of a step under autocast: the node's own casts and the float32 gradients
+    trace through the fakes; the compiled gradients are the eager ones."""
+    q, k, v, do = _llama_inputs(device)
+
+    def loss(a, b, c):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            return (da.attention(a, b, c, causal=True).float() * do.float()).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    grads = []
+    for f in (loss, compiled):
+        args = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        val = f(*args)
+        val.backward()
+        grads.append([val.detach()] + [t.grad for t in args])
+    assert [g.dtype for g in grads[1][1:]] == [torch.float32, torch.float32, torch.bfloat16]
+    for a, b in zip(*grads):
+        testing.assert_close(a, b, *testing.tolerance(torch.bfloat16))
+
+
 # --------------------------------------------------------------------------- devices
 _DEVS = ["cpu", "meta"] + (["cuda"] if HAS_CUDA else [])
 

@@ -79,6 +79,10 @@ struct FusedParams {
   int64_t dq_sb = 0, dq_sh = 0, dq_sr = 0;
   void* dk = nullptr;
   void* dv = nullptr;
+  // float32 gradients of 16-bit inputs (attention_backward's dq_dtype, ...: autocast's fp32 q and
+  // k after RoPE): the post-kernel stores dq, and the dk, dv it sums (grouped-query attention),
+  // as float32 instead of the dtype; the launcher sets these only for the outputs it writes.
+  bool dq_f32 = false, dk_f32 = false, dv_f32 = false;
   float* dsum = nullptr;      // workspace (B*H*Nq): rowsum(dout * out) - grad_lse
   float* dq_accum = nullptr;  // workspace (B*H*Nq*d) fp32
   int64_t B = 0, H = 0, Nq = 0, Nk = 0, d = 0;

@@ -13,19 +13,26 @@
 // never cast; float64 is never cast (torch's rule: is_autocast_eligible). A
 // tensor on another device is left alone, so the device check still names it.
 //
-// How: one boxed kernel serves every op (the dense and the packed-sequence
-// forward and backward), so the rule is written once and follows the schemas in
-// binding.cpp: it casts the tensor arguments by name, excludes its own autocast
-// key and calls the op again through the dispatcher, so the cast tensors reach
-// the Autograd kernel (attention_autograd.cpp) and gradients flow back through
-// the casts to the float32 inputs, as with SDPA. Outside autocast this kernel
-// never runs and mixed dtypes remain an error (check_qkv).
+// How, for the forwards (dense and packed): the autocast kernel excludes its own
+// key and enters the op's autograd node (attention_autograd.cpp) with the
+// autocast dtype; the node casts q, k, v by the same rule and saves the cast
+// tensors. Its backward asks attention_backward for the gradients in the
+// inputs' dtypes, which the fused kernels store from their fp32 sums: SDPA's
+// path instead runs a cast kernel per float32 input in each direction (in a
+// Llama layer under bf16 autocast, q's and k's gradients back to float32).
+// Entering the node directly skips only the JIT tracer's key, which sits
+// between Autocast and Autograd. For the backwards, called directly: one boxed
+// kernel casts the tensor arguments by name (following the schemas in
+// binding.cpp) and calls the op again through the dispatcher. Outside autocast
+// neither runs and mixed dtypes remain an error (check_qkv).
 #include <string_view>
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
+
+#include "attention_autograd.h"
 
 namespace day50 {
 namespace {
@@ -47,9 +54,36 @@ void autocast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
 }
 
 template <c10::DeviceType D>
+AutocastTo autocast_to() {
+  return {at::autocast::get_autocast_dtype(D), D};
+}
+
+template <c10::DeviceType D>
+std::tuple<at::Tensor, at::Tensor> autocast_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                    bool causal, std::optional<double> scale,
+                                                    c10::string_view backend, bool deterministic,
+                                                    at::IntArrayRef window, double softcap) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(D));
+  return attention_forward_autocast(q, k, v, causal, scale, backend, deterministic, window, softcap, autocast_to<D>());
+}
+
+template <c10::DeviceType D>
+std::tuple<at::Tensor, at::Tensor> autocast_varlen_forward(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, const at::Tensor& cu_q,
+                                                           const at::Tensor& cu_k, int64_t max_q, int64_t max_k,
+                                                           bool causal, std::optional<double> scale,
+                                                           at::IntArrayRef window, double softcap,
+                                                           bool deterministic) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(D));
+  return attention_varlen_forward_autocast(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap,
+                                           deterministic, autocast_to<D>());
+}
+
+template <c10::DeviceType D>
 void register_autocast(torch::Library& m) {
-  for (const char* name :
-       {"attention_forward", "attention_backward", "attention_varlen_forward", "attention_varlen_backward"})
+  m.impl("attention_forward", &autocast_forward<D>);
+  m.impl("attention_varlen_forward", &autocast_varlen_forward<D>);
+  for (const char* name : {"attention_backward", "attention_varlen_backward"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<D>>());
 }
 

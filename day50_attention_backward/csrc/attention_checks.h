@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -128,6 +129,33 @@ inline void check_backward_args(const at::Tensor& grad_out, const at::Tensor& q,
                     grad_lse->device() == lse.device(),
                 "attention_backward: grad_lse must match lse (", fmt(lse.sizes()), ", ", lse.scalar_type(), ")");
   }
+}
+
+// The gradients' dtypes: q's, k's and v's, unless the backward is asked for others (dq_dtype,
+// dk_dtype, dv_dtype). The autograd node of a call under autocast asks for the dtypes of the
+// tensors it cast (float32 q and k after RoPE), so the gradients reach them without a cast
+// kernel each: the fused backward stores float32 from its fp32 sums (FusedParams::dq_f32),
+// other paths compute in the inputs' dtype and convert (to_grad_dtypes).
+struct GradDtypes {
+  at::ScalarType q, k, v;
+};
+
+inline GradDtypes grad_dtypes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              std::optional<at::ScalarType> dq, std::optional<at::ScalarType> dk,
+                              std::optional<at::ScalarType> dv, const char* op) {
+  auto pick = [op](std::optional<at::ScalarType> want, const at::Tensor& t, const char* name) {
+    if (!want.has_value()) return t.scalar_type();
+    TORCH_CHECK(is_supported_dtype(*want), op, ": ", name, " must be float64, float32, float16 or bfloat16, got ",
+                *want);
+    return *want;
+  };
+  return {pick(dq, q, "dq_dtype"), pick(dk, k, "dk_dtype"), pick(dv, v, "dv_dtype")};
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> to_grad_dtypes(
+    std::tuple<at::Tensor, at::Tensor, at::Tensor> g, const GradDtypes& dt) {
+  auto& [dq, dk, dv] = g;
+  return {dq.to(dt.q), dk.to(dt.k), dv.to(dt.v)};  // strides kept (preserve_format)
 }
 
 }  // namespace day50

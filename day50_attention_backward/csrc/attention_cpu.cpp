@@ -299,13 +299,18 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(const Tensor& grad_out
                                                           const std::optional<Tensor>& grad_lse, bool causal,
                                                           std::optional<double> scale_opt,
                                                           c10::string_view backend, bool /*deterministic: always*/,
-                                                          at::IntArrayRef window, double softcap) {
+                                                          at::IntArrayRef window, double softcap,
+                                                          std::optional<at::ScalarType> dq_dtype,
+                                                          std::optional<at::ScalarType> dk_dtype,
+                                                          std::optional<at::ScalarType> dv_dtype) {
   parse_backend(std::string(backend));
   const double scale = check_qkv(q, k, v, scale_opt);
   check_backward_args(grad_out, q, out, lse, grad_lse);
+  const GradDtypes gd = grad_dtypes(q, k, v, dq_dtype, dk_dtype, dv_dtype, "attention_backward");
   const Window w = make_window(window, causal, false, "attention_backward");
-  return reference_backward(grad_out, q, k, v, out, lse, grad_lse, scale, w,
-                            check_softcap(softcap, "attention_backward"));
+  return to_grad_dtypes(
+      reference_backward(grad_out, q, k, v, out, lse, grad_lse, scale, w, check_softcap(softcap, "attention_backward")),
+      gd);
 }
 
 std::tuple<Tensor, Tensor> attention_varlen_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -322,12 +327,17 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cpu(const Tensor& q, const T
 std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cpu(
     const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
     const std::optional<Tensor>& grad_lse, const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k,
-    bool causal, std::optional<double> scale_opt, at::IntArrayRef window, double softcap, bool /*deterministic*/) {
+    bool causal, std::optional<double> scale_opt, at::IntArrayRef window, double softcap, bool /*deterministic*/,
+    std::optional<at::ScalarType> dq_dtype, std::optional<at::ScalarType> dk_dtype,
+    std::optional<at::ScalarType> dv_dtype) {
   const char* op = "attention_varlen_backward";
   const double scale = check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale_opt, op);
   check_varlen_backward(grad_out, q, out, lse, grad_lse);
-  return reference_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k, scale,
-                                   make_window(window, causal, true, op), check_softcap(softcap, op));
+  const GradDtypes gd = grad_dtypes(q, k, v, dq_dtype, dk_dtype, dv_dtype, op);
+  return to_grad_dtypes(reference_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, max_q, max_k,
+                                                  scale, make_window(window, causal, true, op),
+                                                  check_softcap(softcap, op)),
+                        gd);
 }
 
 Tensor matmul_cpu(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {

@@ -310,15 +310,45 @@ Tensor dv_buffer(const Tensor& dk, const Tensor& dv) {
   return dv.strides() == dk.strides() ? dv : at::empty_strided(dk.sizes(), dk.strides(), dv.options());
 }
 
+// Where a kernel writes gradient g (attention_checks.h, GradDtypes): g itself if the kernel
+// stores g's dtype (t, the inputs' dtype; float32 where `f32`: the fused post-kernel stores it),
+// else a t buffer in g's layout that copy_back converts into g.
+Tensor grad_target(const Tensor& g, at::ScalarType t, bool f32) {
+  if (g.scalar_type() == t || (f32 && g.scalar_type() == at::kFloat)) return g;
+  return at::empty_strided(g.sizes(), g.strides(), g.options().dtype(t));
+}
+
+// p's gradient outputs: the targets (the strides p already holds), float32 where one is.
+void set_grad_targets(day50::FusedParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv, at::ScalarType t) {
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.dq_f32 = dq.scalar_type() != t;
+  p.dk_f32 = dk.scalar_type() != t;
+  p.dv_f32 = dv.scalar_type() != t;
+}
+
+std::tuple<Tensor, Tensor, Tensor> copy_back(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dqw,
+                                             const Tensor& dkw, const Tensor& dvw) {
+  const std::pair<Tensor, Tensor> written[] = {{dq, dqw}, {dk, dkw}, {dv, dvw}};
+  for (const auto& [o, w] : written)
+    if (!w.is_same(o)) o.copy_(w);
+  return {dq, dk, dv};
+}
+
 std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_out, const Tensor& q, const Tensor& k,
                                                            const Tensor& v, const Tensor& out, const Tensor& lse_,
                                                            const std::optional<Tensor>& grad_lse_, bool causal,
                                                            std::optional<double> scale_opt,
                                                            c10::string_view backend_s, bool deterministic,
-                                                           at::IntArrayRef window, double softcap) {
+                                                           at::IntArrayRef window, double softcap,
+                                                           std::optional<at::ScalarType> dq_dtype,
+                                                           std::optional<at::ScalarType> dk_dtype,
+                                                           std::optional<at::ScalarType> dv_dtype) {
   const Backend backend = day50::parse_backend(std::string(backend_s));
   const double scale = day50::check_qkv(q, k, v, scale_opt);
   day50::check_backward_args(grad_out, q, out, lse_, grad_lse_);
+  const day50::GradDtypes gd = day50::grad_dtypes(q, k, v, dq_dtype, dk_dtype, dv_dtype, "attention_backward");
   const day50::Window w = day50::make_window(window, causal, false, "attention_backward");
   day50::check_softcap(softcap, "attention_backward");
   const bool masked = w.left >= 0 || w.right > 0 || softcap > 0;  // more than plain causal
@@ -351,12 +381,13 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   if (why_not_fused == nullptr || (wide && deterministic))
     why_not_fused = "order their dq adds only in the Hopper backward (deterministic=True)";
   const bool simt = !fused && choose_simt(backend, q, why_not_fused);
-  Tensor dq = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options());
+  Tensor dq = day50::new_output_in_layout_of(q, {B, H, Nq, d}, q.options().dtype(gd.q));
   // dk and dv in k's and v's layouts, as dq in q's: for k, v sliced from a fused projection
   // as (B, N, H, d) views, the gradients reshape back without a copy (SDPA's rule too)
-  Tensor dk = day50::new_output_in_layout_of(k, {B, Hk, Nk, d}, q.options());
-  Tensor dv = day50::new_output_in_layout_of(v, {B, Hk, Nk, d}, q.options());
-  const Tensor dvw = fused || simt ? dv_buffer(dk, dv) : dv;
+  Tensor dk = day50::new_output_in_layout_of(k, {B, Hk, Nk, d}, q.options().dtype(gd.k));
+  Tensor dv = day50::new_output_in_layout_of(v, {B, Hk, Nk, d}, q.options().dtype(gd.v));
+  const at::ScalarType t = q.scalar_type();
+  Tensor dqw = dq, dkw = dk, dvw = fused || simt ? dv_buffer(dk, dv) : dv;  // what the kernels write
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (fused) {
     const Tensor qq = fused_ready(q), kk = fused_ready(k), vv = fused_ready(v), go = fused_ready(grad_out);
@@ -384,31 +415,41 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
       p.dkv_partial = dkv_partial.data_ptr<float>();
     }
     p.dkv_zero_floats = plan.accum_floats;  // version 2 adds into it: the pre-kernel zeroes it
+    // The post-kernel stores dq, and dk, dv where it sums a group's partials: float32 there directly
+    const bool kv_post = p.H != p.Hk && plan.partial_floats > 0;
+    dqw = grad_target(dq, t, true);
+    dkw = grad_target(dk, t, kv_post);
+    dvw = grad_target(dvw, t, kv_post);
+    set_grad_targets(p, dqw, dkw, dvw, t);
     KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, stream));
   } else if (simt) {  // any strides: no copies; workspace: D, one float a query row
+    dqw = grad_target(dq, t, false);
+    dkw = grad_target(dk, t, false);
+    dvw = grad_target(dvw, t, false);
     day50::FusedParams p =
-        backward_params(q, k, v, grad_out, out, lse, grad_lse, dq, dk, dvw, causal, scale, w, softcap);
+        backward_params(q, k, v, grad_out, out, lse, grad_lse, dqw, dkw, dvw, causal, scale, w, softcap);
     Tensor dsum = at::empty({B * H * Nq}, q.options().dtype(at::kFloat));
     p.dsum = dsum.data_ptr<float>();
     KC_TORCH_CHECK_CUDA(day50::simt_attention_backward(p, stream));
   } else if (masked) {  // the reference math on the GPU (N x N scores)
-    return day50::reference_backward(grad_out, q, k, v, out, lse, grad_lse_, scale, w, softcap);
+    return day50::to_grad_dtypes(day50::reference_backward(grad_out, q, k, v, out, lse, grad_lse_, scale, w, softcap),
+                                 gd);
   } else {
-    const auto acc = day50::lse_dtype(q.scalar_type());
+    const auto acc = day50::lse_dtype(t);
     Tensor ws_p = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));
     Tensor ws_dp = at::empty({B * H * Nq * Nk}, q.options().dtype(acc));
-    auto dense = [](const Tensor& t) { return t.is_contiguous() ? t : at::empty(t.sizes(), t.options()); };
-    const Tensor dqc = dense(dq), dkc = dense(dk), dvc = dense(dv);  // naive writes contiguous
+    auto dense = [t](const Tensor& g) {  // naive writes contiguous, in the inputs' dtype
+      return g.is_contiguous() && g.scalar_type() == t ? g : at::empty(g.sizes(), g.options().dtype(t));
+    };
+    dqw = dense(dq);
+    dkw = dense(dk);
+    dvw = dense(dv);
     KC_TORCH_CHECK_CUDA(day50::naive_attention_backward(
         view4(grad_out), view4(q), view4(k), view4(v), lse.data_ptr(),
-        grad_lse.defined() ? grad_lse.data_ptr() : nullptr, dqc.data_ptr(), dkc.data_ptr(), dvc.data_ptr(),
+        grad_lse.defined() ? grad_lse.data_ptr() : nullptr, dqw.data_ptr(), dkw.data_ptr(), dvw.data_ptr(),
         ws_p.data_ptr(), ws_dp.data_ptr(), B, H, Hk, Nq, Nk, d, causal, scale, naive_type(q), stream));
-    const std::pair<Tensor, Tensor> written[] = {{dq, dqc}, {dk, dkc}, {dv, dvc}};
-    for (const auto& [o, c] : written)
-      if (!c.is_same(o)) o.copy_(c);
   }
-  if (!dvw.is_same(dv)) dv.copy_(dvw);
-  return {dq, dk, dv};
+  return copy_back(dq, dk, dv, dqw, dkw, dvw);
 }
 
 // Packed sequences on CUDA: the fused tensor-core kernels for fp16 / bf16 with a head dim they
@@ -492,10 +533,13 @@ std::tuple<Tensor, Tensor> attention_varlen_forward_cuda(const Tensor& q, const 
 std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
     const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse_,
     const std::optional<Tensor>& grad_lse_, const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k,
-    bool causal, std::optional<double> scale_opt, at::IntArrayRef window, double softcap, bool deterministic) {
+    bool causal, std::optional<double> scale_opt, at::IntArrayRef window, double softcap, bool deterministic,
+    std::optional<at::ScalarType> dq_dtype, std::optional<at::ScalarType> dk_dtype,
+    std::optional<at::ScalarType> dv_dtype) {
   const char* op = "attention_varlen_backward";
   const double scale = day50::check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale_opt, op);
   day50::check_varlen_backward(grad_out, q, out, lse_, grad_lse_);
+  const day50::GradDtypes gd = day50::grad_dtypes(q, k, v, dq_dtype, dk_dtype, dv_dtype, op);
   const day50::Window w = day50::make_window(window, causal, true, op);
   day50::check_softcap(softcap, op);
   const c10::cuda::CUDAGuard guard(q.device());
@@ -507,12 +551,13 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
     fused = wide_backward_fused(varlen_params(q, k, v, cq, ck, max_q, max_k, scale, w, softcap), deterministic);
   const bool simt = varlen_simt(q, deterministic, fused);
   if (!simt && !fused)
-    return day50::reference_varlen_backward(grad_out, q, k, v, out, lse_, grad_lse_, cu_q, cu_k, max_q, max_k, scale,
-                                            w, softcap);
+    return day50::to_grad_dtypes(day50::reference_varlen_backward(grad_out, q, k, v, out, lse_, grad_lse_, cu_q, cu_k,
+                                                                  max_q, max_k, scale, w, softcap),
+                                 gd);
   const int64_t H = q.size(1), total_q = q.size(0), d = q.size(2);
-  Tensor dq = kc::new_output(q.sizes(), q.options());
-  Tensor dk = kc::new_output(k.sizes(), q.options());
-  Tensor dv = kc::new_output(v.sizes(), q.options());
+  Tensor dq = kc::new_output(q.sizes(), q.options().dtype(gd.q));
+  Tensor dk = kc::new_output(k.sizes(), q.options().dtype(gd.k));
+  Tensor dv = kc::new_output(v.sizes(), q.options().dtype(gd.v));
   if (cu_q.size(0) > 1 && (total_q > 0 || k.size(0) > 0))
     KC_TORCH_CHECK_CUDA(day50::varlen_offsets_check(cq.data_ptr<int>(), ck.data_ptr<int>(), cq.size(0) - 1, q.size(0),
                                                     k.size(0), max_q, max_k, c10::cuda::getCurrentCUDAStream()));
@@ -531,18 +576,18 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
   p.dout = view3(go);
   p.lse = const_cast<float*>(lse.data_ptr<float>());
   p.grad_lse = grad_lse.defined() ? grad_lse.data_ptr<float>() : nullptr;
-  p.dq = dq.data_ptr();
   p.dq_sb = 0;
   p.dq_sh = dq.stride(1);
   p.dq_sr = dq.stride(0);
-  p.dk = dk.data_ptr();
-  p.dv = dv.data_ptr();
   // Workspaces: O(H total_q d), in the (H, total_q) row layout.
   Tensor dsum = at::empty({H * total_q}, q.options().dtype(at::kFloat));
   p.dsum = dsum.data_ptr<float>();
+  const at::ScalarType t = q.scalar_type();
   if (simt) {  // any strides: no copies; D is its only workspace
+    const Tensor dqw = grad_target(dq, t, false), dkw = grad_target(dk, t, false), dvw = grad_target(dv, t, false);
+    set_grad_targets(p, dqw, dkw, dvw, t);
     KC_TORCH_CHECK_CUDA(day50::simt_attention_backward(p, c10::cuda::getCurrentCUDAStream()));
-    return {dq, dk, dv};
+    return copy_back(dq, dk, dv, dqw, dkw, dvw);
   }
   Tensor dq_accum = at::empty({H * total_q * d}, q.options().dtype(at::kFloat));
   p.dq_accum = dq_accum.data_ptr<float>();
@@ -563,8 +608,11 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_backward_cuda(
     p.dkv_partial = dkv_partial.data_ptr<float>();
   }
   p.dkv_zero_floats = plan.accum_floats;  // version 2 adds into it: the pre-kernel zeroes it
+  const bool kv_post = p.H != p.Hk && plan.partial_floats > 0;  // as in the dense backward
+  const Tensor dqw = grad_target(dq, t, true), dkw = grad_target(dk, t, kv_post), dvw = grad_target(dv, t, kv_post);
+  set_grad_targets(p, dqw, dkw, dvw, t);
   KC_TORCH_CHECK_CUDA(day50::fused_attention_backward(p, c10::cuda::getCurrentCUDAStream()));
-  return {dq, dk, dv};
+  return copy_back(dq, dk, dv, dqw, dkw, dvw);
 }
 
 Tensor matmul_cuda(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {

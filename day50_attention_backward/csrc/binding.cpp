@@ -27,10 +27,14 @@ TORCH_LIBRARY(day50, m) {
   // Returns (dq, dk, dv). grad_lse (optional) is the gradient flowing into lse.
   // deterministic=True: a fixed order for every sum (the fused path's dq adds are ordered
   // key block by key block, hopper_bwd.cu; where that kernel does not run, "auto" takes the
-  // naive path, which has no atomics, and "fused" is an error).
+  // naive path, which has no atomics, and "fused" is an error). dq_dtype, dk_dtype, dv_dtype:
+  // the gradients' dtypes (default q's, k's, v's); the autograd node of a call under autocast
+  // asks for the dtypes of the tensors it cast, so float32 q and k get float32 gradients from
+  // the fused kernels' fp32 sums without a cast kernel (attention_checks.h, GradDtypes).
   m.def("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "Tensor? grad_lse, bool causal=False, float? scale=None, str backend=\"auto\", bool deterministic=False, "
-        "int[2] window=[-1, -1], float softcap=0.0) -> (Tensor, Tensor, Tensor)");
+        "int[2] window=[-1, -1], float softcap=0.0, *, ScalarType? dq_dtype=None, ScalarType? dk_dtype=None, "
+        "ScalarType? dv_dtype=None) -> (Tensor, Tensor, Tensor)");
   // Packed sequences (flash-attn's varlen): q (total_q, H, d), k, v (total_k, Hk, d), B sequences
   // at the int32 offsets cu_seqlens_q / _k (B + 1 each, from 0); max_seqlen_* bound every
   // length. Causal and the window align bottom-right within each sequence. Returns (out
@@ -42,7 +46,8 @@ TORCH_LIBRARY(day50, m) {
   m.def("attention_varlen_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "Tensor? grad_lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
         "bool causal=False, float? scale=None, int[2] window=[-1, -1], float softcap=0.0, "
-        "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
+        "bool deterministic=False, *, ScalarType? dq_dtype=None, ScalarType? dk_dtype=None, "
+        "ScalarType? dv_dtype=None) -> (Tensor, Tensor, Tensor)");
   // The naive path's tiled matmul, exposed for testing: a (Bt, M, K) (or (Bt, K, M)
   // with trans_a), b (Bt, K, N) (or (Bt, N, K) with trans_b) -> alpha * op(a) @ op(b).
   m.def("matmul(Tensor a, Tensor b, bool trans_a=False, bool trans_b=False, float alpha=1.0) -> Tensor");

@@ -11,9 +11,9 @@
 //      grouped-query accumulator and the deterministic dq counters (FusedParams says which).
 //   2. the main kernel: dK, dV, and dQ accumulated by fp32 atomics. Version 2
 //      (hopper_bwd.cu) where it applies, else flash_bwd_dkdv_kernel (flash_bwd.cuh).
-//   3. bwd_convert_kernel: dQ = scale * dq_accum, stored as T in q's layout; under
+//   3. bwd_convert_kernel: dQ = scale * dq_accum, stored as T (or float32: dq_f32) in q's layout; under
 //      grouped-query attention with the group split over CTAs, in the same launch, dK, dV =
-//      the sum of the fp32 partials of the splits, in split order, stored as T; after
+//      the sum of the fp32 partials of the splits, in split order, stored as T (or float32); after
 //      version 2 (not deterministic) one "split": the accumulator its CTAs added into with
 //      the copy engine.
 // dQ by atomics (FA2's choice) rather than a second pass over K, V per query
@@ -149,6 +149,17 @@ __device__ __forceinline__ void store_scaled8(T* dst, const float4& x, const flo
   kc::store_vec<8>(dst, o);
 }
 
+// Eight elements as T, or as float32 where the caller asked for float32 gradients (FusedParams'
+// dq_f32, dk_f32, dv_f32; the output's element strides are the same either way).
+template <typename T>
+__device__ __forceinline__ void store_scaled8(void* base, int64_t offset, bool f32, const float4& x, const float4& y,
+                                              float s) {
+  if (f32)
+    store_scaled8(static_cast<float*>(base) + offset, x, y, s);
+  else
+    store_scaled8(static_cast<T*>(base) + offset, x, y, s);
+}
+
 template <typename T, typename I>
 __global__ void __launch_bounds__(256) bwd_convert_kernel(const FusedParams p, I n_dq, I n_kv, I dq_blocks, I splits) {
   const I cpr = I(p.d / 8);  // 8-element chunks a row
@@ -161,8 +172,8 @@ __global__ void __launch_bounds__(256) bwd_convert_kernel(const FusedParams p, I
     if (q >= sp.nq) return;
     const int64_t r = b * p.row_sb + h * p.row_sh + sp.q0 + q;  // the row's index in lse, dq_accum
     const float4* src = reinterpret_cast<const float4*>(p.dq_accum + r * p.d + c);
-    store_scaled8(static_cast<T*>(p.dq) + b * p.dq_sb + h * p.dq_sh + (sp.q0 + q) * p.dq_sr + c, __ldcs(src),
-                  __ldcs(src + 1), p.scale);
+    store_scaled8<T>(p.dq, b * p.dq_sb + h * p.dq_sh + (sp.q0 + q) * p.dq_sr + c, p.dq_f32, __ldcs(src),
+                     __ldcs(src + 1), p.scale);
     return;
   }
   const I j = (I(blockIdx.x) - dq_blocks) * 256 + I(threadIdx.x);
@@ -179,8 +190,8 @@ __global__ void __launch_bounds__(256) bwd_convert_kernel(const FusedParams p, I
     x = make_float4(x.x + x1.x, x.y + x1.y, x.z + x1.z, x.w + x1.w);
     y = make_float4(y.x + y1.x, y.y + y1.y, y.z + y1.z, y.w + y1.w);
   }
-  T* dst = static_cast<T*>(is_v ? p.dv : p.dk) + (kv / I(p.Hk)) * p.dk_sb + hk * p.dk_sh + row * p.dk_sr + c;
-  store_scaled8(dst, x, y, 1.f);
+  store_scaled8<T>(is_v ? p.dv : p.dk, (kv / I(p.Hk)) * p.dk_sb + hk * p.dk_sh + row * p.dk_sr + c,
+                   is_v ? p.dv_f32 : p.dk_f32, x, y, 1.f);
 }
 
 template <typename T, typename I>

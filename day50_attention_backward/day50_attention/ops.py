@@ -75,8 +75,15 @@ def attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
 
 def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool = False,
                        scale: float | None = None, backend: str = "auto", deterministic: bool = False,
-                       window: tuple[int, int] = (-1, -1), softcap: float = 0.0):
+                       window: tuple[int, int] = (-1, -1), softcap: float = 0.0, *,
+                       dq_dtype: torch.dtype | None = None, dk_dtype: torch.dtype | None = None,
+                       dv_dtype: torch.dtype | None = None):
     """(dq, dk, dv) of attention_forward, given the forward's out and lse.
+
+    dq_dtype, dk_dtype, dv_dtype: the gradients' dtypes (default q's, k's, v's). The fused
+    kernels store float32 gradients of 16-bit inputs straight from their fp32 sums; under
+    autocast the autograd node asks for them for the float32 tensors it cast (q and k after
+    RoPE), so no cast kernel runs on the way back.
 
     deterministic=True: every sum in a fixed order, so dq, dk, dv are bitwise the same from run
     to run. The fused path's dq is otherwise summed over key blocks with fp32 adds (atomics, or
@@ -86,7 +93,8 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse=None, causal: bool 
     backend="auto" takes the "simt" kernels (no atomics; O(N) memory) and "fused" is an error.
     CPU and naive are deterministic anyway."""
     return torch.ops.day50.attention_backward(grad_out, q, k, v, out, lse, grad_lse, causal, scale, backend,
-                                              deterministic, _window(window), float(softcap))
+                                              deterministic, _window(window), float(softcap), dq_dtype=dq_dtype,
+                                              dk_dtype=dk_dtype, dv_dtype=dv_dtype)
 
 
 def attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -127,11 +135,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                               max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                               scale: float | None = None, window: tuple[int, int] = (-1, -1),
-                              softcap: float = 0.0, deterministic: bool = False):
-    """(dq, dk, dv) of attention_varlen_forward, given its out and lse."""
+                              softcap: float = 0.0, deterministic: bool = False, *,
+                              dq_dtype: torch.dtype | None = None, dk_dtype: torch.dtype | None = None,
+                              dv_dtype: torch.dtype | None = None):
+    """(dq, dk, dv) of attention_varlen_forward, given its out and lse; the dtypes as in
+    attention_backward."""
     return torch.ops.day50.attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q,
                                                      cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
-                                                     scale, _window(window), float(softcap), deterministic)
+                                                     scale, _window(window), float(softcap), deterministic,
+                                                     dq_dtype=dq_dtype, dk_dtype=dk_dtype, dv_dtype=dv_dtype)
 
 
 def matmul(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0):
@@ -214,11 +226,12 @@ def _attention_forward_fake(q, k, v, causal=False, scale=None, backend="auto", d
 
 @torch.library.register_fake("day50::attention_backward")
 def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, causal=False, scale=None,
-                             backend="auto", deterministic=False, window=(-1, -1), softcap=0.0):
+                             backend="auto", deterministic=False, window=(-1, -1), softcap=0.0, *,
+                             dq_dtype=None, dk_dtype=None, dv_dtype=None):
     _check_one_device("attention_backward", grad_out=grad_out, q=q, k=k, v=v, out=out, lse=lse, grad_lse=grad_lse)
-    return (q.new_empty_strided(q.shape, _layout_strides(q)),
-            k.new_empty_strided(k.shape, _layout_strides(k)),
-            v.new_empty_strided(v.shape, _layout_strides(v)))
+    return (q.new_empty_strided(q.shape, _layout_strides(q), dtype=dq_dtype or q.dtype),
+            k.new_empty_strided(k.shape, _layout_strides(k), dtype=dk_dtype or k.dtype),
+            v.new_empty_strided(v.shape, _layout_strides(v), dtype=dv_dtype or v.dtype))
 
 
 @torch.library.register_fake("day50::attention_varlen_forward")
@@ -233,10 +246,11 @@ def _attention_varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seql
 @torch.library.register_fake("day50::attention_varlen_backward")
 def _attention_varlen_backward_fake(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-                                    deterministic=False):
+                                    deterministic=False, *, dq_dtype=None, dk_dtype=None, dv_dtype=None):
     _check_one_device("attention_varlen_backward", grad_out=grad_out, q=q, k=k, v=v, out=out, lse=lse,
                       grad_lse=grad_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return (q.new_empty(q.shape, dtype=dq_dtype or q.dtype), k.new_empty(k.shape, dtype=dk_dtype or k.dtype),
+            v.new_empty(v.shape, dtype=dv_dtype or v.dtype))
 
 
 @torch.library.register_fake("day50::matmul")
