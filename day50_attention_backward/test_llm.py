@@ -90,47 +90,59 @@ def test_mixed_dtypes_outside_autocast_raise(device):
     da.attention(q, k, v.float())  # the process stays usable
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_autocast_node_casts_and_returns_input_dtypes(device):
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.bfloat16),
+                                           pytest.param("cuda", torch.bfloat16, marks=requires_cuda),
+                                           pytest.param("cuda", torch.float16, marks=requires_cuda)],
+                         ids=["cpu-bf16", "cuda-bf16", "cuda-fp16"])
+def test_autocast_node_casts_and_returns_input_dtypes(device, dtype):
     """Under autocast the op's autograd node takes the float32 q, k themselves (no cast node in
     between, so no cast kernel runs on the way back) and returns their gradients as float32. On
-    CUDA the fused backward stores them from its fp32 sums: values a bf16 cast would have
+    CUDA the fused backward stores them from its fp32 sums: values a 16-bit cast would have
     rounded, and no less accurate than their rounding."""
     q, k, v, do = _llama_inputs(device)
-    with torch.autocast(device, dtype=torch.bfloat16):
+    v, do = v.detach().to(dtype).requires_grad_(), do.to(dtype)
+    with torch.autocast(device, dtype=dtype):
         out = da.attention(q, k, v, causal=True)
+    assert out.dtype == dtype
     nodes = [f for f, _ in out.grad_fn.next_functions]
     assert [type(f).__name__ for f in nodes] == ["AccumulateGrad"] * 3, nodes
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
-    assert (dq.dtype, dk.dtype, dv.dtype) == (torch.float32, torch.float32, torch.bfloat16)
+    assert (dq.dtype, dk.dtype, dv.dtype) == (torch.float32, torch.float32, dtype)
     if device == "cuda":
-        q64, k64, v64 = (t.detach().to(torch.bfloat16).double().requires_grad_() for t in (q, k, v))
+        q64, k64, v64 = (t.detach().to(dtype).double().requires_grad_() for t in (q, k, v))
         ref = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, enable_gqa=True)
         refs = torch.autograd.grad(ref, (q64, k64, v64), do.double())
         for name, g, r in (("dq", dq, refs[0]), ("dk", dk, refs[1])):
-            rounded = g.to(torch.bfloat16).float()
+            rounded = g.to(dtype).float()
             assert (g != rounded).any(), f"{name} holds only bf16 values"
             assert testing.max_abs_err(g, r) <= testing.max_abs_err(rounded, r), name
 
 
-def _bwd_inputs(shape, device, seed):
+def _bwd_inputs(shape, device, seed, layout="bhnd"):
+    """bf16 q, k, v, dout (B, H, N, d); layout "bnhd": views of (B, N, H, d) tensors, a
+    transformer's layout (the gradients come back in it)."""
     b, hq, hk, n, d = shape
     g = torch.Generator().manual_seed(seed)
-    q = testing.fresh(b, hq, n, d, device=device, gen=g).to(torch.bfloat16)
-    k, v = (testing.fresh(b, hk, n, d, device=device, gen=g).to(torch.bfloat16) for _ in range(2))
-    do = testing.fresh(b, hq, n, d, device=device, gen=g).to(torch.bfloat16)
-    return q, k, v, do
+
+    def make(h):
+        if layout == "bnhd":
+            return testing.fresh(b, n, h, d, device=device, gen=g).to(torch.bfloat16).transpose(1, 2)
+        return testing.fresh(b, h, n, d, device=device, gen=g).to(torch.bfloat16)
+    return make(hq), make(hk), make(hk), make(hq)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 4, 70, 64), (2, 4, 1, 70, 64), (1, 8, 2, 130, 128), (1, 2, 2, 40, 96)],
-                         ids=["mha", "mqa", "gqa-d128", "d96"])
+@pytest.mark.parametrize("shape, layout", [((2, 4, 4, 70, 64), "bhnd"), ((2, 4, 1, 70, 64), "bhnd"),
+                                           ((1, 8, 2, 130, 128), "bhnd"), ((1, 2, 2, 40, 96), "bhnd"),
+                                           ((2, 4, 2, 70, 64), "bnhd")],
+                         ids=["mha", "mqa", "gqa-d128", "d96", "gqa-bnhd"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_backward_gradients_in_asked_dtypes(device, shape, deterministic):
+def test_backward_gradients_in_asked_dtypes(device, shape, layout, deterministic):
     """attention_backward(dq_dtype=, dk_dtype=, dv_dtype=): the gradients in those dtypes, the
     values the default call computes. deterministic=True fixes every sum's order, so the float32
-    gradients round to the bf16 ones bit for bit; otherwise both are compared with float64."""
-    q, k, v, do = _bwd_inputs(shape, device, seed=41)
+    gradients round to the bf16 ones bit for bit; otherwise both are compared with float64.
+    On Hopper the main kernel adds a float32 dq in place, in its layout (bnhd: (B, N, H, d))."""
+    q, k, v, do = _bwd_inputs(shape, device, seed=41, layout=layout)
     out, lse = da.attention_forward(q, k, v, True)
     base = da.attention_backward(do, q, k, v, out, lse, None, True, deterministic=deterministic)
     f32 = torch.float32
@@ -150,6 +162,23 @@ def test_backward_gradients_in_asked_dtypes(device, shape, deterministic):
         got = da.attention_backward(do, q, k, v, out, lse, None, True, dq_dtype=f32, dk_dtype=f32, dv_dtype=f32)
         for name, g, b, r in zip(("dq", "dk", "dv"), got, base, refs):
             assert testing.max_abs_err(g, r) <= testing.max_abs_err(b, r) * 1.01 + 1e-6, name
+
+
+@requires_cuda
+def test_float32_dq_with_stride0_kv():
+    """k, v expanded over heads (stride 0): the Hopper kernel's maps turn them down at launch and
+    version 1 runs after all, into its own workspace; the float32 dq is still right."""
+    q, k, v, do = _bwd_inputs((2, 4, 1, 70, 64), "cuda", seed=44)
+    k, v = k.expand(2, 4, 70, 64), v.expand(2, 4, 70, 64)
+    out, lse = da.attention_forward(q, k, v, True)
+    base = da.attention_backward(do, q, k, v, out, lse, None, True)
+    got = da.attention_backward(do, q, k, v, out, lse, None, True, dq_dtype=torch.float32)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True)
+    refs = torch.autograd.grad(ref, (q64, k64, v64), do.double())
+    assert got[0].dtype == torch.float32
+    for name, g, b, r in zip(("dq", "dk", "dv"), got, base, refs):
+        assert testing.max_abs_err(g, r) <= testing.max_abs_err(b, r) * 1.01 + 1e-6, name
 
 
 @pytest.mark.parametrize("device", DEVICES)

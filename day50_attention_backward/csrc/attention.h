@@ -83,6 +83,9 @@ struct FusedParams {
   // k after RoPE): the post-kernel stores dq, and the dk, dv it sums (grouped-query attention),
   // as float32 instead of the dtype; the launcher sets these only for the outputs it writes.
   bool dq_f32 = false, dk_f32 = false, dv_f32 = false;
+  // Set by flash_bwd.cu's launcher, not the caller: version 2 adds into a float32 dq itself
+  // (dq_accum = dq, dense in its dq_s* layout; the pre-kernel zeroes it, the post-kernel skips it).
+  bool dq_direct = false;
   float* dsum = nullptr;      // workspace (B*H*Nq): rowsum(dout * out) - grad_lse
   float* dq_accum = nullptr;  // workspace (B*H*Nq*d) fp32
   int64_t B = 0, H = 0, Nq = 0, Nk = 0, d = 0;

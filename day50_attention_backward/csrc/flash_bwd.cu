@@ -11,7 +11,8 @@
 //      grouped-query accumulator and the deterministic dq counters (FusedParams says which).
 //   2. the main kernel: dK, dV, and dQ accumulated by fp32 atomics. Version 2
 //      (hopper_bwd.cu) where it applies, else flash_bwd_dkdv_kernel (flash_bwd.cuh).
-//   3. bwd_convert_kernel: dQ = scale * dq_accum, stored as T (or float32: dq_f32) in q's layout; under
+//   3. bwd_convert_kernel: dQ = scale * dq_accum (version 2: dq_accum, its dS^T scaled), stored as T
+//      (or float32: dq_f32) in q's layout, unless version 2 added into a float32 dq itself; under
 //      grouped-query attention with the group split over CTAs, in the same launch, dK, dV =
 //      the sum of the fp32 partials of the splits, in split order, stored as T (or float32); after
 //      version 2 (not deterministic) one "split": the accumulator its CTAs added into with
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(kPreWarps * 32) bwd_preprocess_vec_kernel(cons
 }
 
 // The post-kernel, one launch for both conversions: dQ = scale * dq_accum (rows numbered as
-// lse's) as T in dq's layout, and under grouped-query attention dK, dV = the sum over s <
+// lse's; scale 1 after version 2, whose dS^T carried it) as T in dq's layout, and under grouped-query attention dK, dV = the sum over s <
 // splits of the fp32 partials (B*Hk, splits, Nk, d) (dK's first, then dV's), in order s = 0,
 // 1, ..: deterministic; splits = 1 converts version 2's accumulator. The first dq_blocks
 // blocks take dQ, the rest dK, dV; a thread takes 8 elements of a row (d % 8 == 0): two
@@ -203,21 +204,33 @@ cudaError_t launch_convert(const FusedParams& p, int64_t n_dq, int64_t n_kv, int
 }
 
 template <typename T>
-cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
+cudaError_t preprocess(const FusedParams& p, cudaStream_t stream) {
   const int64_t rows = p.B * p.H * p.Nq;
-  if (rows > 0 || p.dkv_zero_floats > 0 || p.dq_sem_ints > 0) {  // no query row: a block for the zeros
-    if (fused_layout_ok(p.out) && fused_layout_ok(p.dout) && kc::is_aligned(p.dq_accum, 16)) {
-      const int64_t rows_per_block = kPreWarps * 32 / kPreLanes;
-      const int64_t blocks = std::max<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1);
-      if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-      bwd_preprocess_vec_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
-    } else {
-      const int64_t blocks = std::max<int64_t>((rows + kPreWarps - 1) / kPreWarps, 1);
-      if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-      bwd_preprocess_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
-    }
-    KC_CUDA_LAUNCH_TRY();
+  if (rows == 0 && p.dkv_zero_floats == 0 && p.dq_sem_ints == 0) return cudaSuccess;  // else a block for the zeros
+  if (fused_layout_ok(p.out) && fused_layout_ok(p.dout) && kc::is_aligned(p.dq_accum, 16)) {
+    const int64_t rows_per_block = kPreWarps * 32 / kPreLanes;
+    const int64_t blocks = std::max<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1);
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    bwd_preprocess_vec_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
+  } else {
+    const int64_t blocks = std::max<int64_t>((rows + kPreWarps - 1) / kPreWarps, 1);
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    bwd_preprocess_kernel<T><<<unsigned(blocks), kPreWarps * 32, 0, stream>>>(p);
   }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t backward(const FusedParams& p_in, cudaStream_t stream) {
+  FusedParams p = p_in;
+  const int64_t rows = p.B * p.H * p.Nq;
+  // A float32 dq (FusedParams::dq_f32) that version 2 adds into itself: dense (the caller
+  // allocates it so), zeroed by the pre-kernel as the workspace would be; dQ's pass of the
+  // post-kernel (read the workspace, write dq) is gone. Version 2 folds the softmax scale into
+  // dS^T, so its sums are dQ.
+  p.dq_direct = p.dq_f32 && p.bwd_version != 1 && hopper_backward_applies(p);
+  if (p.dq_direct) p.dq_accum = static_cast<float*>(p.dq);
+  KC_CUDA_TRY(preprocess<T>(p, stream));
   // main kernel: version 2 (hopper_bwd.cu) where it applies (dense attention and packed
   // sequences, windows and softcaps included: hopper_masking), else version 1
   const cudaError_t v2 = p.bwd_version != 1 ? hopper_attention_backward_main(p, stream) : cudaErrorNotSupported;
@@ -226,6 +239,11 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     KC_CUDA_TRY(v2);
     if (!p.deterministic) splits = 1;  // version 2 summed each group into the accumulator: converted below
   } else {
+    if (p.dq_direct) {  // version 2 turned the input down at launch (a map it could not make): the workspace
+      p.dq_direct = false;
+      p.dq_accum = p_in.dq_accum;
+      KC_CUDA_TRY(preprocess<T>(p, stream));
+    }
     if (p.bwd_version == 2 || p.deterministic) return cudaErrorNotSupported;  // version 1 cannot order its adds
     // packed sequences: version 1 takes a whole group per CTA (the plan's split was version 2's)
     if (p.cu_seqlens_q != nullptr && p.heads_per_cta * p.Hk != p.H) return cudaErrorNotSupported;
@@ -240,7 +258,8 @@ cudaError_t backward(const FusedParams& p, cudaStream_t stream) {
     pc.B = 1;
     pc.Nk = p.total_k;
   }
-  const int64_t n_dq = rows * p.d / 8;
+  if (v2 != cudaErrorNotSupported) pc.scale = 1.f;  // dS^T carried it
+  const int64_t n_dq = p.dq_direct ? 0 : rows * p.d / 8;
   const int64_t n_kv = p.H != p.Hk && p.dkv_partial != nullptr ? pc.B * pc.Hk * pc.Nk * pc.d / 8 : 0;
   if (n_dq + n_kv > 0) {
     const bool narrow = 8 * (n_dq + 2 * n_kv) < 0x7fffffff;  // every element index fits an int

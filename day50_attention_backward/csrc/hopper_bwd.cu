@@ -14,7 +14,8 @@
 //     in registers for the whole kernel. Per query tile, five wgmma products:
 //       S^T  = K Q^T        (64 keys x 64 queries; A = K, B = Q, both K-major in shared memory)
 //       dP^T = V dO^T       (likewise)
-//       P^T  = exp2(S^T scale log2(e) - lse log2(e)), causal mask; dS^T = P^T (dP^T - D)
+//       P^T  = exp2(S^T scale log2(e) - lse log2(e)), causal mask;
+//       dS^T = P^T (scale dP^T - scale D): the softmax scale of dQ and dK folded in (one FMA)
 //       dV  += P^T dO       (A = P^T from registers: the accumulator layout is the A layout;
 //                            B = dO, MN-major: its rows are the product's K dimension)
 //       dK  += dS^T Q       (A = dS^T from registers, B = Q MN-major)
@@ -311,7 +312,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
 #pragma unroll
         for (int i = 0; i < kBlockM; i += 32) {
           rows[lane + i] = q + i < nq ? lse[q + i] * kLog2e : INFINITY;
-          rows[kBlockM + lane + i] = q + i < nq ? dsum[q + i] : 0.f;
+          rows[kBlockM + lane + i] = q + i < nq ? dsum[q + i] * a.scale : 0.f;  // scale D: dS^T's scale
         }
         kc::mbar_arrive(&q_full[s]);
       }
@@ -505,15 +506,15 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         dsum[2 * c] = x.x;
         dsum[2 * c + 1] = x.y;
       }
-      // dS^T = P^T (dP^T - D), to shared memory (A of dK and dQ)
+      // dS^T = P^T (scale dP^T - scale D), to shared memory (A of dK and dQ)
       kc::wgmma_wait<0>();
       kc::fence_operands(dpacc);
 #pragma unroll
       for (int c = 0; c < 4; ++c)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float d0 = sacc[4 * c + 2 * r] * (dpacc[4 * c + 2 * r] - dsum[2 * c]);
-          const float d1 = sacc[4 * c + 2 * r + 1] * (dpacc[4 * c + 2 * r + 1] - dsum[2 * c + 1]);
+          const float d0 = sacc[4 * c + 2 * r] * fmaf(dpacc[4 * c + 2 * r], a.scale, -dsum[2 * c]);
+          const float d1 = sacc[4 * c + 2 * r + 1] * fmaf(dpacc[4 * c + 2 * r + 1], a.scale, -dsum[2 * c + 1]);
           st_shared(at(r, c) - uint32_t(L::kP - L::kDs), flash::pack2<T>(d0, d1));
         }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -698,7 +699,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         Acc::template rs<1>(dv, pa[kk], d_do_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
       kc::wgmma_commit();
 
-      // dS^T = P^T (dP^T - D), to registers (A of dK) and to shared memory (A of dQ)
+      // dS^T = P^T (scale dP^T - scale D), to registers (A of dK) and to shared memory (A of dQ)
       kc::wgmma_wait<1>();
       kc::fence_operands(dpacc);
       uint32_t dsa[kBlockM / 16][4];
@@ -707,8 +708,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       for (int c = 0; c < kBlockM / 8; ++c)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float d0 = sacc[4 * c + 2 * r] * (dpacc[4 * c + 2 * r] - dsum[2 * c]);
-          const float d1 = sacc[4 * c + 2 * r + 1] * (dpacc[4 * c + 2 * r + 1] - dsum[2 * c + 1]);
+          const float d0 = sacc[4 * c + 2 * r] * fmaf(dpacc[4 * c + 2 * r], a.scale, -dsum[2 * c]);
+          const float d1 = sacc[4 * c + 2 * r + 1] * fmaf(dpacc[4 * c + 2 * r + 1], a.scale, -dsum[2 * c + 1]);
           const uint32_t packed = flash::pack2<T>(d0, d1);
           dsa[c / 2][(c % 2) * 2 + r] = packed;
           // row = key (128-byte rows of 64 queries), 16-byte chunk c swizzled with key % 8 (= g)
@@ -752,7 +753,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       if (n_it > 0) hand_off(n_it - 1);
   }
 
-  // dK (times the softmax scale, which dS^T leaves out) and dV, rows < Nk.
+  // dK (dS^T carried the softmax scale) and dV, rows < Nk.
   if (!kDeterministic && a.gqa) {
     // Grouped-query attention: the group's G q heads (G CTAs of this key block) add their fp32
     // dK, dV into the (2, B, Hk, Nk, d) accumulator by the copy engine, in whatever order they
@@ -762,7 +763,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     constexpr int kTile = (L::kAccCols / 32) * L::kDqBox;  // a consumer's dK or dV: 64 keys x kAccCols fp32
     kc::named_barrier_sync(kDsBar, 128 * kConsumers);
     const uint32_t tiles = kc::smem_u32(sm) + (16 * warp + g) * 128 + 8 * t;  // tile (matrix * 2 + w)
-    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + w * kTile, g, dk, a.scale, key_local, nk() - k0);
+    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + w * kTile, g, dk, 1.f, key_local, nk() - k0);
     store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + (kConsumers + w) * kTile, g, dv, 1.f, key_local, nk() - k0);
     kc::fence_async_shared();
     kc::named_barrier_sync(kDsBar, 128 * kConsumers);
@@ -798,7 +799,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         const int col = col0 + 8 * c + 2 * t;
         if (col >= a.d) continue;
         *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dk_ptr) + at + col) =
-            flash::pack2<T>(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
+            flash::pack2<T>(dk[4 * c + 2 * r], dk[4 * c + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv_ptr) + at + col) =
             flash::pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
       }
@@ -806,7 +807,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     return;
   }
   if (!a.gqa) {
-    // Multi-head attention: dK (times the scale) and dV as T into the K and V buffers, in the
+    // Multi-head attention: dK and dV as T into the K and V buffers, in the
     // layout the copy engine loaded K and V in (rows = keys, 128-byte swizzled panels of 64
     // columns; each thread's 4-byte pairs spread over all banks, as dS^T's), then one thread
     // stores both through the dk, dv maps (rows past Nk are not written). Written by every
@@ -821,7 +822,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         const int cg = col0 / 8 + c;  // the 8-column group
         const int at = (cg / 8) * L::kKVPanel + row * 128 + (((cg % 8) ^ g) << 4) + 4 * t;
         *reinterpret_cast<uint32_t*>(sm + L::kK + at) =
-            flash::pack2<T>(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
+            flash::pack2<T>(dk[4 * c + 2 * r], dk[4 * c + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(sm + L::kV + at) = flash::pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
       }
     }
@@ -853,7 +854,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       const int col = col0 + 8 * c + 2 * t;
       if (col >= a.d) continue;
       float* pk = a.dkv_partial + part * nkd + int64_t(ks + key) * a.d + col;
-      *reinterpret_cast<float2*>(pk) = make_float2(dk[4 * c + 2 * r] * a.scale, dk[4 * c + 2 * r + 1] * a.scale);
+      *reinterpret_cast<float2*>(pk) = make_float2(dk[4 * c + 2 * r], dk[4 * c + 2 * r + 1]);
       *reinterpret_cast<float2*>(pk + v_off) = make_float2(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
     }
   }
@@ -877,7 +878,13 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;  // e.g. a zero stride: the caller runs version 1
   a.lse = p.lse;
   a.dsum = p.dsum;
-  if (p.d > kD || hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, mB, p.H, mq, p.d, kBlockM) != cudaSuccess)
+  // dq_accum: the workspace, or a float32 dq itself in its own layout (dq_direct: dense, zeroed by
+  // the pre-kernel; packed sequences: one batch of total_q rows)
+  const int64_t dq_sb = kVarlen ? mq * p.dq_sr : p.dq_sb;
+  if (p.d > kD || (p.dq_direct ? hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, mB, p.H, mq, p.d, kBlockM,
+                                                                p.dq_sr, p.dq_sh, dq_sb)
+                               : hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, mB, p.H, mq, p.d, kBlockM)) !=
+                       cudaSuccess)
     return cudaErrorNotSupported;
   a.gqa = p.H != p.Hk;
   const View4 dk{p.dk, p.dk_sb, p.dk_sh, p.dk_sr, 1}, dv{p.dv, p.dk_sb, p.dk_sh, p.dk_sr, 1};
