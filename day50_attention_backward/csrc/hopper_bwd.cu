@@ -177,7 +177,7 @@ __device__ __forceinline__ void store_release(int* p, int v) {
 }
 
 // A consumer's fp32 accumulator fragment (kGroups groups of 8 columns; rows 16 warp + g and
-// + 8 of its 64) times `scale`, stored to shared tiles of 64-row x 32-column boxes, 128-byte
+// + 8 of its 64) stored to shared tiles of 64-row x 32-column boxes, 128-byte
 // swizzled as the copy engine reads them: `row` is this thread's unswizzled address in the
 // first box (row 16 warp + g, column 2 t). Element (row, column) lies in box column / 32,
 // 16-byte chunk (column % 32) / 4 XOR row % 8: the swizzle is address bits 4-6 XOR bits 7-9,
@@ -186,16 +186,16 @@ __device__ __forceinline__ void store_release(int* p, int v) {
 // kClip (packed sequences): the thread's rows are rows r_idx and r_idx + 8 of a tile whose
 // rows from r_end on are the next sequence's; they are stored as zeros.
 template <int kGroups, bool kClip = false>
-__device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const float* acc, float scale,
-                                                   int r_idx = 0, int r_end = 0) {
+__device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const float* acc, int r_idx = 0,
+                                                   int r_end = 0) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool keep = !kClip || r_idx + 8 * r < r_end;
 #pragma unroll
     for (int c = 0; c < kGroups; ++c) {
       const uint32_t at = (row + (c / 4) * (kBlockM * 128) + r * 8 * 128 + 32 * (c % 4)) ^ (g << 4);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(keep ? acc[4 * c + 2 * r] * scale : 0.f),
-                   "f"(keep ? acc[4 * c + 2 * r + 1] * scale : 0.f));
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(keep ? acc[4 * c + 2 * r] : 0.f),
+                   "f"(keep ? acc[4 * c + 2 * r + 1] : 0.f));
     }
   }
 }
@@ -562,7 +562,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         kc::fence_operands(dq);
         // to this consumer's buffer once the writer has read the last (a fresh barrier's parity 1 passes)
         kc::mbar_wait(&dq_empty[w], (2 * it + half + 1) & 1);
-        store_swizzled_f32<8, kVarlen>(dq_row, g, dq, 1.f, 16 * warp + g, sq.nq - q0);
+        store_swizzled_f32<8, kVarlen>(dq_row, g, dq, 16 * warp + g, sq.nq - q0);
         kc::fence_async_shared();
         kc::mbar_arrive(&dq_full[w]);
       }
@@ -746,7 +746,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
       const uint32_t dq_row =
           kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox + (16 * warp + g) * 128 + 8 * t;
-      store_swizzled_f32<kD / (8 * kConsumers), kVarlen>(dq_row, g, dq, 1.f, 16 * warp + g, sq.nq - q0);
+      store_swizzled_f32<kD / (8 * kConsumers), kVarlen>(dq_row, g, dq, 16 * warp + g, sq.nq - q0);
       if constexpr (!kLateHandoff) hand_off(it);
     }
     if constexpr (kLateHandoff)
@@ -763,8 +763,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     constexpr int kTile = (L::kAccCols / 32) * L::kDqBox;  // a consumer's dK or dV: 64 keys x kAccCols fp32
     kc::named_barrier_sync(kDsBar, 128 * kConsumers);
     const uint32_t tiles = kc::smem_u32(sm) + (16 * warp + g) * 128 + 8 * t;  // tile (matrix * 2 + w)
-    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + w * kTile, g, dk, 1.f, key_local, nk() - k0);
-    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + (kConsumers + w) * kTile, g, dv, 1.f, key_local, nk() - k0);
+    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + w * kTile, g, dk, key_local, nk() - k0);
+    store_swizzled_f32<L::kAccCols / 8, kVarlen>(tiles + (kConsumers + w) * kTile, g, dv, key_local, nk() - k0);
     kc::fence_async_shared();
     kc::named_barrier_sync(kDsBar, 128 * kConsumers);
     if (threadIdx.x == 128) {
@@ -879,12 +879,10 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.lse = p.lse;
   a.dsum = p.dsum;
   // dq_accum: the workspace, or a float32 dq itself in its own layout (dq_direct: dense, zeroed by
-  // the pre-kernel; packed sequences: one batch of total_q rows)
-  const int64_t dq_sb = kVarlen ? mq * p.dq_sr : p.dq_sb;
-  if (p.d > kD || (p.dq_direct ? hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, mB, p.H, mq, p.d, kBlockM,
-                                                                p.dq_sr, p.dq_sh, dq_sb)
-                               : hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, mB, p.H, mq, p.d, kBlockM)) !=
-                       cudaSuccess)
+  // the pre-kernel)
+  const View4 dq_layout = rows(View4{p.dq_accum, p.dq_sb, p.dq_sh, p.dq_sr, 1}, mq);
+  if (p.d > kD || hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, mB, p.H, mq, p.d, kBlockM,
+                                                p.dq_direct ? &dq_layout : nullptr) != cudaSuccess)
     return cudaErrorNotSupported;
   a.gqa = p.H != p.Hk;
   const View4 dk{p.dk, p.dk_sb, p.dk_sh, p.dk_sr, 1}, dv{p.dv, p.dk_sb, p.dk_sh, p.dk_sr, 1};

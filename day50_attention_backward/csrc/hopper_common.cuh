@@ -105,18 +105,14 @@ inline View4 packed_rows(View4 x, int64_t total) {
 }
 
 // An fp32 buffer the backward adds into with the copy engine (dq_accum, the grouped-query
-// dK, dV accumulator): contiguous (batch, heads, n, d) unless the (row, head, batch) strides
-// in elements are given (a float32 dq itself: FusedParams::dq_direct), boxes of 32 columns
-// (128 bytes) x box_rows rows, 128-byte swizzled as the shared tiles it adds from.
+// dK, dV accumulator): contiguous (batch, heads, n, d), or with `layout`'s strides (a float32
+// dq itself: FusedParams::dq_direct), boxes of 32 columns (128 bytes) x box_rows rows,
+// 128-byte swizzled as the shared tiles it adds from.
 inline cudaError_t make_accum_map(CUtensorMap* map, float* ptr, int64_t batch, int64_t heads, int64_t n, int64_t d,
-                                  int box_rows, int64_t sr = 0, int64_t sh = 0, int64_t sb = 0) {
-  if (sr == 0) {
-    sr = d;
-    sh = n * d;
-    sb = heads * n * d;
-  }
+                                  int box_rows, const View4* layout = nullptr) {
   const uint64_t dims[4] = {uint64_t(d), uint64_t(n), uint64_t(heads), uint64_t(batch)};
-  const uint64_t strides[3] = {uint64_t(sr) * 4, uint64_t(sh) * 4, uint64_t(sb) * 4};
+  const uint64_t strides[3] = {uint64_t(layout ? layout->sr : d) * 4, uint64_t(layout ? layout->sh : n * d) * 4,
+                               uint64_t(layout ? layout->sb : heads * n * d) * 4};
   const uint32_t box[4] = {32, uint32_t(box_rows), 1, 1};
   return kc::make_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, ptr, dims, strides, box,
                              CU_TENSOR_MAP_SWIZZLE_128B);
