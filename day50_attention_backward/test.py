@@ -1017,27 +1017,42 @@ def test_gqa_empty(device):
 
 # The fused backward's plan for grouped-query attention (flash_bwd.cu, fused_backward_plan):
 # a CTA sums heads_per_cta q heads of a group in registers, chosen as the most that
-# still leave kGqaMinCtas = 1024 CTAs of B * Hq / heads_per_cta * ceil(Nk / 128); when
-# it is fewer than the group, fp32 partials are summed by a second kernel. These
-# shapes take each branch of that plan (small Nq keeps the float64 reference cheap):
+# still leave kGqaMinCtas CTAs of B * Hq / heads_per_cta * ceil(Nk / 128) (version 1: 1024,
+# version 2: 256, and one head a CTA when deterministic); when it is fewer than the group, the
+# splits' fp32 sums are added by a second kernel (version 1 and deterministic: partials in a
+# fixed order; version 2: one accumulator the copy engine adds into, in any order). These shapes take each branch of each version's plan
+# (small Nq keeps the float64 reference cheap): (shape, version 1's plan, version 2's plan).
 GQA_PLAN_SHAPES = [
-    ((1, 8, 2, 77, 130, 64), "splits=4 (one CTA per q head)"),
-    ((256, 8, 2, 16, 100, 64), "heads_per_cta=2, splits=2"),
-    ((4, 32, 8, 40, 2048, 128), "heads_per_cta=2, splits=2"),
-    ((512, 4, 2, 16, 100, 64), "heads_per_cta=2=G: in registers, no workspace"),
-    ((8, 16, 8, 65, 2053, 96), "heads_per_cta=2=G: in registers, no workspace"),
-    ((64, 4, 1, 40, 2048, 128), "multi-query, heads_per_cta=4=G: in registers, no workspace"),
+    ((1, 8, 2, 77, 130, 64), "splits=4 (one CTA per q head)", "splits=4 (one CTA per q head)"),
+    ((64, 8, 2, 16, 100, 64), "splits=4 (one CTA per q head)", "heads_per_cta=2, splits=2"),
+    ((256, 8, 2, 16, 100, 64), "heads_per_cta=2, splits=2", "heads_per_cta=4=G: in registers, no workspace"),
+    ((4, 32, 8, 40, 2048, 128), "heads_per_cta=2, splits=2", "heads_per_cta=4=G: in registers, no workspace"),
+    ((512, 4, 2, 16, 100, 64), "heads_per_cta=2=G: in registers, no workspace",
+     "heads_per_cta=2=G: in registers, no workspace"),
+    ((8, 16, 8, 65, 2053, 96), "heads_per_cta=2=G: in registers, no workspace",
+     "heads_per_cta=2=G: in registers, no workspace"),
+    ((64, 4, 1, 40, 2048, 128), "multi-query, heads_per_cta=4=G: in registers, no workspace",
+     "multi-query, heads_per_cta=4=G: in registers, no workspace"),
 ]
 
 
 @requires_cuda
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "det"])
+@pytest.mark.parametrize(
+    "version", [1, pytest.param(2, marks=pytest.mark.skipif(not HOPPER, reason="version 2 needs compute capability 9.0"))]
+)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", GQA_PLAN_SHAPES, ids=lambda c: gsid(c[0]))
-def test_cuda_gqa_fused_plans(case, causal):
-    """Every way the fused backward sums dk and dv over a group: accurate, bitwise
-    reproducible (fixed order, no atomics), and the in-register plan allocates no
-    fp32 workspace (its peak is the outputs, dQ's fp32 accumulator and the row sums)."""
-    shape, plan = case
+def test_cuda_gqa_fused_plans(case, causal, version, deterministic):
+    """Every way the fused backward sums dk and dv over a group, on each version: accurate,
+    bitwise reproducible where the sum has a fixed order (version 1; version 2 with the whole
+    group in a CTA or deterministic=True), and the in-register plan allocates no fp32
+    workspace (its peak is the outputs, dQ's fp32 accumulator and the row sums)."""
+    shape, plan = case[0], case[version]
+    if deterministic and version == 1:
+        pytest.skip("version 1 has no deterministic mode (its dq adds are unordered)")
+    if deterministic:
+        plan = "splits=G (one CTA per q head, deterministic)"  # version 2's deterministic plan
     if SANITIZE and shape[0] * shape[1] * shape[3] * shape[4] > 4_000_000:
         pytest.skip("too slow under compute-sanitizer; the small shapes take the same branches")
     dtype = torch.bfloat16
@@ -1045,23 +1060,34 @@ def test_cuda_gqa_fused_plans(case, causal):
     ref = reference(q, k, v, do, causal)
     theirs = torch_same_precision(q, k, v, do, causal)
     out, lse = da.attention_forward(q, k, v, causal, None, "fused")
+
+    def backward():
+        with da.ops.bwd_version(version):
+            return da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused", deterministic)
+
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    with da.ops.bwd_version(1):  # the plans are version 1's (version 2 always runs one head per CTA)
-        dq, dk, dv = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused")
+    dq, dk, dv = backward()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     check_lowp([out, dq, dk, dv], [ref[0], *ref[2:]], theirs, f"{plan}: ")
+    ordered = version == 1 or deterministic or "no workspace" in plan
     for _ in range(2):
-        with da.ops.bwd_version(1):
-            dq2, dk2, dv2 = da.attention_backward(do, q, k, v, out, lse, None, causal, None, "fused")
-        assert torch.equal(dk2, dk) and torch.equal(dv2, dv), plan
-        testing.assert_close(dq2, dq, *testing.tolerance(dtype), name="dq")
+        dq2, dk2, dv2 = backward()
+        if ordered:
+            assert torch.equal(dk2, dk) and torch.equal(dv2, dv), plan
+        else:
+            testing.assert_close(dk2, dk, *testing.tolerance(dtype), name="dk")
+            testing.assert_close(dv2, dv, *testing.tolerance(dtype), name="dv")
+        if deterministic:
+            assert torch.equal(dq2, dq), plan
+        else:
+            testing.assert_close(dq2, dq, *testing.tolerance(dtype), name="dq")
     if "no workspace" in plan:
         B, Hq, Hkv, Nq, Nk, d = shape
         outputs = (q.numel() + k.numel() + v.numel()) * q.element_size()
-        fp32_ws = B * Hq * Nq * (d + 1) * 4
+        fp32_ws = B * Hq * Nq * (d + 1) * 4 + (B * Hq * ((Nq + 63) // 64) * 4 if deterministic else 0)
         partials = 2 * B * Hkv * Nk * d * 4  # what even the smallest split would add
         assert extra < outputs + fp32_ws + partials // 2, (plan, extra)
 

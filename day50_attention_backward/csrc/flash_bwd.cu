@@ -21,19 +21,20 @@
 // tile: the second pass would recompute S and dP (7 products instead of 5);
 // the atomics cost L2 traffic of Nk / kBc * Nq * d floats per (b, h). The
 // price is that dQ is not bitwise reproducible run to run (nor, on version 2,
-// a grouped-query dK, dV); deterministic=True orders every sum.
+// a grouped-query dK, dV whose group is split over CTAs); deterministic=True orders every sum.
 //
 // Grouped-query attention (H = G * Hk): dK and dV of a kv head sum the
 // contributions of its G q heads. fused_backward_plan picks how many of them one
-// CTA takes (heads_per_cta; flash_bwd.cuh runs them one after the other into the
-// same registers). All G (splits = 1): no workspace, no extra pass, K and V read
+// CTA takes (heads_per_cta; flash_bwd.cuh and hopper_bwd.cu run them one after the
+// other into the same registers). All G (splits = 1): no workspace, no extra pass, K and V read
 // once per group, deterministic; but the grid shrinks by G, which at small
 // B * Hk * keys (multi-query attention above all) leaves SMs idle. Fewer heads per
 // CTA (down to 1, one CTA per q head as in FA2) keep the grid of the multi-head
 // kernel, at the price of fp32 partials (2 * B * H / heads_per_cta * Nk * d floats,
 // written once and read once) and a small reduction in a fixed order (still
-// deterministic; no float atomics). The plan takes the most heads per CTA that
-// still leave kGqaMinCtas CTAs. Multi-head attention runs none of this.
+// deterministic; no float atomics; version 2 adds them into one accumulator unless
+// deterministic). The plan takes the most heads per CTA that still leave kGqaMinCtas
+// CTAs (version 2: kGqaMinCtasV2). Multi-head attention runs none of this.
 #include "attention.h"
 
 #include <algorithm>
@@ -53,6 +54,12 @@ namespace flash {
 // of the kernel, and fewer CTAs per group are not worth more than that. A starting
 // point, not yet tuned by measurement.
 constexpr int64_t kGqaMinCtas = 1024;
+// Version 2 launches its longest key blocks first, so two waves of CTAs balance well, and each
+// CTA that takes a whole group saves the group's fp32 workspace: its zeroing, the reduce-adds
+// and the post-kernel's pass over it. Deterministic, version 2 keeps one head a CTA: its dQ
+// adds wait for the key block before, and with a group's heads a CTA the first wave holds a
+// longer chain of blocks that wait on each other (small Llama 401 -> 428 us at four heads).
+constexpr int64_t kGqaMinCtasV2 = 256;
 
 namespace {
 
@@ -277,26 +284,31 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   if (p.Hk <= 0 || p.H <= p.Hk || p.H % p.Hk != 0) return plan;  // multi-head (or invalid: the launcher says)
   const int64_t G = p.H / p.Hk, n_kt = (p.Nk + flash::kBwdBc - 1) / flash::kBwdBc;
   int64_t hpc = 1;
-  // Version 2's main kernel (hopper_bwd.cu) runs one q head per CTA; its partials need the
-  // version 1 kernel's one-head plan too, should version 2 fall back at launch.
+  // Version 2's main kernel (hopper_bwd.cu) takes the same plan with its own floor of CTAs
+  // (kGqaMinCtasV2), one head a CTA when deterministic (below); a version 1 fallback at launch
+  // runs it as given.
   const bool v2 = p.bwd_version != 1 && hopper_backward_applies(p);
   // Packed sequences: version 1 takes a whole group per CTA (its partials' layout is dense
   // (B, Hk, Nk, d)); version 2 one q head, its accumulator or partials over all key rows.
-  if (p.cu_seqlens_q != nullptr && !v2) {
-    plan.heads_per_cta = G;
-    return plan;
-  }
-  const int64_t Bm = p.cu_seqlens_q != nullptr ? 1 : p.B, Nm = p.cu_seqlens_q != nullptr ? p.total_k : p.Nk;
-  for (int64_t c = v2 ? 1 : G; c > 1; --c) {
-    if (G % c == 0 && p.B * (p.H / c) * n_kt >= flash::kGqaMinCtas) {
-      hpc = c;
-      break;
+  if (p.cu_seqlens_q != nullptr) {
+    if (!v2) {
+      plan.heads_per_cta = G;
+      return plan;
+    }
+  } else if (!(v2 && p.deterministic)) {
+    const int64_t min_ctas = v2 ? flash::kGqaMinCtasV2 : flash::kGqaMinCtas;
+    for (int64_t c = G; c > 1; --c) {
+      if (G % c == 0 && p.B * (p.H / c) * n_kt >= min_ctas) {
+        hpc = c;
+        break;
+      }
     }
   }
+  const int64_t Bm = p.cu_seqlens_q != nullptr ? 1 : p.B, Nm = p.cu_seqlens_q != nullptr ? p.total_k : p.Nk;
   plan.heads_per_cta = hpc;
   plan.splits = G / hpc;
   plan.partial_floats = plan.splits > 1 ? 2 * Bm * (p.H / hpc) * Nm * p.d : 0;
-  if (v2 && !p.deterministic) plan.accum_floats = 2 * Bm * p.Hk * Nm * p.d;
+  if (v2 && !p.deterministic && plan.splits > 1) plan.accum_floats = 2 * Bm * p.Hk * Nm * p.d;
   return plan;
 }
 

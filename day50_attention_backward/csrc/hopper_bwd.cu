@@ -50,13 +50,17 @@
 //   attention): t = tanh(S^T scale / softcap), P^T = exp2(t softcap log2(e) - lse log2(e)), and
 //   dS^T takes the factor 1 - t^2 (folded into P^T once P^T is packed for dV's product).
 // Grid: one dimension in hopper_common::Order: heads in chunks whose Q and dO fit in half
-// the L2, and inside a chunk key block 0 (causal: the longest) of every head first.
-// dK, dV: multi-head attention, staged as T in the K, V buffers and stored by the copy engine.
-// Grouped-query attention: one CTA per (key block, q head), as for multi-head attention,
-// reading its kv head's K, V. Its fp32 dK, dV are staged in shared memory (the K, V, Q, dO
-// buffers, free once both consumers are done) and added by the copy engine into one
-// (2, B, Hk, Nk, d) accumulator that flash_bwd.cu converts; deterministic: fp32 partials
-// per q head that its reduce kernel sums over each group in a fixed order.
+// the L2 (and at least four waves of CTAs), and inside a chunk key block 0 (causal: the
+// longest) of every head first.
+// Grouped-query attention: a CTA runs heads_per_cta q heads of a group (fused_backward_plan:
+// the whole group where that still leaves two waves of CTAs), one after the other into the
+// same dK, dV registers, reading its kv head's K, V once.
+// dK, dV: the whole group (multi-head attention: its one head), staged as T in the K, V
+// buffers and stored by the copy engine. A group split over CTAs: their fp32 dK, dV are
+// staged in shared memory (the K, V, Q, dO buffers, free once both consumers are done) and
+// added by the copy engine into one (2, B, Hk, Nk, d) accumulator that flash_bwd.cu
+// converts; deterministic (one head a CTA): fp32 partials per q head that its reduce kernel
+// sums over each group in a fixed order.
 // Packed sequences (kVarlen, on the kLocal variant, as the forward's): a CTA reads its
 // sequence's offsets, the maps span all packed rows, and the sequence's bottom-right diagonal
 // is folded into its Band. Rows past a sequence's end are the next sequence's: warp 3 zeroes
@@ -103,15 +107,18 @@ struct Args {
   const float* lse;           // (B, H, Nq), natural log
   const float* dsum;          // (B, H, Nq): rowsum(dO * O) - grad_lse
   CUtensorMap dq_accum;       // (d, Nq, H, B) fp32, zeroed by the pre-kernel; boxes of 32 x kBlockM
-  CUtensorMap dk, dv;         // (d, Nk, H, B) maps of dk, dv (multi-head attention: stored here), boxes of 64 x kBlockN
-  // Grouped-query attention. Default: the fp32 accumulator (d, Nk, Hk, 2 B) (dK's batches, then
-  // dV's) the copy engine adds into. Deterministic: fp32 partials (flash_bwd.cu's layout).
+  CUtensorMap dk, dv;         // (d, Nk, Hk, B) maps of dk, dv (stored here unless `split`), boxes of 64 x kBlockN
+  // A CTA runs hpc q heads of a group (heads_per_cta; 1 under multi-head attention), one
+  // after the other into the same dK, dV registers. `split` (hpc < group): the group's G / hpc
+  // CTAs of a key block sum theirs. Default: in the fp32 accumulator (d, Nk, Hk, 2 B) (dK's
+  // batches, then dV's) the copy engine adds into. Deterministic: fp32 partials (flash_bwd.cu's layout).
   CUtensorMap dkv_accum;
   float* dkv_partial;
-  bool gqa;
+  int hpc;
+  bool split;
   int* dq_sem;                // deterministic: per (q head, query tile) the key blocks added so far
   hopper_common::Order order;
-  int H, group, Nq, Nk;
+  int B, H, group, Nq, Nk;
   float scale, scale_log2;     // scale_log2: scale * log2(e); kSoftcap: softcap * log2(e)
   hopper_common::Band w;      // kLocal: the window
   float cap_in;               // kSoftcap: scale / softcap
@@ -236,9 +243,9 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
   // the next sequence's rows before the consumers see it
   uint64_t* edge = bars + L::kNumBars - 2;
 
-  int kb, bh;  // key block, (batch, q head): the launch order (hopper_common::Order)
-  hopper_common::order_of(blockIdx.x, a.order, kb, bh);
-  const int b = bh / a.H, h = bh % a.H, hk = h / a.group;
+  int kb, u;  // key block, (batch, hpc q heads from h0): the launch order (hopper_common::Order)
+  hopper_common::order_of(blockIdx.x, a.order, kb, u);
+  const int units = a.H / a.hpc, b = u / units, h0 = (u % units) * a.hpc, hk = h0 / a.group;
   const int k0 = kb * kBlockN;
   // Packed sequences (kVarlen): sequence b (hopper_common::Seq); the maps span all rows (batch
   // coordinate mb = 0); bounds and the diagonal are the sequence's.
@@ -260,15 +267,31 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     j_end = min(n_qt, (k0 + kBlockN - 1 + band.wl) / kBlockM + 1);
   }
   const int n_it = j_end > j_first ? j_end - j_first : 0;
-  // The query tile of step it. Deterministic: the last tile first, so that every key block
-  // starts on a tile all blocks share and the ordered adds pipeline from the first step
-  // (in ascending order a causal block n would wait for block 0 to reach tile 2n).
-  auto tile = [&](int it) { return kDeterministic ? j_end - 1 - it : j_first + it; };
+  // The steps: the hpc heads one after the other, each over its n_it query tiles.
+  // Deterministic: the last tile first, so that every key block starts on a tile all blocks
+  // share and the ordered adds pipeline from the first step (in ascending order a causal
+  // block n would wait for block 0 to reach tile 2n). Each loop walks the steps' (head, tile)
+  // along (Step: begin(), then next()): a division a step to find them cost the multi-head
+  // kernel 2-5%.
+  const int n_steps = a.hpc * n_it;
+  const int first_tile = kDeterministic ? j_end - 1 : j_first, last_tile = kDeterministic ? j_first : j_end - 1;
+  struct Step {
+    int h, j;  // q head, query tile
+  };
+  auto begin = [&] { return Step{h0, first_tile}; };
+  auto next = [&](Step& st) {
+    if (st.j == last_tile) {
+      st.j = first_tile;
+      ++st.h;
+    } else {
+      st.j += kDeterministic ? -1 : 1;
+    }
+  };
   const int wg = threadIdx.x / 128;
   // Packed sequences (header): the tiles that reach past the sequence's end, whose rows there
   // warp 3 zeroes. The key block, and the edge query tile: the last one, where the sequence's
   // length is no multiple of 64 and the block's tiles reach it (its step it_edge: counted from
-  // j_first, or from j_end - 1 downwards).
+  // j_first, or from j_end - 1 downwards; packed sequences run one head a CTA, n_steps = n_it).
   const bool kv_edge = kVarlen && k0 + kBlockN > nk();
   const int it_edge = kVarlen && sq.nq % kBlockM != 0 && j_end == n_qt && n_it > 0
                           ? (kDeterministic ? 0 : n_it - 1)
@@ -300,13 +323,15 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       // sequences read the next sequence's Q and dO there) and D into shared memory, so the
       // consumers find them there with Q (q_full counts these lanes)
       const int lane = threadIdx.x - 32;
-      const int64_t row0 = kVarlen ? h * a.row_sh + qs : int64_t(bh) * a.Nq;  // (B, H, Nq) or (H, total_q)
       const int nq = kVarlen ? sq.nq : a.Nq;
-      const float* lse = a.lse + row0;
-      const float* dsum = a.dsum + row0;
       float* rows0 = reinterpret_cast<float*>(sm + L::kRows);
-      for (int it = 0; it < n_it; ++it) {
-        const int q = tile(it) * kBlockM + lane, s = it % kStages;
+      Step st = begin();
+      for (int it = 0; it < n_steps; ++it, next(st)) {
+        const int q = st.j * kBlockM + lane, s = it % kStages;
+        // the head's rows: (B, H, Nq) or (H, total_q)
+        const int64_t row0 = kVarlen ? st.h * a.row_sh + qs : (int64_t(b) * a.H + st.h) * a.Nq;
+        const float* lse = a.lse + row0;
+        const float* dsum = a.dsum + row0;
         if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
         float* rows = rows0 + s * 2 * kBlockM;
 #pragma unroll
@@ -318,7 +343,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       }
     }
     if (threadIdx.x == 64) {  // warp 2: the dQ writer
-      for (int it = 0; it < n_it; ++it) {
+      Step st = begin();
+      for (int it = 0; it < n_steps; ++it, next(st)) {
         int* sem = nullptr;
         int turn = kb;  // the key blocks before this one that reach the tile (above)
         // hand-off i of the tile: kSplit, consumer i % 2's next 64 columns (buffer i % 2,
@@ -329,8 +355,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
           const int buf = L::kSplit ? i % 2 : it & 1, use = L::kSplit ? 2 * it + i / 2 : it >> 1;
           kc::mbar_wait(&dq_full[buf], use & 1);
           if (kDeterministic && i == 0) {
-            sem = a.dq_sem + int64_t(bh) * n_qt_all + tile(it);
-            if constexpr (kLocal) turn = kb - max(0, tile(it) * kBlockM - band.wl) / kBlockN;
+            sem = a.dq_sem + (int64_t(b) * a.H + st.h) * n_qt_all + st.j;
+            if constexpr (kLocal) turn = kb - max(0, st.j * kBlockM - band.wl) / kBlockN;
             while (load_acquire(sem) != turn) {
             }
           }
@@ -339,7 +365,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
           for (int j = 0; j < L::kDqBytes / L::kDqBox; ++j)
             if (col0 + 32 * j < a.d)
               kc::tma_reduce_add_4d(&a.dq_accum, sm + L::kDq + buf * L::kDqBytes + j * L::kDqBox, col0 + 32 * j,
-                                    qs + tile(it) * kBlockM, h, mb);
+                                    qs + st.j * kBlockM, st.h, mb);
           kc::bulk_commit();
           if (kDeterministic && i == kHandoffs - 1) {  // the adds landed, then the next key block's turn
             kc::bulk_wait<0>();
@@ -365,7 +391,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         if (lane == 0) kc::mbar_arrive(kv_full);
       }
       if (it_edge >= 0) {
-        const int s = it_edge % kStages, sd = it_edge % L::kDoStages, r0 = sq.nq - tile(it_edge) * kBlockM;
+        // the edge tile: the last (j_end - 1, at step it_edge)
+        const int s = it_edge % kStages, sd = it_edge % L::kDoStages, r0 = sq.nq - (j_end - 1) * kBlockM;
         kc::mbar_wait(&edge[1], 0);
         hopper_common::zero_rows(kc::smem_u32(sm + L::kQ + s * L::kQBytes), L::kPanels, L::kQPanel, r0, kBlockM, lane);
         hopper_common::zero_rows(kc::smem_u32(sm + L::kDo + sd * L::kQBytes), L::kPanels, L::kQPanel, r0, kBlockM,
@@ -383,8 +410,9 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         kc::tma_load_4d(sm + L::kK + p * L::kKVPanel, &a.k, kvb, p * 64, ks + k0, hk, mb);
         kc::tma_load_4d(sm + L::kV + p * L::kKVPanel, &a.v, kvb, p * 64, ks + k0, hk, mb);
       }
-      for (int it = 0; it < n_it; ++it) {
-        const int q0 = tile(it) * kBlockM, s = it % kStages, sd = it % L::kDoStages;
+      Step st = begin();
+      for (int it = 0; it < n_steps; ++it, next(st)) {
+        const int q0 = st.j * kBlockM, h = st.h, s = it % kStages, sd = it % L::kDoStages;
         const bool qe = it == it_edge;
         if (it >= kStages) kc::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
         // the edge tile: both loads complete edge[1], and warp 3 arrives on q_full, do_full
@@ -433,8 +461,9 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     const uint64_t d_k_mn = kc::gmma_desc_sw128(sm + L::kK + 2 * w * L::kKVPanel, L::kKVPanel, 1024);  // B of dQ
     kc::mbar_wait(kv_full, 0);
 #pragma unroll 1
-    for (int it = 0; it < n_it; ++it) {
-      const int s = it % kStages, sd = it % L::kDoStages, q0 = tile(it) * kBlockM, buf = it & 1;
+    Step st = begin();
+    for (int it = 0; it < n_steps; ++it, next(st)) {
+      const int s = it % kStages, sd = it % L::kDoStages, q0 = st.j * kBlockM, buf = it & 1;
       const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
       float sacc[16], dpacc[16];
       // K's and V's descriptors, loop-invariant: redefined each tile, so that their 32 k-step
@@ -620,8 +649,9 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       kc::mbar_arrive(&dq_full[i & 1]);
     };
     kc::mbar_wait(kv_full, 0);
-    for (int it = 0; it < n_it; ++it) {
-      const int s = it % kStages, q0 = tile(it) * kBlockM;
+    Step st = begin();
+    for (int it = 0; it < n_steps; ++it, next(st)) {
+      const int s = it % kStages, q0 = st.j * kBlockM;
       const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
       issue_sdp(it);
       // lse of this thread's 16 query columns 8 c + 2 t + e. At d = 64 loaded while S^T is
@@ -750,12 +780,12 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       if constexpr (!kLateHandoff) hand_off(it);
     }
     if constexpr (kLateHandoff)
-      if (n_it > 0) hand_off(n_it - 1);
+      if (n_steps > 0) hand_off(n_steps - 1);
   }
 
   // dK (dS^T carried the softmax scale) and dV, rows < Nk.
-  if (!kDeterministic && a.gqa) {
-    // Grouped-query attention: the group's G q heads (G CTAs of this key block) add their fp32
+  if (!kDeterministic && a.split) {
+    // A group split over CTAs: the group's G / hpc CTAs of this key block add their fp32
     // dK, dV into the (2, B, Hk, Nk, d) accumulator by the copy engine, in whatever order they
     // come (as dQ's adds); flash_bwd.cu then converts it. Both consumers stage their tiles in
     // shared memory (the K, V, Q, dO buffers: every product is done once both are past the
@@ -778,22 +808,22 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
             const int col = (L::kSplit ? 128 * ww : 0) + 32 * j, row = ks + k0 + (L::kSplit ? 0 : 64 * ww);
             if (col < a.d)
               kc::tma_reduce_add_4d(&a.dkv_accum, sm + (m * kConsumers + ww) * kTile + j * L::kDqBox, col, row, hk,
-                                    kVarlen ? m : m * (a.order.bh / a.H) + b);
+                                    kVarlen ? m : m * a.B + b);
           }
       kc::bulk_commit();
       kc::bulk_wait_read<0>();  // shared memory read before the CTA exits (the adds land on their own)
     }
     return;
   }
-  if (kVarlen && !a.gqa && k0 + kBlockN > nk()) {
-    // Packed sequences, multi-head, the sequence's last key block: its rows past the sequence
+  if (kVarlen && !a.split && k0 + kBlockN > nk()) {
+    // Packed sequences, the whole group, the sequence's last key block: its rows past the sequence
     // are the next one's, so each thread stores its own rows below the end (a tile store of the
     // whole block would write the next sequence's rows)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = k0 + key_local + 8 * r;
       if (key >= nk()) continue;
-      const int64_t at = int64_t(ks + key) * a.dk_sr + h * a.dk_sh;
+      const int64_t at = int64_t(ks + key) * a.dk_sr + hk * a.dk_sh;
 #pragma unroll
       for (int c = 0; c < L::kAccCols / 8; ++c) {
         const int col = col0 + 8 * c + 2 * t;
@@ -806,8 +836,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     }
     return;
   }
-  if (!a.gqa) {
-    // Multi-head attention: dK and dV as T into the K and V buffers, in the
+  if (!a.split) {
+    // The whole group (multi-head attention: its one head): dK and dV as T into the K and V buffers, in the
     // layout the copy engine loaded K and V in (rows = keys, 128-byte swizzled panels of 64
     // columns; each thread's 4-byte pairs spread over all banks, as dS^T's), then one thread
     // stores both through the dk, dv maps (rows past Nk are not written). Written by every
@@ -831,20 +861,22 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     if (threadIdx.x == 128) {
 #pragma unroll
       for (int p = 0; p < L::kPanels; ++p) {
-        kc::tma_store_4d(&a.dk, sm + L::kK + p * L::kKVPanel, p * 64, ks + k0, h, mb);
-        kc::tma_store_4d(&a.dv, sm + L::kV + p * L::kKVPanel, p * 64, ks + k0, h, mb);
+        kc::tma_store_4d(&a.dk, sm + L::kK + p * L::kKVPanel, p * 64, ks + k0, hk, mb);
+        kc::tma_store_4d(&a.dv, sm + L::kV + p * L::kKVPanel, p * 64, ks + k0, hk, mb);
       }
       kc::bulk_commit();
       kc::bulk_wait_read<0>();
     }
     return;
   }
-  // Grouped-query and deterministic: fp32 partials of this q head (split h % group of kv head
-  // b * Hk + hk), which flash_bwd.cu's bwd_convert_kernel sums over the group in a fixed order.
-  // Packed sequences: one batch of total_k key rows.
+  // A split group, deterministic: fp32 partials of this CTA's heads (split (h0 % group) / hpc of
+  // kv head b * Hk + hk), which flash_bwd.cu's bwd_convert_kernel sums over the group in a fixed
+  // order. Packed sequences: one batch of total_k key rows.
   const int64_t nkd = int64_t(kVarlen ? a.total_k : a.Nk) * a.d;
-  const int64_t part = (int64_t(mb) * (a.H / a.group) + hk) * a.group + h % a.group;  // (kv head, split)
-  const int64_t v_off = int64_t(kVarlen ? a.H : a.order.bh) * nkd;  // dV's partials follow dK's (B H Nk d floats)
+  const int splits = a.group / a.hpc;
+  const int64_t part = (int64_t(mb) * (a.H / a.group) + hk) * splits + (h0 % a.group) / a.hpc;  // (kv head, split)
+  // dV's partials follow dK's (B H / hpc Nk d floats)
+  const int64_t v_off = int64_t(kVarlen ? units : a.order.bh) * nkd;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = k0 + key_local + 8 * r;
@@ -884,19 +916,25 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   if (p.d > kD || hopper_common::make_accum_map(&a.dq_accum, p.dq_accum, mB, p.H, mq, p.d, kBlockM,
                                                 p.dq_direct ? &dq_layout : nullptr) != cudaSuccess)
     return cudaErrorNotSupported;
-  a.gqa = p.H != p.Hk;
+  // heads_per_cta (fused_backward_plan): q heads a CTA runs, a divisor of the group (1 where
+  // packed sequences run here); fewer than the group: the workspace its splits sum in
+  const int64_t group = p.H / p.Hk, hpc = p.H == p.Hk ? 1 : p.heads_per_cta;
+  if (hpc < 1 || group % hpc != 0 || (kVarlen && hpc != 1)) return cudaErrorInvalidValue;
+  a.hpc = int(hpc);
+  a.split = hpc < group;
   const View4 dk{p.dk, p.dk_sb, p.dk_sh, p.dk_sr, 1}, dv{p.dv, p.dk_sb, p.dk_sh, p.dk_sr, 1};
-  if (!a.gqa && (hopper_common::make_map<T>(&a.dk, rows(dk, mk), mB, p.H, mk, p.d, kBlockN) != cudaSuccess ||
-                 hopper_common::make_map<T>(&a.dv, rows(dv, mk), mB, p.H, mk, p.d, kBlockN) != cudaSuccess))
+  if (!a.split && (hopper_common::make_map<T>(&a.dk, rows(dk, mk), mB, p.Hk, mk, p.d, kBlockN) != cudaSuccess ||
+                   hopper_common::make_map<T>(&a.dv, rows(dv, mk), mB, p.Hk, mk, p.d, kBlockN) != cudaSuccess))
     return cudaErrorNotSupported;
   a.dkv_partial = p.dkv_partial;
-  if (a.gqa && (p.dkv_partial == nullptr || p.heads_per_cta != 1)) return cudaErrorInvalidValue;  // the plan says
+  if (a.split && p.dkv_partial == nullptr) return cudaErrorInvalidValue;  // the plan says
   // the accumulator: the workspace's first 2 * B * Hk * Nk * d floats (the pre-kernel zeroed them),
   // dK's batches then dV's; boxes of 64 keys (a consumer's). Packed sequences: (2, Hk, total_k, d).
-  if (a.gqa && !kDet &&
+  if (a.split && !kDet &&
       hopper_common::make_accum_map(&a.dkv_accum, p.dkv_partial, 2 * mB, p.Hk, mk, p.d, 64) != cudaSuccess)
     return cudaErrorNotSupported;
-  a.group = int(p.H / p.Hk);
+  a.group = int(group);
+  a.B = int(mB);
   a.H = int(p.H);
   a.Nq = int(p.Nq);
   a.Nk = int(p.Nk);
@@ -919,8 +957,10 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kSoftcap, kDet, kVarlen>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
   const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
-  a.order = hopper_common::make_order(n_kt, p.B * p.H, 2 * p.Nq * kD * int64_t(sizeof(T)));  // Q, dO of a head
-  kernel<<<unsigned(n_kt * p.B * p.H), L::kThreads, L::kBytes, stream>>>(a);
+  // Q, dO of a CTA's heads re-read by its key blocks; chunks of at least four waves
+  const int64_t units = p.B * p.H / hpc;
+  a.order = hopper_common::make_order(n_kt, units, 2 * hpc * p.Nq * kD * int64_t(sizeof(T)), 4 * L::kCtasPerSm);
+  kernel<<<unsigned(n_kt * units), L::kThreads, L::kBytes, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 // back as zeros. 128-byte swizzle: the layout kc/wgmma.cuh's descriptors read.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include <cuda_bf16.h>
@@ -124,21 +125,26 @@ inline cudaError_t make_accum_map(CUtensorMap* map, float* ptr, int64_t batch, i
 // first, then step 1, ...: with causal masking step 0 is each head's longest tile (the
 // kernels number their tiles so), so the longest tiles start first and the short ones
 // fill the last wave. Every tile of step s of a head launches before any of step s + 1
-// of that head (the deterministic backward's ordered adds rely on it).
+// of that head (the deterministic backward's ordered adds rely on it). A chunk holds at
+// least min_ctas_per_sm CTAs an SM where asked: a chunk of fewer waves ends on its short
+// tiles while the next one's long tiles start behind them.
 struct Order {
   int steps = 1, bh = 1, chunk = 1;
 };
 
-inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head) {
-  static int l2_bytes[64] = {0};
+inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head, int min_ctas_per_sm = 0) {
+  static int l2_bytes[64] = {0}, sms[64] = {0};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
   if (l2_bytes[dev] == 0 && cudaDeviceGetAttribute(&l2_bytes[dev], cudaDevAttrL2CacheSize, dev) != cudaSuccess)
     l2_bytes[dev] = 50 << 20;
+  if (sms[dev] == 0 && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    sms[dev] = 132;
   Order o;
   o.steps = int(steps);
   o.bh = int(bh);
-  const int64_t fit = reread_bytes_per_head > 0 ? int64_t(l2_bytes[dev] / 2) / reread_bytes_per_head : bh;
+  int64_t fit = reread_bytes_per_head > 0 ? int64_t(l2_bytes[dev] / 2) / reread_bytes_per_head : bh;
+  fit = std::max(fit, (int64_t(min_ctas_per_sm) * sms[dev] + steps - 1) / steps);
   o.chunk = int(fit < 1 ? 1 : (fit > bh ? bh : fit));
   return o;
 }
