@@ -1036,11 +1036,13 @@ GQA_PLAN_SHAPES = [
 ]
 
 
+_V2 = pytest.mark.skipif(not HOPPER, reason="version 2 needs compute capability 9.0")
+
+
 @requires_cuda
-@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "det"])
-@pytest.mark.parametrize(
-    "version", [1, pytest.param(2, marks=pytest.mark.skipif(not HOPPER, reason="version 2 needs compute capability 9.0"))]
-)
+@pytest.mark.parametrize("version, deterministic", [(1, False), pytest.param(2, False, marks=_V2),
+                                                    pytest.param(2, True, marks=_V2)],
+                         ids=["v1", "v2", "v2-det"])  # version 1 has no deterministic mode
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", GQA_PLAN_SHAPES, ids=lambda c: gsid(c[0]))
 def test_cuda_gqa_fused_plans(case, causal, version, deterministic):
@@ -1049,8 +1051,6 @@ def test_cuda_gqa_fused_plans(case, causal, version, deterministic):
     group in a CTA or deterministic=True), and the in-register plan allocates no fp32
     workspace (its peak is the outputs, dQ's fp32 accumulator and the row sums)."""
     shape, plan = case[0], case[version]
-    if deterministic and version == 1:
-        pytest.skip("version 1 has no deterministic mode (its dq adds are unordered)")
     if deterministic:
         plan = "splits=G (one CTA per q head, deterministic)"  # version 2's deterministic plan
     if SANITIZE and shape[0] * shape[1] * shape[3] * shape[4] > 4_000_000:
