@@ -162,14 +162,15 @@ __device__ __forceinline__ SeqSpan seq_span(const FusedParams& p, int64_t b) {
 // (flash_bwd.cu explains the choice). One CTA of the dK/dV kernel owns a block of
 // keys of one kv head and heads_per_cta (a divisor of G) of its q heads, summing
 // their contributions in registers; the G / heads_per_cta CTAs of a group
-// (`splits`) write fp32 partial sums that a second kernel adds in a fixed order.
-// splits == 1: no workspace, no second kernel. Multi-head attention (H == Hk) is
+// (`splits`) write fp32 partial sums that a second kernel adds in a fixed order
+// (version 2, not deterministic: add them into one accumulator the second kernel
+// converts). splits == 1: no workspace, no second kernel. Multi-head attention (H == Hk) is
 // always heads_per_cta = splits = 1 and runs the kernel it always ran.
 struct FusedBwdPlan {
   int64_t heads_per_cta = 1;
   int64_t splits = 1;
   int64_t partial_floats = 0;  // fp32 workspace for the partial sums (0 when splits == 1)
-  // Version 2 runs, not deterministic: it adds into a (2, B, Hk, Nk, d) fp32 accumulator
+  // Version 2 runs a split group, not deterministic: it adds into a (2, B, Hk, Nk, d) fp32 accumulator
   // (packed sequences: (2, Hk, total_k, d)), the workspace's first accum_floats, which the
   // caller passes as FusedParams::dkv_zero_floats.
   int64_t accum_floats = 0;
