@@ -957,9 +957,15 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kSoftcap, kDet, kVarlen>;
   KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
   const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
-  // Q, dO of a CTA's heads re-read by its key blocks; chunks of at least four waves
+  // Chunks of heads whose re-read bytes fit in a quarter of the L2: each key block of a CTA's
+  // heads reads their Q and dO and adds into their fp32 dQ sums, all of the rows in full
+  // attention, half of them on average under causal masking. Where key blocks differ in length
+  // (causal, windows, packed sequences), chunks of at least four waves; in full attention every
+  // block is as long as the others, and smaller chunks keep more of the L2 for each.
   const int64_t units = p.B * p.H / hpc;
-  a.order = hopper_common::make_order(n_kt, units, 2 * hpc * p.Nq * kD * int64_t(sizeof(T)), 4 * L::kCtasPerSm);
+  const bool even = !p.causal && !hopper_common::local(p) && p.cu_seqlens_q == nullptr;
+  const int64_t reread = (2 * int64_t(sizeof(T)) + 4) * hpc * p.Nq * kD / (even ? 1 : 2);
+  a.order = hopper_common::make_order(n_kt, units, reread, even ? 0 : 4 * L::kCtasPerSm, 4);
   kernel<<<unsigned(n_kt * units), L::kThreads, L::kBytes, stream>>>(a);
   return cudaGetLastError();
 }

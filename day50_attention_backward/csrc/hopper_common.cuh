@@ -120,19 +120,20 @@ inline cudaError_t make_accum_map(CUtensorMap* map, float* ptr, int64_t batch, i
 }
 
 // Launch order of a grid of `steps` tiles x `bh` (batch, head) pairs, flattened into
-// blockIdx.x. Heads go in chunks of `chunk` whose re-read tensors (the forward's K, V, the
-// backward's Q, dO) fit in half the L2 together; inside a chunk, step 0 of every head
-// first, then step 1, ...: with causal masking step 0 is each head's longest tile (the
-// kernels number their tiles so), so the longest tiles start first and the short ones
-// fill the last wave. Every tile of step s of a head launches before any of step s + 1
-// of that head (the deterministic backward's ordered adds rely on it). A chunk holds at
-// least min_ctas_per_sm CTAs an SM where asked: a chunk of fewer waves ends on its short
-// tiles while the next one's long tiles start behind them.
+// blockIdx.x. Heads go in chunks of `chunk` whose re-read bytes (`reread_bytes_per_head`: the
+// forward's K, V, the backward's Q, dO and dQ sums) fit in the L2's `1 / l2_share` together;
+// inside a chunk, step 0 of every head first, then step 1, ...: with causal masking step 0 is
+// each head's longest tile (the kernels number their tiles so), so the longest tiles start
+// first and the short ones fill the last wave. Every tile of step s of a head launches before
+// any of step s + 1 of that head (the deterministic backward's ordered adds rely on it). A chunk
+// holds at least min_ctas_per_sm CTAs an SM where asked: a chunk of fewer waves ends on its
+// short tiles while the next one's long tiles start behind them.
 struct Order {
   int steps = 1, bh = 1, chunk = 1;
 };
 
-inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head, int min_ctas_per_sm = 0) {
+inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head, int min_ctas_per_sm = 0,
+                        int l2_share = 2) {
   static int l2_bytes[64] = {0}, sms[64] = {0};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
@@ -143,7 +144,7 @@ inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head
   Order o;
   o.steps = int(steps);
   o.bh = int(bh);
-  int64_t fit = reread_bytes_per_head > 0 ? int64_t(l2_bytes[dev] / 2) / reread_bytes_per_head : bh;
+  int64_t fit = reread_bytes_per_head > 0 ? int64_t(l2_bytes[dev] / l2_share) / reread_bytes_per_head : bh;
   fit = std::max(fit, (int64_t(min_ctas_per_sm) * sms[dev] + steps - 1) / steps);
   o.chunk = int(fit < 1 ? 1 : (fit > bh ? bh : fit));
   return o;
