@@ -88,7 +88,7 @@ struct LnBwdPlan {
 };
 
 // Number of multiprocessors and compute capability of the current device
-// (cached per device): what the plan tables are keyed on besides the shape.
+// (kc/device.h): what the plan tables are keyed on besides the shape.
 struct LnDevice {
   int sms = 1;
   int cc = 0;  // 10 * major + minor

@@ -70,20 +70,7 @@ bool plan_family(const LnBackwardArgs& a, int family, LnBwdPlan& p) {
 
 }  // namespace
 
-LnDevice ln_device() {
-  static LnDevice cache[64];
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) dev = 0;
-  if (cache[dev].cc == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cache[dev].sms = num_sms();
-    cache[dev].cc = 10 * major + minor;
-  }
-  return cache[dev];
-}
+LnDevice ln_device() { return LnDevice{kc::num_sms(), kc::compute_capability()}; }
 
 LnBwdPlan ln_backward_plan(const LnBackwardArgs& a, int version, const LnDevice& dev) {
   LnBwdPlan base;

@@ -11,6 +11,7 @@
 
 #include "kc/cluster.cuh"
 #include "kc/convert.cuh"
+#include "kc/device.h"
 #include "kc/reduce.cuh"
 #include "kc/switch.cuh"
 #include "kc/vec.cuh"
@@ -113,19 +114,8 @@ auto ln_input_typed(kc::DType dt, F&& f) {
   return KC_DTYPE_SWITCH(dt, T, [&] { return f(T{}); });
 }
 
-// Number of multiprocessors of the current device (cached per device).
-inline int num_sms() {
-  static int cache[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) dev = 0;
-  if (cache[dev] == 0) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    cache[dev] = n > 0 ? n : 1;
-  }
-  return cache[dev];
-}
+// Number of multiprocessors of the current device (read once per device).
+using kc::num_sms;
 
 // A thread's share of one row, in the storage dtype: ITERS vectors of VEC
 // elements at columns (it * tpr + t) * VEC. Entries past the row end are never
@@ -219,10 +209,8 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
   // past the device's limit (static + dynamic <= the opt-in maximum per block):
   // refused here, not by a failing API call (compute-sanitizer counts those)
   cudaFuncAttributes fa{};
-  int optin = 0;
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return cudaErrorInvalidValue;
+  const int optin = kc::smem_optin_bytes();
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || optin <= 0) return cudaErrorInvalidValue;
   if (fa.sharedSizeBytes + dynamic > size_t(optin)) return cudaErrorInvalidValue;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic));
   if (e != cudaSuccess) {

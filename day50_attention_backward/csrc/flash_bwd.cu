@@ -43,6 +43,7 @@
 #include "flash_common.cuh"
 #include "kc/check.cuh"
 #include "kc/convert.cuh"
+#include "kc/device.h"
 #include "kc/reduce.cuh"
 #include "kc/vec.cuh"
 
@@ -314,15 +315,7 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
 
 bool fused_backward_wide_fits() {
   constexpr int need = flash::BwdTile<256, flash::kBwdWarps, flash::kWideBr, flash::kWideCols>::smem_bytes<__half>();
-  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (cached[dev] == 0) {
-    int optin = 0;
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    cached[dev] = optin >= need ? 1 : 2;
-  }
-  return cached[dev] == 1;
+  return kc::smem_optin_bytes() >= need;
 }
 
 cudaError_t fused_attention_backward(const FusedParams& p, cudaStream_t stream) {

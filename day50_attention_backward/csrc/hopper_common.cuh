@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 
 #include "attention.h"
+#include "kc/device.h"
 #include "kc/tma.cuh"
 
 namespace day50 {
@@ -134,18 +135,12 @@ struct Order {
 
 inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head, int min_ctas_per_sm = 0,
                         int l2_share = 2) {
-  static int l2_bytes[64] = {0}, sms[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
-  if (l2_bytes[dev] == 0 && cudaDeviceGetAttribute(&l2_bytes[dev], cudaDevAttrL2CacheSize, dev) != cudaSuccess)
-    l2_bytes[dev] = 50 << 20;
-  if (sms[dev] == 0 && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    sms[dev] = 132;
+  const int l2 = kc::l2_bytes() > 0 ? kc::l2_bytes() : 50 << 20;  // an H100's, where unknown
   Order o;
   o.steps = int(steps);
   o.bh = int(bh);
-  int64_t fit = reread_bytes_per_head > 0 ? int64_t(l2_bytes[dev] / l2_share) / reread_bytes_per_head : bh;
-  fit = std::max(fit, (int64_t(min_ctas_per_sm) * sms[dev] + steps - 1) / steps);
+  int64_t fit = reread_bytes_per_head > 0 ? int64_t(l2 / l2_share) / reread_bytes_per_head : bh;
+  fit = std::max(fit, (int64_t(min_ctas_per_sm) * kc::num_sms() + steps - 1) / steps);
   o.chunk = int(fit < 1 ? 1 : (fit > bh ? bh : fit));
   return o;
 }

@@ -66,6 +66,7 @@
 #include "hopper_common.cuh"
 #include "kc/bulk_copy.cuh"
 #include "kc/check.cuh"
+#include "kc/device.h"
 #include "kc/tma.cuh"
 #include "kc/types.h"
 #include "kc/wgmma.cuh"
@@ -488,18 +489,7 @@ cudaError_t dispatch(const FusedParams& p, cudaStream_t stream) {
 }
 
 // Compute capability 9.0 exactly (the sm_90a code runs nowhere else), per device, once.
-bool device_is_sm90() {
-  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (cached[dev] == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cached[dev] = (major == 9 && minor == 0) ? 1 : 2;
-  }
-  return cached[dev] == 1;
-}
+bool device_is_sm90() { return kc::compute_capability() == 90; }
 
 }  // namespace
 }  // namespace hopper

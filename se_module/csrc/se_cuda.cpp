@@ -3,8 +3,6 @@
 // under the tests) and fp32 workspaces, launch on the current stream, and turn a
 // launcher's cudaError_t into an exception.
 #include <ATen/ATen.h>
-#include <array>
-#include <mutex>
 #include <optional>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -12,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <torch/library.h>
 
+#include "kc/device.h"
 #include "kc/torch_utils.h"
 #include "se_checks.h"
 #include "se_module.h"
@@ -43,22 +42,12 @@ at::Tensor in_layout(const at::Tensor& t, const se::Dims& d) {
   return d.layout == se::Layout::NHWC ? t.contiguous(at::MemoryFormat::ChannelsLast) : t.contiguous();
 }
 
-// What the plan needs to know about the current device, read once per device.
-// (Plain CUDA runtime queries: ATen/cuda/CUDAContext.h drags in cuBLAS/cuSPARSE
-// headers that a CPU machine's compile check does not have.)
-const se::DeviceInfo& device_info() {
-  static std::mutex mu;
-  static std::array<se::DeviceInfo, 64> cache{};
-  int dev = 0;
-  KC_TORCH_CHECK_CUDA(cudaGetDevice(&dev));
-  TORCH_CHECK(dev >= 0 && dev < 64, "device index ", kc::fmt(dev), " out of range");
-  std::lock_guard<std::mutex> lock(mu);
-  se::DeviceInfo& d = cache[dev];
-  if (d.sms == 0) {
-    KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
-    KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    KC_TORCH_CHECK_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-  }
+// What the plan needs to know about the current device (kc/device.h reads each attribute once
+// per device). A query that fails reads 0: refused here rather than planned on.
+se::DeviceInfo device_info() {
+  se::DeviceInfo d{kc::device_attr(cudaDevAttrMultiProcessorCount), kc::device_attr(cudaDevAttrComputeCapabilityMajor),
+                   kc::smem_optin_bytes()};
+  TORCH_CHECK(d.sms > 0 && d.cc_major > 0 && d.smem_optin > 0, "se_module: could not read the CUDA device's attributes");
   return d;
 }
 

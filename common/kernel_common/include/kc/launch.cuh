@@ -24,12 +24,14 @@
 //                           cudaLaunchKernelEx with the given launch attributes
 //                           (used by launch and by kc/cluster.cuh's launch_cluster)
 //   sm90_or_newer()         host: whether the current device has compute
-//                           capability 9.0 or newer (cached per device).
+//                           capability 9.0 or newer (kc/device.h).
 #pragma once
 
 #include <utility>
 
 #include <cuda_runtime.h>
+
+#include "kc/device.h"
 
 namespace kc {
 
@@ -72,17 +74,6 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   return launch_ex(kernel, grid, block, smem, stream, attr, 1, std::forward<Args>(args)...);
 }
 
-inline bool sm90_or_newer() {
-  static int cache[64] = {0};  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return false;
-  if (cache[dev] == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cache[dev] = major >= 9 ? 2 : 1;
-  }
-  return cache[dev] == 2;
-}
+inline bool sm90_or_newer() { return compute_capability() >= 90; }
 
 }  // namespace kc
