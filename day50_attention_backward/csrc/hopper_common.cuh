@@ -135,7 +135,7 @@ struct Order {
 
 inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head, int min_ctas_per_sm = 0,
                         int l2_share = 2) {
-  const int l2 = kc::l2_bytes() > 0 ? kc::l2_bytes() : 50 << 20;  // an H100's, where unknown
+  const int l2_read = kc::l2_bytes(), l2 = l2_read > 0 ? l2_read : 50 << 20;  // an H100's, where unknown
   Order o;
   o.steps = int(steps);
   o.bh = int(bh);
