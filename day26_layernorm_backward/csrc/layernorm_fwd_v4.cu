@@ -41,13 +41,20 @@ namespace {
 // 63 registers, no spill): 4 slots an SM instead of 3 at 4096 columns, 2 instead
 // of 1 at 8192 (results/h100_2026-11-27_rms_after.md); with fp32 weights the cap
 // spilled and the forward at 4096 columns measured 1-2% slower, so those keep
-// ptxas's choice, as every other kernel.
+// ptxas's choice, as every other kernel. add_norm's 16-bit rows of 2 vectors a
+// thread (kAdd: the residual's next row in registers too) hold 86-92 registers
+// unbounded, two 256-thread slots an SM; a bound of 768 threads holds them to
+// 80 without a spill, three slots (the plan still launches at most 512 threads
+// a block): forward 10-12% faster at 1024 and 4096 columns (H200, the commit's
+// body). The cap of 64 spilled 48 bytes and was 2-7% slower than unbounded.
 template <typename T, typename TW, int ITERS, bool kCluster, bool kAdd>
 constexpr int kFwdV4MinBlocks =
     sizeof(T) == 2 && std::is_same<TW, T>::value && ITERS == 2 && !kCluster && !kAdd ? 2 : 0;
+template <typename T, int ITERS, bool kAdd>
+constexpr int kFwdV4MaxThreads = sizeof(T) == 2 && ITERS == 2 && kAdd ? 768 : kV4SmallThreads;
 
 template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf, bool kAdd = false>
-__global__ void __launch_bounds__(kV4SmallThreads, kFwdV4MinBlocks<T, TW, ITERS, kCluster, kAdd>)
+__global__ void __launch_bounds__(kFwdV4MaxThreads<T, ITERS, kAdd>, kFwdV4MinBlocks<T, TW, ITERS, kCluster, kAdd>)
 ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
           int64_t rows, int64_t D, int64_t Dc, float eps, int tpr, bool w_f32, const T* __restrict__ res,
