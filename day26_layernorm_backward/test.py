@@ -624,6 +624,36 @@ def test_torch_compile_fullgraph(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_subclass_in_any_tensor_argument_sees_the_op(device):
+    """The host fast path (kernel_common.fastpath) is taken only when no tensor argument
+    overrides __torch_function__: a subclass given as weight, bias or residual (as
+    FSDP2's DTensor parameters are) must see the registered op, and get the same values."""
+    from day26_layernorm import add_norm, rms_norm
+
+    seen = []
+
+    class Rec(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    t = dict(x=testing.fresh(4, 16, device=device), r=testing.fresh(4, 16, device=device),
+             w=testing.fresh(16, device=device), b=testing.fresh(16, device=device))
+    ops = torch.ops.day26
+    cases = {"rms_norm": (ops.rms_norm_fwd.default, lambda t: rms_norm(t["x"], 16, t["w"], 1e-6), "xw"),
+             "layer_norm": (ops.layer_norm_fwd.default, lambda t: layer_norm(t["x"], 16, t["w"], t["b"]), "xwb"),
+             "add_norm": (ops.add_norm_fwd.default, lambda t: add_norm(t["x"], t["r"], t["w"], t["b"])[0], "xrwb")}
+    for name, (op, f, args) in cases.items():
+        plain = f(t)
+        for a in args:
+            seen.clear()
+            out = f({**t, a: t[a].as_subclass(Rec)})
+            assert op in seen, (name, a, seen)
+            assert torch.equal(out.as_subclass(torch.Tensor), plain), (name, a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_module_is_a_drop_in(device):
     ref = torch.nn.LayerNorm(48, eps=1e-6).to(device)
     with torch.no_grad():

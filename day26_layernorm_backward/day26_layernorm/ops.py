@@ -159,7 +159,7 @@ def _rms_bwd_fake(dy, x, normalized_shape, rstd, weight, output_mask, version=DE
 
 
 # torch.ops.day26.rms_norm_fwd through the extension's C++ entry for plain tensors (as _fwd).
-_rms_fwd = fastpath.entry(_ops.rms_norm_fwd.default, _C.rms_norm_fwd, 2)
+_rms_fwd = fastpath.entry(_ops.rms_norm_fwd.default, _C.rms_norm_fwd, 3)
 
 
 def rms_eps(x: torch.Tensor, eps: float | None) -> float:
