@@ -39,7 +39,7 @@ namespace {
 // Two 512-thread blocks an SM (64 registers a thread) for 16-bit rows of 2
 // vectors a thread (2049-8192 columns) with weights of their dtype (ptxas: 71 ->
 // 63 registers, no spill): 4 slots an SM instead of 3 at 4096 columns, 2 instead
-// of 1 at 8192 (results/h100_2026-11-27_rms_after.md); with fp32 weights the cap
+// of 1 at 8192 (commit e57a452, its results file); with fp32 weights the cap
 // spilled and the forward at 4096 columns measured 1-2% slower, so those keep
 // ptxas's choice, as every other kernel. add_norm's 16-bit rows of 2 vectors a
 // thread (kAdd: the residual's next row in registers too) hold 86-92 registers
