@@ -28,12 +28,21 @@ def plain_call(tensors: tuple) -> bool:
     return type(tensors[0]) is torch.Tensor and not _is_compiling() and not _has_torch_function(tensors)
 
 
-def entry(op: Callable, fast: Callable, n_tensors: int) -> Callable:
+def tensor_span(op) -> int:
+    """1 + the position of the last tensor argument (Tensor, Tensor?, Tensor[]) in an
+    OpOverload's schema: how many leading arguments ``entry`` checks."""
+    return 1 + max(i for i, a in enumerate(op._schema.arguments) if "Tensor" in str(a.type))
+
+
+def entry(op: Callable, fast: Callable, n_tensors: int | None = None) -> Callable:
     """``call(*args)``: ``fast(*args)`` when ``plain_call(args[:n_tensors])``, else ``op(*args)``.
 
     op: the OpOverload (``torch.ops.ns.name.default``); fast: the extension's
-    C++ entry for the same op; n_tensors: how many leading arguments are
-    tensors (or optional tensors)."""
+    C++ entry for the same op; n_tensors: how many leading arguments to check,
+    by default read from op's schema (tensor_span: every tensor argument, so a
+    subclass given as any of them sees the op)."""
+    if n_tensors is None:
+        n_tensors = tensor_span(op)
 
     def call(*args):
         if plain_call(args[:n_tensors]):

@@ -30,7 +30,7 @@ DEFAULT_VERSION = next(a.default_value for a in _ops.layer_norm_fwd.default._sch
 
 # torch.ops.day26.layer_norm_fwd, through the extension's C++ entry for plain
 # tensors outside torch.compile (host time per call), the op itself otherwise.
-_fwd = fastpath.entry(_ops.layer_norm_fwd.default, _C.layer_norm_fwd, 4)
+_fwd = fastpath.entry(_ops.layer_norm_fwd.default, _C.layer_norm_fwd)
 
 
 def _stat_dtype(x: torch.Tensor) -> torch.dtype:
@@ -159,7 +159,7 @@ def _rms_bwd_fake(dy, x, normalized_shape, rstd, weight, output_mask, version=DE
 
 
 # torch.ops.day26.rms_norm_fwd through the extension's C++ entry for plain tensors (as _fwd).
-_rms_fwd = fastpath.entry(_ops.rms_norm_fwd.default, _C.rms_norm_fwd, 3)
+_rms_fwd = fastpath.entry(_ops.rms_norm_fwd.default, _C.rms_norm_fwd)
 
 
 def rms_eps(x: torch.Tensor, eps: float | None) -> float:
@@ -229,7 +229,7 @@ def _add_norm_bwd_fake(dy, dsum, s, normalized_shape, mean, rstd, weight, rms, o
 
 
 # torch.ops.day26.add_norm_fwd through the extension's C++ entry for plain tensors (as _fwd).
-_add_norm_fwd = fastpath.entry(_ops.add_norm_fwd.default, _C.add_norm_fwd, 5)
+_add_norm_fwd = fastpath.entry(_ops.add_norm_fwd.default, _C.add_norm_fwd)
 
 
 def add_norm_forward(x, residual, normalized_shape, weight=None, bias=None, eps: float | None = 1e-5,

@@ -46,7 +46,7 @@ BACKENDS = ("auto", "fused", "simt", "naive")
 
 # torch.ops.day50.attention_forward, through the extension's C++ entry for plain
 # tensors outside torch.compile (host time per call), the op itself otherwise.
-_fwd = fastpath.entry(torch.ops.day50.attention_forward.default, _C.attention_forward, 3)
+_fwd = fastpath.entry(torch.ops.day50.attention_forward.default, _C.attention_forward)
 
 
 def _window(window) -> list[int]:

@@ -157,7 +157,7 @@ def se_block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tens
 # extension's C++ entry where that is the same thing (plain tensors outside
 # torch.compile: kernel_common.fastpath), the op itself otherwise (tracing,
 # subclasses, modes). Same op, autograd and dispatch; less host time per call.
-call_se_block = fastpath.entry(_ops.se_block.default, _C.se_block, 5)
+call_se_block = fastpath.entry(_ops.se_block.default, _C.se_block)
 
 
 def se_block_staged(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
