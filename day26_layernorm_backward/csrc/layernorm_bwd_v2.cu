@@ -205,12 +205,13 @@ bool bwd_plan_v2(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.smem = p.partials ? size_t(cfg.warp ? kWarpRowsPerBlock : 1) * 2 * size_t(a.cols) * sizeof(float) : 0;
   return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
     return with_v2_kernel<decltype(t), decltype(tw)>(p, [&](auto kernel) {
-      if (!kernel) return false;
-      allow_dynamic_smem(kernel, p.smem);
+      if (!kernel || allow_dynamic_smem(kernel, p.smem) != cudaSuccess) return false;
       int per_sm = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, p.smem) != cudaSuccess ||
-          per_sm < 1)
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, p.smem) != cudaSuccess) {
+        cudaGetLastError();  // not left behind for the next launch check to report
         per_sm = 1;
+      }
+      if (per_sm < 1) per_sm = 1;
       const int64_t rpb = cfg.warp ? kWarpRowsPerBlock : 1;
       const int64_t groups = (a.rows + rpb - 1) / rpb;
       const int64_t cap = int64_t(num_sms()) * per_sm;
