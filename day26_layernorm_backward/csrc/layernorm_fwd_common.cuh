@@ -194,6 +194,88 @@ __device__ __forceinline__ void add_residual(float (&v)[ITERS][VEC], const RowRe
   }
 }
 
+// The same for a row kept in its dtype (version 4's bf16 add_norm rows): cur =
+// the rounded sums of x and r, stored to `sr`. Half the registers of fp32 values.
+template <typename T, int VEC, int ITERS>
+__device__ __forceinline__ void add_residual(RowRegs<T, VEC, ITERS>& cur, const RowRegs<T, VEC, ITERS>& x,
+                                             const RowRegs<T, VEC, ITERS>& r, T* __restrict__ sr,
+                                             const RowCols<VEC, ITERS>& rc) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    if (rc.has(it)) {
+      float xf[VEC], rf[VEC];
+      kc::vec_to_float(x.v[it], xf);
+      kc::vec_to_float(r.v[it], rf);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) rf[j] += xf[j];
+      cur.v[it] = kc::vec_from_float<T>(rf);
+      kc::store_vec<VEC>(sr + rc.col(it), cur.v[it]);
+    }
+  }
+}
+
+// fwd_row_f32 (unsplit) for a row kept in its dtype: each pass converts the
+// thread's vectors again instead of holding them in fp32 (at 2 vectors of 8,
+// 16 registers fewer), with the same operations in the same order, so y, mean
+// and rstd are bitwise fwd_row_f32's.
+template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
+__device__ __forceinline__ void fwd_row_packed(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
+                                               const TW* __restrict__ b, bool w_f32, T* __restrict__ yr,
+                                               float* mean_out, float* rstd_out, const RowCols<VEC, ITERS>& rc,
+                                               float inv_d, float dn, float eps, int t, Reduce&& reduce) {
+  const bool center = mean_out != nullptr;  // null: RMSNorm, mean taken as 0
+  float mean = 0.f;
+  if (center) {
+    float s = 0.f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      if (rc.has(it)) {
+        float f[VEC];
+        kc::vec_to_float(cur.v[it], f);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s += f[j];
+      }
+    }
+    s = reduce(s);
+    mean = mean_of_sum(s, inv_d, dn);
+  }
+  float q = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    if (rc.has(it)) {
+      float f[VEC];
+      kc::vec_to_float(cur.v[it], f);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = f[j] - mean;
+        q += d * d;
+      }
+    }
+  }
+  q = reduce(q);
+  const float rstd = rsqrtf(q * inv_d + eps);
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    if (rc.has(it)) {
+      const int c = rc.col(it);
+      float f[VEC], wv[VEC], bv[VEC], out[VEC];
+      kc::vec_to_float(cur.v[it], f);
+      load_param_w<T, TW, VEC>(w, w_f32, c, 1.f, wv);
+      load_param_w<T, TW, VEC>(b, w_f32, c, 0.f, bv);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = f[j] - mean;
+        out[j] = d * rstd * wv[j] + bv[j];
+      }
+      store_from_f32<T, VEC>(yr + c, out);
+    }
+  }
+  if (t == 0) {
+    if (center) *mean_out = mean;
+    *rstd_out = rstd;
+  }
+}
+
 template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
 __device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
                                         const TW* __restrict__ b, bool w_f32, T* __restrict__ yr, float* mean_out,
@@ -254,6 +336,9 @@ struct FwdPlan {
   // above is the plain norm's of the sum.
   bool add = false;
   bool add_first = false;
+  // 4 with add: the current row kept as its 16-bit sums (fwd_row_packed), where
+  // that buys a second slot an SM (fwd_plan_v4)
+  bool pack = false;
 };
 
 // The weight type (TW or void: FwdTW) of a forward kernel pointer K.

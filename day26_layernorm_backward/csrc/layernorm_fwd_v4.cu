@@ -45,22 +45,30 @@ namespace {
 // thread (kAdd: the residual's next row in registers too) hold 86-92 registers
 // unbounded, two 256-thread slots an SM; a bound of 768 threads holds them to
 // 80 without a spill, three slots (the plan still launches at most 512 threads
-// a block): forward 10-12% faster at 1024 and 4096 columns (H200, the commit's
-// body). The cap of 64 spilled 48 bytes and was 2-7% slower than unbounded.
-template <typename T, typename TW, int ITERS, bool kCluster, bool kAdd>
+// a block): forward 10-12% faster at 1024 and 4096 columns (H200, commit
+// ba9da9c). The cap of 64 spilled 48 bytes and was 2-7% slower than unbounded.
+// kPack (bf16 with bf16 weights, 2 vectors a thread; the plan sets it for rows of
+// 4097-8192 columns): the current row kept as its rounded 16-bit sums
+// (fwd_row_packed, converted again at each pass) fits the cap of 64 without a
+// spill, two 512-thread slots an SM instead of one: forward 13-19% faster at
+// 8192 columns; at 4096 (four 256-thread slots instead of three) the conversions
+// cost more than the slot buys (2% slower at 7920 and 8192 rows).
+template <typename T, typename TW, int ITERS, bool kCluster, bool kAdd, bool kPack>
 constexpr int kFwdV4MinBlocks =
-    sizeof(T) == 2 && std::is_same<TW, T>::value && ITERS == 2 && !kCluster && !kAdd ? 2 : 0;
-template <typename T, int ITERS, bool kAdd>
-constexpr int kFwdV4MaxThreads = sizeof(T) == 2 && ITERS == 2 && kAdd ? 768 : kV4SmallThreads;
+    (sizeof(T) == 2 && std::is_same<TW, T>::value && ITERS == 2 && !kCluster && !kAdd) || kPack ? 2 : 0;
+template <typename T, int ITERS, bool kAdd, bool kPack>
+constexpr int kFwdV4MaxThreads = sizeof(T) == 2 && ITERS == 2 && kAdd && !kPack ? 768 : kV4SmallThreads;
 
-template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf, bool kAdd = false>
-__global__ void __launch_bounds__(kFwdV4MaxThreads<T, ITERS, kAdd>, kFwdV4MinBlocks<T, TW, ITERS, kCluster, kAdd>)
+template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf, bool kAdd = false, bool kPack = false>
+__global__ void __launch_bounds__(kFwdV4MaxThreads<T, ITERS, kAdd, kPack>,
+                                  kFwdV4MinBlocks<T, TW, ITERS, kCluster, kAdd, kPack>)
 ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
           int64_t rows, int64_t D, int64_t Dc, float eps, int tpr, bool w_f32, const T* __restrict__ res,
           T* __restrict__ sum) {
   constexpr bool kPrefetch = sizeof(T) == 2 || kCluster;
   static_assert(!(kAdd && kCluster), "kAdd: rows not split");
+  static_assert(!kPack || kAdd, "kPack: add_norm's rows");
   __shared__ float red[kV4MaxSlots][2 * 32];
   __shared__ float2 xsum[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX][kRingMaxCluster];
   __shared__ uint64_t xbar[kCluster ? kV4MaxSlots : 1][ClusterPairs::kX];
@@ -138,12 +146,21 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     float v[ITERS][VEC];
     RowRegs<T, VEC, ITERS> nxt;
     if constexpr (kAdd) {
-      RowRegs<T, VEC, ITERS> nres;
+      // x + residual of row r (in nxt, nres) stored to sum and kept for the norm:
+      // as its rounded 16-bit sums in cur (kPack) or in fp32 in v
+      RowRegs<T, VEC, ITERS> cur, nres;
+      auto take = [&](int64_t r) {
+        if constexpr (kPack) {
+          add_residual(cur, nxt, nres, sum + r * D, rc);
+        } else {
+          row_to_float(nxt, v, rc);
+          add_residual(v, nres, sum + r * D, rc);
+        }
+      };
       if (row < rows) {
         load_row(nxt, x + row * D, rc);
         load_row(nres, res + row * D, rc);
-        row_to_float(nxt, v, rc);
-        add_residual(v, nres, sum + row * D, rc);
+        take(row);
       }
       for (; row < rows; row += stride) {
         const bool more = row + stride < rows;
@@ -158,11 +175,12 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
           load_row(nxt, x + (row + stride) * D, rc);
           load_row(nres, res + (row + stride) * D, rc);
         }
-        one_row(v, row);
-        if (more) {
-          row_to_float(nxt, v, rc);
-          add_residual(v, nres, sum + (row + stride) * D, rc);
-        }
+        if constexpr (kPack)
+          fwd_row_packed(cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_dc,
+                         float(Dc), eps, t, reduce);
+        else
+          one_row(v, row);
+        if (more) take(row + stride);
       }
     } else {
       if (row < rows) {
@@ -202,6 +220,10 @@ using FwdV4Kernel =
     void (*)(const T*, const TW*, const TW*, T*, float*, float*, int64_t, int64_t, int64_t, float, int, bool,
              const T*, T*);
 
+// The add_norm rows with a kPack kernel: bf16 with bf16 weights, 2 vectors a thread.
+template <typename T, typename TW, int ITERS>
+constexpr bool kCanPack = ITERS == 2 && std::is_same<T, __nv_bfloat16>::value && std::is_same<TW, T>::value;
+
 // f(kernel): the v4 instantiation of a plan (nullptr: none compiled), its weight
 // type FwdTW's (void for 16-bit split rows). kL2pf only where a thread holds 4
 // full vectors and prefetches the next row (kPrefetch: 16-bit or split rows).
@@ -209,9 +231,10 @@ using FwdV4Kernel =
 // (kClusterIters: the plan's own splits), and at 4 vectors a thread only with the
 // L2 prefetch (on wherever a cluster can run: sm_90); the knobs that would reach
 // others are refused (layernorm_knobs.h). add: the kAdd instantiations, compiled
-// where fwd_fuses_add allows (16-bit rows in 16-byte vectors, not split).
+// where fwd_fuses_add allows (16-bit rows in 16-byte vectors, not split); pack:
+// the kPack one, where kCanPack has it.
 template <typename T, typename TW, typename F>
-auto with_fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf, bool add, F&& f) {
+auto with_fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf, bool add, bool pack, F&& f) {
   constexpr int V = kc::max_vec_elems<T>();
   if (add) {
     using K = FwdV4Kernel<T, TW>;
@@ -223,6 +246,8 @@ auto with_fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf, bool add, F
         constexpr int I = decltype(it)::value;
         if constexpr (I == 4)
           if (l2pf) return K(ln_fwd_v4<T, TW, V, I, false, true, true>);
+        if constexpr (kCanPack<T, TW, I>)
+          if (pack) return K(ln_fwd_v4<T, TW, V, I, false, false, true, true>);
         return K(ln_fwd_v4<T, TW, V, I, false, false, true>);
       }));
     }
@@ -266,7 +291,8 @@ bool fwd_plan_v4(const LnForwardArgs& a, bool split, const LnDevice& dev, FwdPla
     p.c4 = v4_config(a.cols / p.cluster, p.vec);
     if (!p.c4.ok) return false;
     p.l2pf = dev.sm90() && v4_l2_prefetch() && vec_ok && p.c4.iters == 4 && (split || sizeof(T) == 2);
-    return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, p.add, [&](auto kernel) {
+    p.pack = p.add && kCanPack<T, TW, 2> && p.c4.iters == 2 && a.cols > 4096;
+    return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, p.add, p.pack, [&](auto kernel) {
       if (!kernel) return false;
       p.p4 = v4_plan(kernel, p.c4.tpr, kV4SmallThreads, a.rows, 0, 0);
       if (split) {
@@ -287,7 +313,7 @@ cudaError_t fwd_launch_v4(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t
     T* y = static_cast<T*>(a.y);
     const bool w_f32 = a.wdt == kc::DType::F32;  // read by the kernels with TW = void only
     const bool split = p.family == kClusterSplit;
-    return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, p.add, [&](auto kernel) {
+    return with_fwd_v4_kernel<T, TW>(p.vec, p.c4.iters, split, p.l2pf, p.add, p.pack, [&](auto kernel) {
       using KW = typename FwdKernelTW<decltype(kernel)>::type;
       if (!kernel) return cudaErrorInvalidConfiguration;
       if (p.p4.grid <= 0) return cudaSuccess;
