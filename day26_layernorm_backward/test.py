@@ -193,7 +193,7 @@ def test_cuda_row_slots(grid, knob):
 
 
 @requires_cuda
-@pytest.mark.parametrize("stages", ["2", "3"] if SANITIZE else ["2", "3", "4", "6"])
+@pytest.mark.parametrize("stages", ["2", "3", "5"] if SANITIZE else ["2", "3", "4", "5", "6"])
 def test_cuda_ring(stages, knob):
     """Version 5: row slots on the ring of rows filled by bulk copies (knob
     ring_stages), for every slot shape and dtype, backward (the forward runs 4).
@@ -791,7 +791,7 @@ def _plan(rows, cols, dtype, version=0, mask=(True, True, True), offset=False):
 
 # version 0's family on sm_90+ (aligned tensors), from the table in csrc/layernorm_bwd_plan.cu
 AUTO_FAMILY_SM90 = {
-    torch.float32: {256: 5, 768: 5, 2048: 4, 8192: 5, 16384: 6},
+    torch.float32: {256: 5, 768: 5, 2048: 5, 8192: 5, 16384: 6},
     torch.bfloat16: {256: 4, 768: 4, 2048: 5, 8192: 5, 16384: 6},
 }
 
@@ -812,6 +812,38 @@ def test_cuda_plan_auto_table(dtype, cols):
     assert p["finalize"] == (1 if cols <= 1024 else 2)
     q = _plan(64, cols, dtype, mask=(True, False, False))
     assert q["family"] == want and q["workspace_floats"] == 0 and q["finalize"] == 0
+
+
+@requires_cuda
+def test_cuda_plan_ring_stages():
+    """The ring's depth without the knob (kRingStages in layernorm_bwd_ring.cu): fp32 rows of
+    1024-4096 columns 5 stages where a block of them holds 256 threads, else 3; 16-bit rows 3,
+    4 where one slot fills the SM; the knob's value wherever it is set."""
+    if _plan(64, 1024, torch.float32)["cc"] < 90:
+        pytest.skip("the ring runs on sm_90+")
+    for rows, cols, dtype, stages, threads in [
+        (4096, 4096, torch.float32, 5, 256),   # one 256-thread slot, five rows ahead
+        (4096, 2048, torch.float32, 5, 256),   # two 128-thread slots
+        (4096, 1024, torch.float32, 5, 256),   # four 64-thread slots
+        (4096, 3072, torch.float32, 3, 384),   # five stages would leave one 192-thread slot
+        (4096, 768, torch.float32, 3, None),   # below 1024 columns: 3
+        (4096, 5120, torch.float32, 3, None),  # above 4096 columns: 3
+        (4096, 8192, torch.float32, 3, 512),   # five stages of 64 KB rows do not fit
+        (4096, 256, torch.float32, 3, None),   # short rows keep 3
+        (4096, 2048, torch.bfloat16, 3, None),  # several slots an SM
+        (4096, 8192, torch.bfloat16, 4, 512),  # one slot an SM
+        (4096, 16384, torch.bfloat16, 4, 512),  # each CTA of the 2-CTA cluster: one slot
+    ]:
+        p = _plan(rows, cols, dtype)
+        assert p["family"] in (5, 6) and p["stages"] == stages, (cols, dtype, p)
+        if threads is not None:
+            assert p["threads"] == threads, (cols, dtype, p)
+        # the smem holds `stages` rows of x and dy per slot
+        assert p["smem"] >= p["slots"] * stages * 2 * cols // p["cluster"] * dtype.itemsize, p
+    from day26_layernorm import ops
+    with ops.knobs(ring_stages=2):
+        assert _plan(4096, 4096, torch.float32)["stages"] == 2
+        assert _plan(4096, 8192, torch.bfloat16)["stages"] == 2
 
 
 @requires_cuda

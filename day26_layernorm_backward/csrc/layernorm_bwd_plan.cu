@@ -33,8 +33,10 @@ int bwd_vec(const LnBackwardArgs& a) {
 // dtype, D and the vector width; the launch shape within a family (slots,
 // grid, stages) then comes from its planner (occupancy: rows, SM count).
 // Measurements (H200, README "The plan"):
-//  - the ring (5): 16-bit rows of 1024 columns and more; fp32 rows shorter than
-//    1024 or longer than 4096 (runs 17-19); fp32 1024-4096: row slots (4).
+//  - the ring (5): 16-bit rows of 1024 columns and more, fp32 rows of every length
+//    (fp32 1024-4096 ran row slots (4) until the ring's depth was chosen per dtype,
+//    kRingStages in layernorm_bwd_ring.cu: H200, 4096x4096 61.8 -> 53.3 us with five
+//    stages, 16384x3072 166.5 -> 150.6 with three).
 //  - rows over 8192 columns: split across a cluster (6) of 2 or 4 CTAs, at most
 //    8192 columns a CTA (ring_cluster: 8192 split into 2 x 4096 measured slower,
 //    16384 into 4 no faster than into 2); if that cannot run, 4 (fp32) or 2
@@ -48,7 +50,7 @@ int auto_families(const LnBackwardArgs& a, int vec, const LnDevice& dev, int (&o
   if (vec == V && dev.sm90()) {
     const int csize = ring_cluster(a.cols, V);
     const int64_t share = a.cols / csize;
-    const bool ring = elem == 2 ? share >= 1024 : (share < 1024 || share > 4096);
+    const bool ring = elem == 4 || share >= 1024;
     if (ring && csize > 1) out[n++] = kClusterSplit;
     else if (ring && a.cols <= kRingCtaCols) out[n++] = kRing;
   }

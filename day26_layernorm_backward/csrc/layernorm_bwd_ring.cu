@@ -291,10 +291,23 @@ cudaError_t launch_ring(RingKernel<T, TW> kernel, const LnBackwardArgs& a, const
                             p.tpr, p.stages, w_f32, dsum);
 }
 
-// Stages of the ring: 3 (H200, runs 18-20: 4 within 1%, 6 (the most that fit)
-// 1-2% slower, 2 much slower: 137 against 108 us at 16384x4096 bf16; run 31, the
-// one-slot-per-SM rows: 4 within 1%, 6 1-3% slower). Knob ring_stages overrides.
+// Stages of the ring (knob ring_stages overrides). H200 sweep of 2-6 stages over
+// fp32 and bf16 rows of 512-8192 columns, 4096 and 16384 rows, RMSNorm and LayerNorm:
+// - 3 by default: 16-bit rows in several slots an SM read 1-6% slower with each
+//   stage more (4096x4096 bf16 34.3 / 35.0 / 35.7 / 36.3 us for 3-6), 2 much slower.
+// - 16-bit rows with one slot an SM (shares over 4096 columns): 4 (16384x8192 bf16
+//   199.6 -> 193.7 us, 16384x6144 166.6 -> 161.2; 4096 rows within 1%).
+// - 4-byte rows of 1024-4096 columns: 5 where the block of five stages still holds
+//   256 threads (fewer slots, each further ahead): 4096x4096 fp32 61.8 -> 53.3 us
+//   (row slots, version 4, ran it), 16384x4096 209.6 -> 194.9, 16384x2048 103.7 -> 99.0,
+//   16384x1024 55.9 -> 53.5; else 3. Measured no faster elsewhere: 3072 columns (5 leave
+//   one 192-thread slot: 46.9 against 44.0 us at 4096 rows), 512 and 768 (within 1%
+//   at 16384 rows, up to 4% slower at 4096), 1536 and 2560 (within 1%), 5120 (1-1.6%
+//   slower); 6144 and 8192 fit no five.
 constexpr int kRingStages = 3;
+constexpr int kRingStagesFp32 = 5, kRingStagesOneSlot = 4;
+constexpr int kRingMinThreadsFp32 = 256;
+constexpr int64_t kRingDeepMinCols = 1024, kRingDeepMaxCols = 4096;
 
 }  // namespace
 
@@ -313,11 +326,26 @@ bool bwd_plan_ring(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.iters = cfg.iters;
   p.tpr = cfg.tpr;
   const int knob = ln_knob(kKnobRingStages);
-  p.stages = knob >= 2 && knob <= kRingMaxStages ? knob : kRingStages;
+  const bool forced = knob >= 2 && knob <= kRingMaxStages;
   return with_ring_kernel(a, p, [&](auto kernel) {
     if (!kernel) return false;
     const size_t row_bytes = 2 * size_t(p.tpr) * p.iters * V * elem;  // x and dy
-    const V4Plan vp = v4_plan(kernel, p.tpr, kV4SmallThreads, a.rows, size_t(p.stages) * row_bytes, 0);
+    auto plan_of = [&](int stages) {
+      return v4_plan(kernel, p.tpr, kV4SmallThreads, a.rows, size_t(stages) * row_bytes, 0);
+    };
+    // the depth (kRingStages' comment): a deeper ring taken only where it fits as measured
+    p.stages = forced ? knob : kRingStages;
+    V4Plan vp = plan_of(p.stages);
+    if (!forced && vp.fits) {
+      const int64_t share = a.cols / p.cluster;
+      const bool fp32_deep = share >= kRingDeepMinCols && share <= kRingDeepMaxCols;
+      const int deeper = elem == 4 ? (fp32_deep ? kRingStagesFp32 : 0)
+                                   : (vp.slots == 1 && vp.per_sm == 1 ? kRingStagesOneSlot : 0);
+      if (deeper) {
+        const V4Plan d = plan_of(deeper);
+        if (d.fits && (elem != 4 || d.threads >= kRingMinThreadsFp32)) p.stages = deeper, vp = d;
+      }
+    }
     if (!vp.fits) return false;
     const int64_t groups = p.cluster > 1 ? cluster_groups(kernel, vp, p.cluster, a.rows) : vp.grid;
     if (groups <= 0 && a.rows > 0) return false;
