@@ -188,16 +188,20 @@ inline V2Config v3_config(int64_t cols, int vec) {
   return c;
 }
 
-// Allow `dynamic` bytes of dynamic shared memory for `kernel`: raise the
-// kernel's limit (cudaFuncAttributeMaxDynamicSharedMemorySize) to it unless a
-// larger one was set already (remembered per kernel and device, so a launch does
-// not pay for the call). Without it, a launch whose static plus dynamic shared
-// memory exceeds 48 KB fails (the v4 kernels have 8 KB of static scratch: a
-// 41-44 KB ring once failed with "invalid argument", which a margin missed).
+// Allow `dynamic` bytes of dynamic shared memory for `kernel`. The kernel's limit
+// (cudaFuncAttributeMaxDynamicSharedMemorySize) is process-wide, while plans run on
+// several threads (autograd's backward has its own), so it is set once per kernel and
+// device to the most a block may have beside the kernel's static shared memory, the
+// same value from every thread, never to one call's need: a limit set to one call's
+// bytes could lower the limit that another thread had set while that thread's record
+// still said its size was allowed (its next launch: "invalid argument"). Without a
+// raised limit, a launch whose static plus dynamic shared memory exceeds 48 KB fails.
+// Past the device's limit: refused here, not by a failing API call (compute-sanitizer
+// counts those).
 template <typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
   if (dynamic == 0) return cudaSuccess;
-  struct Entry { const void* k; int dev; size_t bytes; };
+  struct Entry { const void* k; int dev; size_t limit; };
   static thread_local Entry cache[64];
   static thread_local int used = 0;
   int dev = 0;
@@ -205,21 +209,25 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
   const void* key = reinterpret_cast<const void*>(kernel);
   int i = 0;
   while (i < used && !(cache[i].k == key && cache[i].dev == dev)) ++i;
-  if (i < used && cache[i].bytes >= dynamic) return cudaSuccess;
-  // past the device's limit (static + dynamic <= the opt-in maximum per block):
-  // refused here, not by a failing API call (compute-sanitizer counts those)
-  cudaFuncAttributes fa{};
-  const int optin = kc::smem_optin_bytes();
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || optin <= 0) return cudaErrorInvalidValue;
-  if (fa.sharedSizeBytes + dynamic > size_t(optin)) return cudaErrorInvalidValue;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic));
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // returned, not left behind for the next launch check to report
-    return e;
+  if (i == used) {
+    cudaFuncAttributes fa{};
+    const int optin = kc::smem_optin_bytes();
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || optin <= 0) {
+      cudaGetLastError();
+      return cudaErrorInvalidValue;
+    }
+    const size_t limit = size_t(optin) > fa.sharedSizeBytes ? size_t(optin) - fa.sharedSizeBytes : 0;
+    if (limit > 0) {
+      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
+      if (e != cudaSuccess) {
+        cudaGetLastError();  // returned, not left behind for the next launch check to report
+        return e;
+      }
+    }
+    if (i == used) i = used < 64 ? used++ : 63;
+    cache[i] = Entry{key, dev, limit};
   }
-  if (i == used) i = used < 64 ? used++ : 63;
-  cache[i] = Entry{key, dev, dynamic};
-  return cudaSuccess;
+  return dynamic <= cache[i].limit ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 // Blocks of a persistent grid: what fits at once, but no more than rows / 8
