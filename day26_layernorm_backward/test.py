@@ -949,19 +949,28 @@ def test_cuda_rms_every_version(version, dtype):
 @pytest.mark.parametrize("cluster", ["2", "4"])
 def test_cuda_rms_cluster(cluster, knob):
     """RMSNorm with rows split across a cluster (forward and backward): the shares'
-    exchange combines (0, sum of squares) pairs; bitwise reproducible."""
+    exchange combines (0, sum of squares) pairs; bitwise reproducible; fp32 or
+    same-dtype weights. The backward with dweight runs RMSNorm's own split kernel
+    (kRms), the dx-only one the kernel both norms share: the same dx up to a few
+    roundings."""
     from day26_layernorm import rms_norm_backward, rms_norm_forward
 
     knob.set("cluster", cluster)
     knob.set("grid", "8")
-    for cols in CLUSTER_COLS[cluster]:
-        for dtype in testing.FLOAT_DTYPES:
-            x, w, _, dy = make(40, cols, dtype, "cuda", affine=(True, False))
-            y, dx, dw = run_rms_and_check(x, w, dy, (cols,), version=6)
-            y2, rstd = rms_norm_forward(x, cols, w, 1e-5, 6)
-            assert torch.equal(y, y2)
-            for a, c in zip((dx, dw), rms_norm_backward(dy, x, cols, rstd, w, version=6)):
-                assert torch.equal(a, c), "cluster RMSNorm backward is not bitwise reproducible"
+    for cols in (CLUSTER_COLS_SANITIZE if SANITIZE else CLUSTER_COLS)[cluster]:
+        for dtype in ([torch.float32, torch.bfloat16] if SANITIZE else testing.FLOAT_DTYPES):
+            for wdtype in ("same", torch.float32):
+                x, w, _, dy = make(40, cols, dtype, "cuda", wdtype=wdtype, affine=(True, False))
+                y, dx, dw = run_rms_and_check(x, w, dy, (cols,), version=6)
+                y2, rstd = rms_norm_forward(x, cols, w, 1e-5, 6)
+                assert torch.equal(y, y2)
+                for a, c in zip((dx, dw), rms_norm_backward(dy, x, cols, rstd, w, version=6)):
+                    assert torch.equal(a, c), "cluster RMSNorm backward is not bitwise reproducible"
+                dx_only, dw0 = rms_norm_backward(dy, x, cols, rstd, w, (True, False), version=6)
+                assert dw0.numel() == 0
+                ulp = torch.finfo(dtype).eps
+                torch.testing.assert_close(dx_only.float(), dx.float(), rtol=2 * ulp,
+                                           atol=8 * ulp * dx.abs().max().item())
 
 
 @pytest.mark.parametrize("device", DEVICES)

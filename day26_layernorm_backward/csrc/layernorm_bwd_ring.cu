@@ -64,7 +64,15 @@ namespace {
 // vectors of the row's dsum loaded into registers from global memory once the
 // row has landed, ahead of pass 1 and the reduction that hide their latency (not
 // through the ring: no third row of shared memory per stage); dsum unused without it.
-template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster, bool kDsum = false>
+// kRms (RMSNorm's split rows with column sums; mean null): no mean, no sum of g,
+// no dbias sums (bwd_vec_pass1), one row sum reduced. Only where a row is split:
+// there each row's compute is exposed (one slot a CTA waits on the row's
+// exchange), and RMSNorm 4096x16384 bf16's backward took 106 against 120 us
+// (H200); the unsplit rings keep one kernel for both norms (their own RMSNorm
+// kernels were as fast alone, and 1-2% slower in the step at 16-bit rows of
+// 4096-8192 columns, 16384-32768 rows, with the finalize's blocks resident
+// beside them: ptxas left them room, 85 registers instead of 115).
+template <typename T, typename TW, int ITERS, bool kPartials, bool kCluster, bool kDsum = false, bool kRms = false>
 __global__ void __launch_bounds__(kV4SmallThreads, kPartials ? 0 : 2)
 ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
             const float* __restrict__ rstd, const TW* __restrict__ w, T* __restrict__ dx,
@@ -84,6 +92,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   const int slot = threadIdx.x / tpr, t = threadIdx.x - slot * tpr;
   const int lane = threadIdx.x & 31, wis = t >> 5, nw = tpr >> 5;
   const float inv_d = 1.f / float(D);
+  const bool center = !kRms && mean != nullptr;  // LayerNorm (RMSNorm: mean null)
   const unsigned csize = kCluster ? kc::cluster_size_x() : 1u, crank = kCluster ? kc::cluster_rank() : 0u;
   const int64_t group = kCluster ? int64_t(kc::cluster_id()) : int64_t(blockIdx.x);  // row team of CTAs
   const int64_t groups = kCluster ? int64_t(kc::cluster_count()) : int64_t(gridDim.x);
@@ -132,7 +141,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
         row_vecs(s, it, xv, dv);
         float wv[VEC];
         weights(it, rc.col(it), wv);
-        bwd_vec_pass1<T, VEC, kPartials>(xv, dv, wv, mu, rs, sums, accw[it], accb[it]);
+        bwd_vec_pass1<T, VEC, kPartials, kRms>(xv, dv, wv, mu, rs, sums, accw[it], accb[it]);
       }
     }
   };
@@ -140,7 +149,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   auto pass2 = [&](int s, int64_t r, float mu, float rs, const float (&sums)[2],
                    const RowRegs<T, VEC, ITERS>& ds) {
     if (!dx) return;
-    const DxRow dr(mu, rs, sums, inv_d, mean != nullptr);
+    const DxRow dr(mu, rs, sums, inv_d, center);
     T* dxr = dx + r * D + col0;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
@@ -193,19 +202,25 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
     for (int s = 0; s < stages; ++s)
       if (row + s * stride < rows) issue(row + s * stride, s);
   float mu_next = 0.f, rs_next = 0.f;  // the statistics of the next row, loaded a row ahead
-  if (row < rows) mu_next = load_mean(mean, row), rs_next = rstd[row];
+  if (row < rows) mu_next = kRms ? 0.f : load_mean(mean, row), rs_next = rstd[row];
 
   int stage = 0, parity = 0;
   unsigned phase = 0;  // parity of the ring's current round (every stage completes once per round)
   for (int64_t i = 0; row < rows; row += stride, ++i) {
     const float mu = mu_next, rs = rs_next;
-    if (row + stride < rows) mu_next = load_mean(mean, row + stride), rs_next = rstd[row + stride];
+    if (row + stride < rows) mu_next = kRms ? 0.f : load_mean(mean, row + stride), rs_next = rstd[row + stride];
     kc::mbar_wait(&bars[stage], phase);  // this row has landed
     RowRegs<T, VEC, ITERS> ds;
     if constexpr (kDsum) load_row(ds, dsum + row * D + col0, rc);
     float sums[2] = {0.f, 0.f};
     pass1(stage, mu, rs, sums);
-    slot_reduce_sum<2, true>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
+    if constexpr (kRms) {  // sums[0] stays 0
+      float s1[1] = {sums[1]};
+      slot_reduce_sum<1, true>(s1, red[slot], parity, 1 + slot, nw, wis, lane);
+      sums[1] = s1[0];
+    } else {
+      slot_reduce_sum<2, true>(sums, red[slot], parity, 1 + slot, nw, wis, lane);
+    }
     // Every thread of the slot is past pass 2 of the previous row (the barrier
     // above; a one-warp slot: the shuffles, and this __syncwarp): refill its
     // stage (and, kCluster, the previous row's exchange buffer may be reused).
@@ -223,8 +238,7 @@ ln_bwd_ring(const T* __restrict__ dy, const T* __restrict__ x, const float* __re
   // every row issued was waited for above: no copy is in flight into the buffer below
   if constexpr (kPartials)
     slots_store_partial<VEC, ITERS>(accw, accb, reinterpret_cast<float*>(ring_smem),
-                                    partial + group * 2 * D + col0, Dc, D, slots, slot, tpr, t,
-                                    mean != nullptr);
+                                    partial + group * 2 * D + col0, Dc, D, slots, slot, tpr, t, center);
   if constexpr (kCluster) kc::cluster_sync();  // no CTA leaves while a peer may still access its shared memory
 }
 
@@ -248,30 +262,33 @@ using RingKernel = void (*)(const T*, const T*, const float*, const float*, cons
 // plan's own splits; the cluster knob is refused for smaller shares); unsplit
 // only where the weights sit in registers (rows of at most kRingCtaCols).
 // p.dsum == 1: the kDsum instantiations, compiled where bwd_fuses_dsum allows
-// (partial rows, not split).
+// (partial rows, not split). RMSNorm (a.mean null) split rows with partial rows:
+// the kRms instantiations.
 template <typename F>
 auto with_ring_kernel(const LnBackwardArgs& a, const LnBwdPlan& p, F&& f) {
   return ln_input_typed(a.dt, [&](auto t) {
     using T = decltype(t);
     return KC_BOOL_SWITCH(p.partials, kP, [&] {
       return KC_BOOL_SWITCH(p.cluster > 1, kCl, [&] {
-        auto typed = [&](auto tw) {
-          using TW = decltype(tw);
-          using K = RingKernel<T, typename TW::type>;
-          return with_iters<4>(p.iters, K(nullptr), [&](auto it) {
-            constexpr int I = decltype(it)::value;
-            constexpr bool kCompiled = kRingWReg<T, I> == std::is_void<typename TW::type>::value &&
-                                       (kCl ? kClusterIters<T, I> : kRingWReg<T, I>);
-            if constexpr (kCompiled && kP && !kCl) {
-              if (p.dsum == 1) return K(ln_bwd_ring<T, typename TW::type, I, kP, kCl, true>);
-            }
-            if constexpr (kCompiled) return p.dsum == 1 ? K(nullptr) : K(ln_bwd_ring<T, typename TW::type, I, kP, kCl>);
-            return K(nullptr);
-          });
-        };
-        if (p.iters * kc::max_vec_elems<T>() <= kRingWRegCols) return f(typed(std::common_type<void>{}));
-        if (a.wdt == kc::DType::F32) return f(typed(std::common_type<float>{}));
-        return f(typed(std::common_type<T>{}));
+        return KC_BOOL_SWITCH(p.partials && p.cluster > 1 && !a.mean, kRms, [&] {
+          auto typed = [&](auto tw) {
+            using TW = typename decltype(tw)::type;
+            using K = RingKernel<T, TW>;
+            return with_iters<4>(p.iters, K(nullptr), [&](auto it) {
+              constexpr int I = decltype(it)::value;
+              constexpr bool kCompiled = kRingWReg<T, I> == std::is_void<TW>::value &&
+                                         (kCl ? kClusterIters<T, I> : kRingWReg<T, I>) && (!kRms || (kP && kCl));
+              if constexpr (kCompiled && kP && !kCl) {
+                if (p.dsum == 1) return K(ln_bwd_ring<T, TW, I, kP, kCl, true, kRms>);
+              }
+              if constexpr (kCompiled) return p.dsum == 1 ? K(nullptr) : K(ln_bwd_ring<T, TW, I, kP, kCl, false, kRms>);
+              return K(nullptr);
+            });
+          };
+          if (p.iters * kc::max_vec_elems<T>() <= kRingWRegCols) return f(typed(std::common_type<void>{}));
+          if (a.wdt == kc::DType::F32) return f(typed(std::common_type<float>{}));
+          return f(typed(std::common_type<T>{}));
+        });
       });
     });
   });
