@@ -205,7 +205,7 @@ bool bwd_plan_v2(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.smem = p.partials ? size_t(cfg.warp ? kWarpRowsPerBlock : 1) * 2 * size_t(a.cols) * sizeof(float) : 0;
   return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
     return with_v2_kernel<decltype(t), decltype(tw)>(p, [&](auto kernel) {
-      if (!kernel || allow_dynamic_smem(kernel, p.smem) != cudaSuccess) return false;
+      if (!kernel || kc::allow_dynamic_smem(kernel, p.smem) != cudaSuccess) return false;
       int per_sm = 0;
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, p.smem) != cudaSuccess) {
         cudaGetLastError();  // not left behind for the next launch check to report

@@ -129,7 +129,7 @@ bool bwd_plan_v3(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.smem = size_t(stages) * 2 * size_t(a.cols) * elem;
   return ln_input_typed(a.dt, [&](auto t) {
     const auto kernel = v3_kernel<decltype(t)>(p);
-    if (!kernel || allow_dynamic_smem(kernel, p.smem) != cudaSuccess) return false;
+    if (!kernel || kc::allow_dynamic_smem(kernel, p.smem) != cudaSuccess) return false;
     int per_sm = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, p.smem) != cudaSuccess) {
       cudaGetLastError();

@@ -12,6 +12,7 @@
 #include "kc/cluster.cuh"
 #include "kc/convert.cuh"
 #include "kc/device.h"
+#include "kc/launch.cuh"
 #include "kc/reduce.cuh"
 #include "kc/switch.cuh"
 #include "kc/vec.cuh"
@@ -188,48 +189,6 @@ inline V2Config v3_config(int64_t cols, int vec) {
   return c;
 }
 
-// Allow `dynamic` bytes of dynamic shared memory for `kernel`. The kernel's limit
-// (cudaFuncAttributeMaxDynamicSharedMemorySize) is process-wide, while plans run on
-// several threads (autograd's backward has its own), so it is set once per kernel and
-// device to the most a block may have beside the kernel's static shared memory, the
-// same value from every thread, never to one call's need: a limit set to one call's
-// bytes could lower the limit that another thread had set while that thread's record
-// still said its size was allowed (its next launch: "invalid argument"). Without a
-// raised limit, a launch whose static plus dynamic shared memory exceeds 48 KB fails.
-// Past the device's limit: refused here, not by a failing API call (compute-sanitizer
-// counts those).
-template <typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
-  if (dynamic == 0) return cudaSuccess;
-  struct Entry { const void* k; int dev; size_t limit; };
-  static thread_local Entry cache[64];
-  static thread_local int used = 0;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const void* key = reinterpret_cast<const void*>(kernel);
-  int i = 0;
-  while (i < used && !(cache[i].k == key && cache[i].dev == dev)) ++i;
-  if (i == used) {
-    cudaFuncAttributes fa{};
-    const int optin = kc::smem_optin_bytes();
-    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || optin <= 0) {
-      cudaGetLastError();
-      return cudaErrorInvalidValue;
-    }
-    const size_t limit = size_t(optin) > fa.sharedSizeBytes ? size_t(optin) - fa.sharedSizeBytes : 0;
-    if (limit > 0) {
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
-      if (e != cudaSuccess) {
-        cudaGetLastError();  // returned, not left behind for the next launch check to report
-        return e;
-      }
-    }
-    if (i == used) i = used < 64 ? used++ : 63;
-    cache[i] = Entry{key, dev, limit};
-  }
-  return dynamic <= cache[i].limit ? cudaSuccess : cudaErrorInvalidValue;
-}
-
 // Blocks of a persistent grid: what fits at once, but no more than rows / 8
 // (at least one per SM), so every block sees enough rows to fill its pipeline
 // and, in the backward, the per-block partial sums stay small next to the data.
@@ -354,7 +313,7 @@ V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t sme
       const int s = threads / tpr;
       if (s < 1 || s > max_slots) continue;
       const size_t smem = smem_of(s);
-      if (allow_dynamic_smem(kernel, smem) != cudaSuccess) continue;
+      if (kc::allow_dynamic_smem(kernel, smem) != cudaSuccess) continue;
       int n = 0;
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess || n < 1) continue;
       if (n * threads > best) best = n * threads, slots = s, per_sm = n;
@@ -369,7 +328,7 @@ V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t sme
   p.slots = slots;
   p.threads = slots * tpr;
   p.smem = smem_of(slots);
-  if (fits) allow_dynamic_smem(kernel, p.smem);
+  if (fits) kc::allow_dynamic_smem(kernel, p.smem);
   const int64_t blocks = (rows + slots - 1) / slots;
   int64_t cap = int64_t(num_sms()) * per_sm;
   const int64_t test_cap = v4_grid_cap();

@@ -70,7 +70,7 @@ cudaError_t fwd_launch_v3(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t
     });
     if (!kernel) return cudaErrorInvalidConfiguration;
     const size_t smem = size_t(p.stages) * size_t(a.cols) * sizeof(T);
-    KC_CUDA_TRY(allow_dynamic_smem(kernel, smem));
+    KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, smem));
     int per_sm = 0;
     KC_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.c2.threads, smem));
     const int64_t grid = persistent_grid(a.rows, per_sm);

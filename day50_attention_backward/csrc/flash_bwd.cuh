@@ -70,6 +70,7 @@
 
 #include "flash_common.cuh"
 #include "kc/check.cuh"
+#include "kc/launch.cuh"
 
 namespace day50 {
 namespace flash {
@@ -401,7 +402,7 @@ cudaError_t launch_bwd_dkdv_cfg(const FusedParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(n_kt), unsigned(kD / kDo));
   const FusedParams kp = kernel_masking(p);
   auto launch = [&](auto kernel) -> cudaError_t {
-    KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, smem));
     kernel<<<grid, Tile::kThreads, smem, stream>>>(kp);
     return cudaGetLastError();
   };

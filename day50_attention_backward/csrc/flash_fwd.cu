@@ -36,6 +36,7 @@
 
 #include "flash_common.cuh"
 #include "kc/check.cuh"
+#include "kc/launch.cuh"
 #include "kc/types.h"
 
 namespace day50 {
@@ -246,7 +247,7 @@ cudaError_t launch_fwd(const FusedParams& p, cudaStream_t stream) {
   constexpr int kWarps = 4, kBc = kD > 64 ? 32 : 64, kBr = 16 * kWarps;
   constexpr int smem = (kBr + 4 * kBc) * (kD + 8) * int(sizeof(T));
   auto kernel = flash_fwd_kernel<T, kD, kWarps, kBc, kLocal, kGQA, kSoftcap, kVarlen>;
-  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, smem));
   const int64_t n_qt = (p.Nq + kBr - 1) / kBr;
   if (n_qt > 65535 || p.B * p.H > 0x7fffffff) return cudaErrorInvalidConfiguration;
   kernel<<<dim3(unsigned(p.B * p.H), unsigned(n_qt)), kWarps * 32, smem, stream>>>(kernel_masking(p));

@@ -53,6 +53,7 @@
 
 #include "kc/check.cuh"
 #include "kc/convert.cuh"
+#include "kc/launch.cuh"
 #include "kc/reduce.cuh"
 
 namespace day50 {
@@ -560,7 +561,7 @@ template <typename K, typename... Args>
 cudaError_t launch(K kernel, int64_t blocks, size_t smem, cudaStream_t stream, Args... args) {
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, smem));
   kernel<<<unsigned(blocks), kThreads, smem, stream>>>(args...);
   KC_CUDA_LAUNCH_TRY();
   return cudaSuccess;

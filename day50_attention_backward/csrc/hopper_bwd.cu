@@ -89,6 +89,7 @@
 #include "hopper_common.cuh"
 #include "kc/bulk_copy.cuh"
 #include "kc/check.cuh"
+#include "kc/launch.cuh"
 #include "kc/tma.cuh"
 #include "kc/types.h"
 #include "kc/wgmma.cuh"
@@ -955,7 +956,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.dk_sr = p.dk_sr;
   if (kDet && p.dq_sem == nullptr) return cudaErrorInvalidValue;
   auto kernel = hopper_bwd_kernel<T, kD, kCausal, kLocal, kSoftcap, kDet, kVarlen>;
-  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
+  KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, L::kBytes));
   const int64_t n_kt = (p.Nk + kBlockN - 1) / kBlockN;
   // Chunks of heads whose re-read bytes fit in a quarter of the L2: each key block of a CTA's
   // heads reads their Q and dO and adds into their fp32 dQ sums, all of the rows in full

@@ -69,6 +69,7 @@
 #include "kc/bulk_copy.cuh"
 #include "kc/check.cuh"
 #include "kc/device.h"
+#include "kc/launch.cuh"
 #include "kc/tma.cuh"
 #include "kc/types.h"
 #include "kc/wgmma.cuh"
@@ -476,7 +477,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   a.lse_sh = p.row_sh;
   a.sw = hopper_common::seq_window(p);
   auto kernel = hopper_fwd_kernel<T, kD, kC, kCausal, kLocal, kSoftcap, kVarlen>;
-  KC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<kD, kC>::kBytes));
+  KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, Layout<kD, kC>::kBytes));
   const int64_t n_qt = (p.Nq + kBlockM - 1) / kBlockM;
   // K and V of a kv head, shared by its group of q heads
   a.order = hopper_common::make_order(n_qt, p.B * p.H, 2 * p.Nk * kD * int64_t(sizeof(T)) / (p.H / p.Hk));

@@ -53,6 +53,7 @@
 #include "se_kernels.cuh"
 
 #include "kc/cluster.cuh"
+#include "kc/launch.cuh"
 
 namespace se {
 
@@ -364,7 +365,7 @@ template <typename T, typename TW, Layout LAY, bool kBwd>
 cudaError_t set_cluster_attributes(int k, size_t smem) {
   const void* fn = reinterpret_cast<const void*>(se_cluster_kernel<T, TW, LAY, kBwd>);
   if (k > 8) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  if (smem > 48 * 1024) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  KC_CUDA_TRY(kc::allow_dynamic_smem(fn, smem));
   return cudaSuccess;
 }
 

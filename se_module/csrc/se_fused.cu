@@ -77,6 +77,8 @@
 #include "se_kernels.cuh"
 #include "se_spread.cuh"
 
+#include "kc/launch.cuh"
+
 namespace se {
 
 namespace {
@@ -274,10 +276,7 @@ MlpArgs mlp_args(const float* part_x, int splits, const Dims& d, int64_t S, Gate
 template <typename K>
 cudaError_t launch_mlp(K kernel, const Dims& d, size_t smem, const MlpArgs& m, const LaunchOpts& o,
                        cudaStream_t stream) {
-  if (smem > 48 * 1024) {
-    KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  }
+  KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, smem));
   KC_CUDA_TRY(dev::check_grid(d.n));
   return dev::launch(kernel, dim3(unsigned(d.n)), dim3(kThreads), smem, stream, o.pdl, m);
 }

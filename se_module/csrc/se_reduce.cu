@@ -5,6 +5,7 @@
 // tiles of whole rows staged in shared memory; NHWC by blocks of (n, split, column
 // tile) with fixed-order column sums. Every sum has a fixed order: no atomics.
 #include "kc/async_copy.cuh"
+#include "kc/launch.cuh"
 #include "se_kernels.cuh"
 
 namespace se {
@@ -475,10 +476,7 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
         const size_t smem = size_t(NS) * size_t(rb) * size_t(d.l) * sizeof(T);
         const unsigned blocks = grid(ceil_div(d.n * d.c, rb));
         auto go = [&](auto kernel) -> cudaError_t {
-          if (smem > 48 * 1024) {
-            KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-          }
+          KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, smem));
           kernel<<<blocks, kThreads, smem, stream>>>(a, rb);
           return cudaGetLastError();
         };
@@ -503,10 +501,7 @@ cudaError_t launch_reduce(const void* x, const void* g, const float* s, void* gs
         if (blocks == 0) return cudaErrorInvalidConfiguration;
         constexpr size_t smem = cols_smem_bytes<T, VEC, kSumX, kSumGX, kWriteGS>();
         auto kernel = reduce_cols_kernel<T, VEC, kSumX, kSumGX, kWriteGS>;
-        if (smem > 48 * 1024) {
-          KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        }
+        KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, smem));
         kernel<<<blocks, kThreads, smem, stream>>>(a);
       }
       return cudaGetLastError();

@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "kc/bulk_copy.cuh"
+#include "kc/launch.cuh"
 #include "se_act.cuh"
 #include "se_kernels.cuh"
 #include "se_spread.cuh"
@@ -422,10 +423,7 @@ cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t str
     if (g.i_dim <= kNarrowMaxI) {
       const size_t smem = with_wgrad_smem(g, gemv_narrow_smem(g.i_dim));
       auto kernel = gemv_narrow_kernel<ACT, EPI, TW>;
-      if (smem > 48 * 1024) {
-        KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      }
+      KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, smem));
       GemvArgs a = g;
       a.chunks = int(dev::ceil_div(g.o_dim, kNarrowO));
       const int64_t gx = int64_t(a.chunks) + a.wg_pairs;
@@ -448,10 +446,7 @@ cudaError_t launch_gemv(const GemvArgs& g, const LaunchOpts& o, cudaStream_t str
   };
   auto kernel = pick();
   const size_t smem = with_wgrad_smem(g, g.w_t ? gemv_wt_smem(g.i_dim) : gemv_smem(g.i_dim));
-  if (smem > 48 * 1024) {
-    KC_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  }
+  KC_CUDA_TRY(kc::allow_dynamic_smem(kernel, smem));
   const int64_t tiles = dev::ceil_div(g.n, kTileN);
   GemvArgs a = g;
   a.chunks = int(dev::ceil_div(g.o_dim, kWarps));

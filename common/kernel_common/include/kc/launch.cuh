@@ -25,6 +25,13 @@
 //                           (used by launch and by kc/cluster.cuh's launch_cluster)
 //   sm90_or_newer()         host: whether the current device has compute
 //                           capability 9.0 or newer (kc/device.h).
+//   allow_dynamic_smem(kernel, bytes)
+//                           host: lets `kernel` launch with `bytes` of dynamic
+//                           shared memory (past 48 KB with its static memory, a
+//                           launch needs the kernel's raised limit). cudaSuccess,
+//                           or cudaErrorInvalidValue where the device has less.
+//                           One API call per kernel, device and thread, then a
+//                           lookup (below).
 #pragma once
 
 #include <utility>
@@ -75,5 +82,51 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
 }
 
 inline bool sm90_or_newer() { return compute_capability() >= 90; }
+
+// The kernel's limit (cudaFuncAttributeMaxDynamicSharedMemorySize) is process-wide,
+// while launches come from several threads (autograd's backward has its own), so
+// it is set once per kernel and device to the most a block may have beside the
+// kernel's static shared memory: the same value from every thread, never one
+// call's need. (Set to each call's bytes, one thread could lower the limit another
+// thread had just raised for its own launch: "invalid argument" there.) Past the
+// device's limit the request is refused here, with no failing API call (which
+// compute-sanitizer would count). The record is per thread (no lock); a thread
+// using more than kEntries kernels re-queries the last entry's.
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
+  if (dynamic == 0) return cudaSuccess;
+  constexpr int kEntries = 64;
+  struct Entry {
+    const void* k;
+    int dev;
+    size_t limit;
+  };
+  static thread_local Entry cache[kEntries];
+  static thread_local int used = 0;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return cudaGetLastError();
+  const void* key = reinterpret_cast<const void*>(kernel);
+  int i = 0;
+  while (i < used && !(cache[i].k == key && cache[i].dev == dev)) ++i;
+  if (i == used) {
+    cudaFuncAttributes fa{};
+    const int optin = smem_optin_bytes();
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || optin <= 0) {
+      cudaGetLastError();  // returned, not left behind for the next launch check to report
+      return cudaErrorInvalidValue;
+    }
+    const size_t limit = size_t(optin) > fa.sharedSizeBytes ? size_t(optin) - fa.sharedSizeBytes : 0;
+    if (limit > 0) {
+      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return e;
+      }
+    }
+    i = used < kEntries ? used++ : kEntries - 1;
+    cache[i] = Entry{key, dev, limit};
+  }
+  return dynamic <= cache[i].limit ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 }  // namespace kc
