@@ -40,6 +40,10 @@
 //   max_active_clusters(kernel, block, smem, cluster_x)
 //                             how many such clusters fit on the device at once
 //                             (0 when none or on error; the error is cleared)
+//   allow_nonportable_cluster(kernel)
+//                             lets `kernel` launch with clusters of more than 8 CTAs
+//                             (the portable size; sm_90 allows 16): one API call per
+//                             kernel, device and thread, then a lookup
 //   max_active_clusters_cached(kernel, block, smem, cluster_x, prepare)
 //                             the same, asked once per (device, kernel, block, smem,
 //                             cluster_x) and calling thread, then kept (plans query it
@@ -51,6 +55,7 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -192,32 +197,36 @@ int max_active_clusters(void (*kernel)(KArgs...), int block, size_t smem, unsign
   return n;
 }
 
+template <typename Kernel>
+cudaError_t allow_nonportable_cluster(Kernel kernel) {
+  static thread_local detail::ThreadTable<std::tuple<const void*, int>, bool, 64> done;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return cudaGetLastError();
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), dev);
+  if (done.find(key)) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return e;
+  }
+  done.put(key, true);
+  return cudaSuccess;
+}
+
 template <typename... KArgs, typename Prepare>
 int max_active_clusters_cached(void (*kernel)(KArgs...), int block, size_t smem, unsigned cluster_x,
                                Prepare prepare) {
-  struct Entry {
-    const void* k;
-    int dev, block;
-    size_t smem;
-    unsigned cluster_x;
-    int n;
-  };
-  constexpr int kEntries = 32;
-  static thread_local Entry cache[kEntries];
-  static thread_local int used = 0;
+  static thread_local detail::ThreadTable<std::tuple<const void*, int, int, size_t, unsigned>, int, 32> counts;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  const void* key = reinterpret_cast<const void*>(kernel);
-  for (int i = 0; i < used; ++i)
-    if (cache[i].k == key && cache[i].dev == dev && cache[i].block == block && cache[i].smem == smem &&
-        cache[i].cluster_x == cluster_x)
-      return cache[i].n;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), dev, block, smem, cluster_x);
+  if (const int* n = counts.find(key)) return *n;
   const int n = prepare() == cudaSuccess ? max_active_clusters(kernel, block, smem, cluster_x) : 0;
   if (n == 0) cudaGetLastError();
-  cache[used < kEntries ? used++ : kEntries - 1] = Entry{key, dev, block, smem, cluster_x, n};
+  counts.put(key, n);
   return n;
 }
 

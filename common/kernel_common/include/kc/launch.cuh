@@ -34,6 +34,7 @@
 //                           lookup (below).
 #pragma once
 
+#include <tuple>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -41,6 +42,28 @@
 #include "kc/device.h"
 
 namespace kc {
+
+namespace detail {
+// A small per-thread table (each thread its own: no lock) of what a host helper
+// learnt or set once per key (a kernel and the current device, ...); past N
+// entries the last one is overwritten, so a key may be asked again.
+template <typename Key, typename Value, int N>
+struct ThreadTable {
+  Key keys[N];
+  Value values[N];
+  int used = 0;
+  const Value* find(const Key& k) const {
+    for (int i = 0; i < used; ++i)
+      if (keys[i] == k) return &values[i];
+    return nullptr;
+  }
+  void put(const Key& k, const Value& v) {
+    const int i = used < N ? used++ : N - 1;
+    keys[i] = k;
+    values[i] = v;
+  }
+};
+}  // namespace detail
 
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -90,32 +113,24 @@ inline bool sm90_or_newer() { return compute_capability() >= 90; }
 // call's need. (Set to each call's bytes, one thread could lower the limit another
 // thread had just raised for its own launch: "invalid argument" there.) Past the
 // device's limit the request is refused here, with no failing API call (which
-// compute-sanitizer would count). The record is per thread (no lock); a thread
-// using more than kEntries kernels re-queries the last entry's.
+// compute-sanitizer would count). The record is per thread (detail::ThreadTable).
 template <typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
   if (dynamic == 0) return cudaSuccess;
-  constexpr int kEntries = 64;
-  struct Entry {
-    const void* k;
-    int dev;
-    size_t limit;
-  };
-  static thread_local Entry cache[kEntries];
-  static thread_local int used = 0;
+  static thread_local detail::ThreadTable<std::tuple<const void*, int>, size_t, 64> limits;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return cudaGetLastError();
-  const void* key = reinterpret_cast<const void*>(kernel);
-  int i = 0;
-  while (i < used && !(cache[i].k == key && cache[i].dev == dev)) ++i;
-  if (i == used) {
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), dev);
+  const size_t* known = limits.find(key);
+  size_t limit = known ? *known : 0;
+  if (!known) {
     cudaFuncAttributes fa{};
     const int optin = smem_optin_bytes();
     if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || optin <= 0) {
       cudaGetLastError();  // returned, not left behind for the next launch check to report
       return cudaErrorInvalidValue;
     }
-    const size_t limit = size_t(optin) > fa.sharedSizeBytes ? size_t(optin) - fa.sharedSizeBytes : 0;
+    limit = size_t(optin) > fa.sharedSizeBytes ? size_t(optin) - fa.sharedSizeBytes : 0;
     if (limit > 0) {
       const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
       if (e != cudaSuccess) {
@@ -123,10 +138,9 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t dynamic) {
         return e;
       }
     }
-    i = used < kEntries ? used++ : kEntries - 1;
-    cache[i] = Entry{key, dev, limit};
+    limits.put(key, limit);
   }
-  return dynamic <= cache[i].limit ? cudaSuccess : cudaErrorInvalidValue;
+  return dynamic <= limit ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 }  // namespace kc
