@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(kThreads) wgrad_tile_kernel(dev::WgradTileArgs
 template <typename T, typename TW, Layout LAY, bool kBwd>
 cudaError_t set_cluster_attributes(int k, size_t smem) {
   const void* fn = reinterpret_cast<const void*>(se_cluster_kernel<T, TW, LAY, kBwd>);
-  if (k > 8) KC_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  if (k > 8) KC_CUDA_TRY(kc::allow_nonportable_cluster(fn));
   KC_CUDA_TRY(kc::allow_dynamic_smem(fn, smem));
   return cudaSuccess;
 }
