@@ -991,6 +991,33 @@ def test_rms_fp32_weight_with_low_precision_input(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+def test_rms_weight_of_any_float_dtype(device, dtype):
+    """F.rms_norm takes a weight of any float dtype and returns x's dtype, dweight in the
+    weight's (fp32 input with a bf16 weight: a bf16 model fed an fp32 residual stream).
+    Ours casts such a weight to the kernels' fp32, so float64 weights carry fp32
+    precision (as torch's composite, whose normalised x is fp32): checked as fp32."""
+    from day26_layernorm import RMSNorm, rms_norm
+
+    for wdtype in [t for t in (torch.float16, torch.bfloat16, torch.float64) if t != dtype]:
+        x, w, _, dy = make(16, 200, dtype, device, wdtype=wdtype, affine=(True, False))
+        xa, wa, xb, wb = (t.clone().requires_grad_() for t in (x, w, x, w))
+        y, yb = rms_norm(xa, 200, wa, 1e-5), F.rms_norm(xb, (200,), wb, 1e-5)
+        y.backward(dy)
+        yb.backward(dy)
+        assert (y.dtype, wa.grad.dtype) == (yb.dtype, wb.grad.dtype) == (dtype, wdtype)
+        y_r, dx_r, dw_r = rms_ref(x, (200,), w, 1e-5, dy)
+        check(y, y_r, yb.detach(), f"y, {wdtype} weight")
+        check(xa.grad, dx_r, xb.grad, f"dx, {wdtype} weight", natural_norm=dx_r.abs().norm().item())
+        as32 = (lambda t: t.float()) if wdtype == torch.float64 else (lambda t: t)
+        check(as32(wa.grad), dw_r, as32(wb.grad), f"dweight, {wdtype} weight")
+        m = RMSNorm(200, eps=1e-5, device=device, dtype=wdtype)
+        with torch.no_grad():
+            m.weight.copy_(w)
+        testing.assert_close(m(x), y.detach(), 0, 0, f"module, {wdtype} weight")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rms_strided_and_multi_dim(device):
     base = testing.fresh(6, 5, 130, device=device, scale=2.0)
     x = base[:, :, 1:129]  # rows not contiguous with each other

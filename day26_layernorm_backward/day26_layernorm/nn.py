@@ -5,7 +5,7 @@ import warnings
 
 import torch
 
-from .ops import DEFAULT_VERSION, _as_shape, _fwd, _rms_fwd, rms_eps
+from .ops import DEFAULT_VERSION, _as_shape, _fwd, _rms_fwd, rms_eps, rms_weight
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -97,7 +97,7 @@ class RMSNorm(torch.nn.RMSNorm):
                         f"(weight + variance_epsilon), got {type(m).__name__}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _rms_fwd(x, self._nshape, self.weight, rms_eps(x, self.eps), self.version)[0]
+        y = _rms_fwd(x, self._nshape, rms_weight(x, self.weight), rms_eps(x, self.eps), self.version)[0]
         if self._promote_output and self.weight is not None and self.weight.dtype != x.dtype:
             return y.to(torch.promote_types(self.weight.dtype, x.dtype))
         return y

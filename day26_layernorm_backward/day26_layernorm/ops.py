@@ -174,6 +174,17 @@ def rms_eps(x: torch.Tensor, eps: float | None) -> float:
 _EPS32, _EPS64 = torch.finfo(torch.float32).eps, torch.finfo(torch.float64).eps
 
 
+def rms_weight(x: torch.Tensor, weight):
+    """F.rms_norm takes a weight of any float dtype and returns x's dtype; the kernels
+    take x's dtype or float32. Any other weight (16-bit beside float32 input, the other
+    16-bit type, float64 beside 16/32-bit input) is cast to the type the kernels
+    compute in (float32; float64 for float64 input): differentiable, so dweight comes
+    back in the weight's own dtype, as torch's does."""
+    if weight is None or weight.dtype == x.dtype or weight.dtype == torch.float32 or not weight.is_floating_point():
+        return weight
+    return weight.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+
+
 def rms_norm_forward(x, normalized_shape, weight=None, eps: float | None = None, version: int = DEFAULT_VERSION):
     """(y, rstd): the RMSNorm forward op. rstd is fp32 (fp64 for fp64 input), shaped like x's leading dims."""
     return _rms_fwd(x, _as_shape(normalized_shape), weight, rms_eps(x, eps), int(version))
@@ -191,8 +202,9 @@ def rms_norm(x, normalized_shape, weight=None, eps: float | None = None, version
     y = x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape) dims.
 
     eps=None: as F.rms_norm (float32's epsilon, float64's for float64 input).
-    Dtypes, weight dtypes and versions as layer_norm's (no bias)."""
-    return _rms_fwd(x, _as_shape(normalized_shape), weight, rms_eps(x, eps), int(version))[0]
+    Dtypes and versions as layer_norm's (no bias); the weight may have any float
+    dtype, and y has x's, as F.rms_norm's (rms_weight)."""
+    return _rms_fwd(x, _as_shape(normalized_shape), rms_weight(x, weight), rms_eps(x, eps), int(version))[0]
 
 
 # ---------------------------------------------------------------- add_norm
@@ -275,7 +287,8 @@ def add_norm(x, residual, weight=None, bias=None, eps: float | None = 1e-5, kind
     for both x and residual. Where the plan's kernel family has no fused form
     (other families a forced version picks, fp32 forward rows over 8192 columns,
     misaligned tensors, CPU) the add runs apart, with the same results. x and
-    residual of different float dtypes run in the promoted one, as `x + residual` does.
+    residual of different float dtypes run in the promoted one, as `x + residual` does;
+    "rms" takes a weight of any float dtype, as rms_norm does.
     eps=None: 1e-5 for "layer", F.rms_norm's rule for "rms". Dtypes and versions
     as layer_norm's."""
     rms = _kind_is_rms(kind, bias)
@@ -284,6 +297,8 @@ def add_norm(x, residual, weight=None, bias=None, eps: float | None = 1e-5, kind
         # residual stream; both run in the promoted dtype (the cast is one pass over x).
         dt = torch.promote_types(x.dtype, residual.dtype)
         x, residual = x.to(dt), residual.to(dt)
+    if rms:
+        weight = rms_weight(x, weight)
     nshape = list(weight.shape) if weight is not None else ([x.shape[-1]] if bias is None else list(bias.shape))
     y, s, _, _ = _add_norm_fwd(x, residual, nshape, weight, bias, _add_norm_eps(x, eps, rms), rms, int(version))
     return y, s
