@@ -1018,6 +1018,29 @@ def test_rms_weight_of_any_float_dtype(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rows_of_no_element_as_torch(device):
+    """normalized_shape with a dim of size 0: torch returns empty outputs (mean 0, rstd
+    NaN) and empty gradients; so do ours (nothing launched)."""
+    from day26_layernorm import add_norm, rms_norm, rms_norm_forward
+
+    x, w, b = (testing.fresh(*s, device=device) for s in ((3, 5, 0), (5, 0), (5, 0)))
+    y, mean, rstd = layer_norm_forward(x, (5, 0), w, b)
+    ym, mm, rm = torch.native_layer_norm(x, (5, 0), w, b, 1e-5)
+    assert y.shape == ym.shape == (3, 5, 0)
+    assert mean.shape == rstd.shape == (3,) and (mean == 0).all() and rstd.isnan().all()
+    assert (mm == 0).all() and rm.isnan().all()  # torch's, for the record
+    y, rstd = rms_norm_forward(x, (5, 0), w)
+    assert y.shape == (3, 5, 0) and rstd.shape == (3,) and rstd.isnan().all()
+    for f in (lambda x, w, b: layer_norm(x, (5, 0), w, b), lambda x, w, b: rms_norm(x, (5, 0), w),
+              lambda x, w, b: F.layer_norm(x, (5, 0), w, b), lambda x, w, b: F.rms_norm(x, (5, 0), w),
+              lambda x, w, b: sum(add_norm(x, x.detach().clone(), w, b))):
+        xa, wa, ba = (t.clone().requires_grad_() for t in (x, w, b))
+        y = f(xa, wa, ba)
+        y.sum().backward()
+        assert y.shape == (3, 5, 0) and xa.grad.shape == (3, 5, 0) and wa.grad.shape == (5, 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rms_strided_and_multi_dim(device):
     base = testing.fresh(6, 5, 130, device=device, scale=2.0)
     x = base[:, :, 1:129]  # rows not contiguous with each other

@@ -35,7 +35,7 @@ void norm_fwd_rows(const scalar_t* xp, scalar_t* yp, stat_t* mp, stat_t* rp, con
       double m = 0;
       if (mp) {
         for (int64_t c = 0; c < D; ++c) m += double(xr[c]);
-        m /= double(D);
+        m = D > 0 ? m / double(D) : 0.0;  // no element: mean 0 (rstd NaN), as torch's
       }
       double v = 0;
       for (int64_t c = 0; c < D; ++c) v += (double(xr[c]) - m) * (double(xr[c]) - m);

@@ -2,6 +2,7 @@
 // (ln_backward_plan: kernels, grid, workspace), allocate its fp32 workspace,
 // launch the plan on the current stream, check the launch.
 #include <array>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -86,6 +87,11 @@ FwdOut norm_fwd_cuda(const at::Tensor& x_, at::IntArrayRef nshape, const c10::op
   a.eps = float(eps);
   a.dt = kc::to_kc_dtype(x, "input");
   a.wdt = weight ? kc::to_kc_dtype(*weight, "weight") : bias ? kc::to_kc_dtype(*bias, "bias") : a.dt;
+  if (s.cols == 0) {  // rows of no element: y (and the sum) empty, mean 0 and rstd NaN, as torch's
+    if (!rms) mean.zero_();
+    rstd.fill_(std::numeric_limits<float>::quiet_NaN());
+    return o;
+  }
   KC_TORCH_CHECK_CUDA(ln_forward(a, int(version), at::cuda::getCurrentCUDAStream()));
   return o;
 }
@@ -169,8 +175,19 @@ BwdCall prepare_backward(const LnShape& s, const at::Tensor& dy_, const at::Tens
     c.dsum = dsum->contiguous();
     a.dsum = c.dsum.data_ptr();
   }
-  c.plan = ln_backward_plan(a, int(version), ln_device());
+  if (s.cols > 0) c.plan = ln_backward_plan(a, int(version), ln_device());
   return c;
+}
+
+// The call's workspace, then its launch; nothing where rows have no element (every
+// output is empty then).
+void run_backward(BwdCall& c) {
+  if (c.a.cols == 0) return;
+  if (c.plan.workspace_floats > 0) {
+    c.ws = at::empty({c.plan.workspace_floats}, c.x.options().dtype(at::kFloat));
+    c.a.workspace = c.ws.data_ptr<float>();
+  }
+  KC_TORCH_CHECK_CUDA(ln_backward(c.a, c.plan, at::cuda::getCurrentCUDAStream()));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
@@ -179,11 +196,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
   const LnShape s = check_backward(dy_, x_, nshape, &mean_, rstd_, weight_, version);
   const at::cuda::CUDAGuard guard(x_.device());
   BwdCall c = prepare_backward(s, dy_, x_, nshape, mean_, rstd_, weight_, mask, version);
-  if (c.plan.workspace_floats > 0) {
-    c.ws = at::empty({c.plan.workspace_floats}, c.x.options().dtype(at::kFloat));
-    c.a.workspace = c.ws.data_ptr<float>();
-  }
-  KC_TORCH_CHECK_CUDA(ln_backward(c.a, c.plan, at::cuda::getCurrentCUDAStream()));
+  run_backward(c);
   // One column: x - mean is 0, so dx is exactly 0, which the 16-bit kernels'
   // folded constants (rstd * g - rstd * mean(g), rounded apart) would miss.
   if (s.cols == 1 && mask[0]) c.dx.zero_();
@@ -200,11 +213,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy_, cons
   const at::cuda::CUDAGuard guard(x_.device());
   const std::array<bool, 3> mask = {m[0], m[1], false};
   BwdCall c = prepare_backward(s, dy_, x_, nshape, rstd_, rstd_, weight_, mask, version, /*rms=*/true);
-  if (c.plan.workspace_floats > 0) {
-    c.ws = at::empty({c.plan.workspace_floats}, c.x.options().dtype(at::kFloat));
-    c.a.workspace = c.ws.data_ptr<float>();
-  }
-  KC_TORCH_CHECK_CUDA(ln_backward(c.a, c.plan, at::cuda::getCurrentCUDAStream()));
+  run_backward(c);
   return {c.dx, c.dw};
 }
 
@@ -224,11 +233,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_norm_bwd_cuda(
   const at::cuda::CUDAGuard guard(s_.device());
   BwdCall c = prepare_backward(s, dy, s_, nshape, rms ? rstd : mean, rstd, weight, mask, version, rms,
                                has_ds ? &*dsum : nullptr);
-  if (c.plan.workspace_floats > 0) {
-    c.ws = at::empty({c.plan.workspace_floats}, c.x.options().dtype(at::kFloat));
-    c.a.workspace = c.ws.data_ptr<float>();
-  }
-  KC_TORCH_CHECK_CUDA(ln_backward(c.a, c.plan, at::cuda::getCurrentCUDAStream()));
+  run_backward(c);
   // One column (LayerNorm): the norm's dx is exactly 0, as in layer_norm_bwd_cuda.
   if (!rms && s.cols == 1 && mask[0]) {
     if (has_ds) c.dx.copy_(c.dsum);
@@ -243,6 +248,7 @@ std::vector<std::pair<std::string, int64_t>> backward_plan_query(
     const c10::optional<at::Tensor>& weight, std::array<bool, 3> mask, int64_t version,
     const c10::optional<at::Tensor>& dsum, bool rms) {
   const LnShape s = check_backward(dy, x, nshape, rms ? nullptr : &mean, rstd, weight, version);
+  TORCH_CHECK(s.cols > 0, "_backward_plan: rows of no element launch nothing");
   const at::cuda::CUDAGuard guard(x.device());
   const bool has_ds = dsum.has_value() && dsum->defined();
   const LnBwdPlan p =
