@@ -8,7 +8,9 @@
 - copy_bandwidth_gbs() / matmul_tflops(): the two ceilings, measured on this device
   (bytes read + bytes written per second for a large device-to-device copy; a
   large bf16 matrix product on random data).
-- floor_us(bytes, gbs) and flops_floor_us(flops, tflops): the time no version can beat.
+- floor_us(bytes, gbs) and flops_floor_us(flops, tflops): the time no version can beat;
+  stream_kernel(reads, writes, ...): a kernel that only moves a pass's bytes (Triton), the
+  floor in practice for that mix of reads and writes.
 - Report: rows -> printed table, JSON and (with matplotlib) a PNG: % of the floor per
   shape beside the peers (plot_rows), or attention's TFLOP/s against N (plot_attention).
 The end-to-end model benchmark (a training step with a day's ops swapped in) is in models.py.
@@ -140,6 +142,38 @@ def matmul_tflops(dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
 def floor_us(nbytes: float, gbs: float) -> float:
     """Time to move `nbytes` at `gbs` GB/s, in microseconds."""
     return nbytes / (gbs * 1e9) * 1e6
+
+
+def stream_kernel(reads: int, writes: int, numel: int, dtype: torch.dtype) -> Callable[[], object] | None:
+    """The practical floor of one pass over memory: a callable running an elementwise
+    Triton kernel that reads `reads` (1-3) and writes `writes` (1-2) fresh tensors of
+    `numel` elements of `dtype` and does nothing else, at the fastest of a few block
+    shapes (graph replays, timed here). Reads cost less than writes, so a kernel's
+    bytes over the copy bandwidth (floor_us) are not what it can reach; this is, for
+    its mix of reads and writes, with no arithmetic or reduction in the way. None where
+    Triton is not installed."""
+    try:
+        import triton
+
+        from kernel_common import _stream
+    except ImportError:
+        return None
+    if not (1 <= reads <= 3 and 1 <= writes <= 2):
+        raise ValueError(f"stream_kernel: 1-3 reads and 1-2 writes, not {reads} and {writes}")
+    src = [torch.randn(numel, device="cuda", dtype=dtype) for _ in range(reads)]
+    dst = [torch.empty(numel, device="cuda", dtype=dtype) for _ in range(writes)]
+    args = (*src, *[src[0]] * (3 - reads), *dst, *[dst[0]] * (2 - writes), numel)
+    best = None
+    for block, warps in ((1024, 4), (1024, 8), (2048, 8), (4096, 8)):
+        grid = (triton.cdiv(numel, block),)
+
+        def run(grid=grid, block=block, warps=warps):
+            _stream.stream[grid](*args, NR=reads, NW=writes, BLOCK=block, num_warps=warps)
+
+        us = graph_us(run)
+        if best is None or us < best[0]:
+            best = (us, run)
+    return best[1]
 
 
 def flops_floor_us(flops: float, tflops: float) -> float:
