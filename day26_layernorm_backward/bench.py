@@ -93,7 +93,10 @@ def rms_table(args, meta, bw) -> str:
     installed; floor: 5 passes (forward: read x, write y; backward: read x, dy, write dx).
     Each is timed twice: GPU time alone (the step replayed from a CUDA graph: the columns
     named after the implementation, and the ratios) and per call from Python (`*_call`:
-    host work included, which is what a small shape costs an eager training step)."""
+    host work included, which is what a small shape costs an eager training step).
+    stream: kernels that only move the step's bytes in as many launches (bench.stream_kernel:
+    read x, write y; read x, dy, write dx; then torch.sum over one fp32 row an SM, as our
+    finalize reads): the floor in practice; pct_stream = stream / ours."""
     from day26_layernorm import rms_norm
 
     try:
@@ -123,6 +126,10 @@ def rms_table(args, meta, bw) -> str:
                 step = (lambda f=f, params=params: torch.autograd.grad(f(x, w), params, dy))
                 t[name] = bench.graph_us(step)
                 t[name + "_call"] = bench.time_us(step)
+            fwd_s, bwd_s = bench.stream_kernel(1, 1, n * d, dtype), bench.stream_kernel(2, 1, n * d, dtype)
+            if fwd_s is not None:
+                part, dws = torch.randn(meta["sms"], d, device="cuda"), torch.empty(d, device="cuda")
+                t["stream"] = bench.graph_us(lambda: (fwd_s(), bwd_s(), torch.sum(part, 0, out=dws)))
             floor = bench.floor_us(5 * n * d * x.element_size(), bw)
             row = dict(shape=f"{n}x{d} {str(dtype).replace('torch.', '')}", **t, floor=floor,
                        pct_floor=100 * floor / t["ours"], x_eager=t["eager"] / t["ours"],
@@ -130,16 +137,19 @@ def rms_table(args, meta, bw) -> str:
             if "liger" in t:
                 row["x_liger"] = t["liger"] / t["ours"]
                 row["liger_pct_floor"] = 100 * floor / t["liger"]
+            if "stream" in t:
+                row["pct_stream"] = 100 * t["stream"] / t["ours"]
             rows.append(row)
-            del x, w, dy
+            del x, w, dy, fwd_s, bwd_s
             torch.cuda.empty_cache()
             print(f"  done rms {row['shape']}", file=sys.stderr)
     cols = ["shape", "ours", "ours_call", "eager", "eager_call", "compile", "liger", "liger_call", "floor",
-            "pct_floor", "liger_pct_floor", "x_eager", "x_eager_call", "x_compile", "x_liger"]
+            "pct_floor", "stream", "pct_stream", "liger_pct_floor", "x_eager", "x_eager_call", "x_compile", "x_liger"]
     note = "" if LigerRMSNorm is not None else "\nLiger: not installed on this machine (no liger column).\n"
     return (f"day26 RMSNorm forward + backward (autograd, dx and dweight) on {meta['device']} ({meta['date']}, "
             f"torch {meta['torch']}), copy bandwidth {bw:.0f} GB/s; us, median, L2 flushed; GPU time from "
-            f"CUDA-graph replays (`*_call`: per call from Python); floor: 5 passes\n\n"
+            f"CUDA-graph replays (`*_call`: per call from Python); floor: 5 passes; stream: kernels that only "
+            f"move those bytes in as many launches (pct_stream = stream / ours)\n\n"
             f"{bench.format_table(rows, cols)}\n{note}")
 
 
@@ -152,7 +162,11 @@ def add_norm_table(args, meta, bw) -> str:
     fused forward moves 4 passes (read x, r; write s, y), the unfused 5 (the add 3,
     the norm 2); the step 8 (backward: read dy, ds, s; write dx) against 11 (the
     norm's backward 3, then autograd adds ds to its dx: 3). saved_fwd, saved: the
-    time fused saves against unfused, in passes at the floor's rate (of 1 and 3)."""
+    time fused saves against unfused, in passes at the floor's rate (of 1 and 3).
+    stream_fwd, stream: kernels that only move the fused op's bytes (bench.stream_kernel:
+    read x, r, write s, y; the step adds read s, dy, ds, write dx and a sum over one fp32
+    row an SM), with stream_saved_fwd / stream_saved: what a fused op as fast as those would
+    save against unfused, the most a fused kernel can."""
     from day26_layernorm import add_norm, layer_norm, rms_norm
 
     rows = []
@@ -183,6 +197,11 @@ def add_norm_table(args, meta, bw) -> str:
             for name, f in impls.items():
                 t[name + "_fwd"] = bench.graph_us(lambda f=f: fwd(f))
                 t[name] = bench.graph_us(lambda f=f: torch.autograd.grad(f(), (x, r, w), (dy, ds)))
+            s22, s31 = bench.stream_kernel(2, 2, n * d, dtype), bench.stream_kernel(3, 1, n * d, dtype)
+            if s22 is not None:
+                part, dws = torch.randn(meta["sms"], d, device="cuda"), torch.empty(d, device="cuda")
+                t["stream_fwd"] = bench.graph_us(s22)
+                t["stream"] = bench.graph_us(lambda: (s22(), s31(), torch.sum(part, 0, out=dws)))
             esz = x.element_size()
             ffwd, fstep = bench.floor_us(4 * n * d * esz, bw), bench.floor_us(8 * n * d * esz, bw)
             rows.append(dict(shape=f"{kind} {n}x{d} {str(dtype).replace('torch.', '')}", **t,
@@ -192,17 +211,21 @@ def add_norm_table(args, meta, bw) -> str:
                              x_eager_fwd=t["eager_fwd"] / t["fused_fwd"], x_eager=t["eager"] / t["fused"],
                              saved_fwd=(t["unfused_fwd"] - t["fused_fwd"]) / (ffwd / 4),
                              saved=(t["unfused"] - t["fused"]) / (fstep / 8)))
-            del x, r, dy, ds, w, b, s0
+            if "stream" in t:
+                rows[-1].update(stream_saved_fwd=(t["unfused_fwd"] - t["stream_fwd"]) / (ffwd / 4),
+                                stream_saved=(t["unfused"] - t["stream"]) / (fstep / 8))
+            del x, r, dy, ds, w, b, s0, s22, s31
             torch.cuda.empty_cache()
             print(f"  done add_norm {rows[-1]['shape']}", file=sys.stderr)
     cols = ["shape", "norm_fwd", "fused_fwd", "unfused_fwd", "eager_fwd", "floor_fwd", "pct_floor_fwd", "x_unfused_fwd",
-            "x_eager_fwd", "saved_fwd", "fused", "unfused", "eager", "floor", "pct_floor", "x_unfused", "x_eager",
-            "saved"]
+            "x_eager_fwd", "saved_fwd", "stream_fwd", "stream_saved_fwd", "fused", "unfused", "eager", "floor",
+            "pct_floor", "x_unfused", "x_eager", "saved", "stream", "stream_saved"]
     return (f"day26 add_norm on {meta['device']} ({meta['date']}, torch {meta['torch']}), copy bandwidth "
             f"{bw:.0f} GB/s; us, median, L2 flushed, GPU time from CUDA-graph replays. *_fwd: forward alone "
             f"(floor 4 passes; unfused 5); the rest: forward + backward of both outputs (floor 8 passes; "
             f"unfused 11); saved_fwd / saved: time saved against unfused in passes at the floor's rate "
-            f"(the fused forward skips 1 pass, the step 3)\n\n"
+            f"(the fused forward skips 1 pass, the step 3); stream_fwd, stream: kernels that only move the fused "
+            f"op's bytes, stream_saved_*: what a fused op at their speed would save (the most any can)\n\n"
             f"{bench.format_table(rows, cols)}\n")
 
 
