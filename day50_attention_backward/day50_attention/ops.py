@@ -56,13 +56,35 @@ def _window(window) -> list[int]:
     return w
 
 
+def _batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q, k, v as the op's (B, H, N, d), and what undoes it on the output: SDPA's other
+    ranks, all three alike. 3-D (H, N, d) is one batch (dim -3 the heads, so that k, v may
+    have fewer, as SDPA's enable_gqa); 5-D and up (..., H, N, d) fold the leading dims into
+    B, which must then be the same for q, k and v (no broadcasting)."""
+    n = q.dim()
+    if n == 4 or n < 3 or k.dim() != n or v.dim() != n:
+        return q, k, v, None  # the op's own checks name what is wrong
+    if n == 3:
+        return q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), lambda o: o.squeeze(0)
+    lead = q.shape[:-3]
+    if k.shape[:-3] != lead or v.shape[:-3] != lead:
+        raise RuntimeError(f"attention: q, k, v must have the same leading (batch) dims, got {tuple(q.shape)}, "
+                           f"{tuple(k.shape)}, {tuple(v.shape)} (no broadcasting)")
+    fold = lambda t: t.reshape(-1, *t.shape[-3:])  # noqa: E731
+    return fold(q), fold(k), fold(v), lambda o: o.reshape(*lead, *o.shape[1:])
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: float | None = None, backend: str = "auto", deterministic: bool = False,
               window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> torch.Tensor:
     """softmax(scale * q k^T [causal / window mask, softcap]) v, differentiable in q, k, v.
+    q, k, v: (B, H, N, d) (k, v with H or fewer heads: grouped-query attention); as SDPA, also
+    3-D (H, N, d) and 5-D and up (..., H, N, d) with the same leading dims (_batched).
     deterministic=True: the gradients are bitwise the same from run to run (see
     attention_backward). window, softcap: the module docstring."""
-    return _fwd(q, k, v, causal, scale, backend, deterministic, _window(window), float(softcap))[0]
+    q, k, v, undo = _batched(q, k, v)
+    out = _fwd(q, k, v, causal, scale, backend, deterministic, _window(window), float(softcap))[0]
+    return out if undo is None else undo(out)
 
 
 def attention_forward(q, k, v, causal: bool = False, scale: float | None = None, backend: str = "auto",
