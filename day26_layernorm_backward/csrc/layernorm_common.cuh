@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 #include <cuda_runtime.h>
 
@@ -287,24 +288,21 @@ struct V4Plan {
 // (at most max_threads, the kernel's launch bound), the one that keeps the most
 // threads resident per SM (ties: the larger block, fewer dgamma/dbeta partials).
 // Dynamic shared memory: smem_per_slot for each slot plus smem_per_thread for
-// each thread of the slots after the first. Cached per (kernel, tpr, device,
-// smem_per_slot): occupancy queries cost host time.
+// each thread of the slots after the first. Kept per (kernel, tpr, device,
+// smem_per_slot) and thread (kc::detail::ThreadTable): occupancy queries cost host time.
 // grid = min(blocks that fit at once, blocks with a row to do).
 template <typename Kernel>
 V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t smem_per_slot,
                size_t smem_per_thread) {
   auto smem_of = [&](int s) { return size_t(s) * smem_per_slot + size_t(s - 1) * tpr * smem_per_thread; };
-  struct Entry { const void* k; int tpr; int dev; size_t smem_slot; int slots; int per_sm; bool fits; };
-  static thread_local Entry cache[64];
-  static thread_local int used = 0;
+  struct Shape { int slots, per_sm; bool fits; };
+  static thread_local kc::detail::ThreadTable<std::tuple<const void*, int, int, size_t>, Shape, 64> shapes;
   int dev = 0;
   cudaGetDevice(&dev);
-  const void* key = reinterpret_cast<const void*>(kernel);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), tpr, dev, smem_per_slot);
   int slots = 0, per_sm = 0;
   bool fits = true;
-  for (int i = 0; i < used; ++i)
-    if (cache[i].k == key && cache[i].tpr == tpr && cache[i].dev == dev && cache[i].smem_slot == smem_per_slot)
-      slots = cache[i].slots, per_sm = cache[i].per_sm, fits = cache[i].fits;
+  if (const Shape* known = shapes.find(key)) slots = known->slots, per_sm = known->per_sm, fits = known->fits;
   if (slots == 0) {
     const int max_slots = tpr == 32 ? max_threads / 32 : (kV4MaxSlots - 1 < max_threads / tpr ? kV4MaxSlots - 1 : max_threads / tpr);
     int best = -1;
@@ -320,7 +318,7 @@ V4Plan v4_plan(Kernel kernel, int tpr, int max_threads, int64_t rows, size_t sme
     }
     cudaGetLastError();  // clear what a refused configuration left
     if (slots == 0) slots = 1, per_sm = 1, fits = false;
-    cache[used < 64 ? used++ : 63] = Entry{key, tpr, dev, smem_per_slot, slots, per_sm, fits};
+    shapes.put(key, Shape{slots, per_sm, fits});
   }
   V4Plan p;
   p.fits = fits;
