@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -102,7 +103,6 @@ inline double check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tens
               "attention: q, k, v must have the same head dim, got ", fmt(q.size(3)), ", ", fmt(k.size(3)), ", ",
               fmt(v.size(3)));
   TORCH_CHECK(q.size(3) > 0, "attention: head dim must be positive");
-  TORCH_CHECK(k.size(2) > 0, "attention: k and v need at least one key (Nk = 0: softmax over nothing)");
   const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(double(q.size(3)));
   TORCH_CHECK(std::isfinite(s), "attention: scale must be finite, got ", fmt(s));
   return s;
@@ -156,6 +156,24 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> to_grad_dtypes(
     std::tuple<at::Tensor, at::Tensor, at::Tensor> g, const GradDtypes& dt) {
   auto& [dq, dk, dv] = g;
   return {dq.to(dt.q), dk.to(dt.k), dv.to(dt.v)};  // strides kept (preserve_format)
+}
+
+// Nk = 0: every query sees no key, so each row gets what a row outside its window gets: out
+// 0, lse +inf, no gradient (SDPA's math returns the same zeros). No kernel runs.
+inline bool no_keys(const at::Tensor& k) { return k.size(2) == 0; }
+
+inline std::tuple<at::Tensor, at::Tensor> no_keys_forward(const at::Tensor& q) {
+  at::Tensor out = new_output_in_layout_of(q, q.sizes(), q.options()).zero_();
+  at::Tensor lse = at::full({q.size(0), q.size(1), q.size(2)}, std::numeric_limits<double>::infinity(),
+                            q.options().dtype(lse_dtype(q.scalar_type())));
+  return {out, lse};
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> no_keys_backward(const at::Tensor& q, const at::Tensor& k,
+                                                                       const at::Tensor& v, const GradDtypes& gd) {
+  return {new_output_in_layout_of(q, q.sizes(), q.options().dtype(gd.q)).zero_(),
+          new_output_in_layout_of(k, k.sizes(), k.options().dtype(gd.k)),
+          new_output_in_layout_of(v, v.sizes(), v.options().dtype(gd.v))};
 }
 
 }  // namespace day50

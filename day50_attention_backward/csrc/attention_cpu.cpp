@@ -291,6 +291,7 @@ std::tuple<Tensor, Tensor> attention_forward_cpu(const Tensor& q, const Tensor& 
   parse_backend(std::string(backend));  // validated; the CPU has one implementation
   const double scale = check_qkv(q, k, v, scale_opt);
   const Window w = make_window(window, causal, false, "attention");
+  if (no_keys(k)) return no_keys_forward(q);
   return reference_forward(q, k, v, scale, w, check_softcap(softcap, "attention"));
 }
 
@@ -308,6 +309,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(const Tensor& grad_out
   check_backward_args(grad_out, q, out, lse, grad_lse);
   const GradDtypes gd = grad_dtypes(q, k, v, dq_dtype, dk_dtype, dv_dtype, "attention_backward");
   const Window w = make_window(window, causal, false, "attention_backward");
+  if (no_keys(k)) return no_keys_backward(q, k, v, gd);
   return to_grad_dtypes(
       reference_backward(grad_out, q, k, v, out, lse, grad_lse, scale, w, check_softcap(softcap, "attention_backward")),
       gd);

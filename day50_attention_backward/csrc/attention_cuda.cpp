@@ -232,6 +232,7 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
   const bool masked = w.left >= 0 || w.right > 0 || softcap > 0;  // more than plain causal
   causal = w.right == 0;  // a window (-1, 0) is plain causal, for every path below
   const c10::cuda::CUDAGuard guard(q.device());
+  if (day50::no_keys(k)) return day50::no_keys_forward(q);
   const int64_t B = q.size(0), H = q.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
   Tensor lse = kc::new_output({B, H, Nq}, q.options().dtype(day50::lse_dtype(q.scalar_type())));
   Tensor out;
@@ -354,6 +355,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(const Tensor& grad_ou
   const bool masked = w.left >= 0 || w.right > 0 || softcap > 0;  // more than plain causal
   causal = w.right == 0;  // a window (-1, 0) is plain causal, for every path below
   const c10::cuda::CUDAGuard guard(q.device());
+  if (day50::no_keys(k)) return day50::no_keys_backward(q, k, v, gd);
   const int64_t B = q.size(0), H = q.size(1), Hk = k.size(1), Nq = q.size(2), Nk = k.size(2), d = q.size(3);
   const Tensor lse = lse_.contiguous();
   const Tensor grad_lse = grad_lse_.has_value() ? grad_lse_->contiguous() : Tensor();

@@ -10,8 +10,9 @@ attention when Hkv < H), the semantics of
 F.scaled_dot_product_attention (causal aligned top-left when Nq != Nk).
 window=(left, right): query i sees keys i - left .. i + right (-1: unbounded; flash-attn's
 window_size; causal=True is right = 0); softcap > 0: scores become softcap * tanh(scores / softcap).
-A query that sees no key gets out 0 (lse +inf) and no gradient. attention_varlen takes packed
-sequences as flash-attn's varlen functions do (causal and window aligned bottom-right).
+A query that sees no key (every query when Nk = 0) gets out 0 (lse +inf) and no gradient.
+attention_varlen takes packed sequences as flash-attn's varlen functions do (causal and
+window aligned bottom-right).
 Differentiable in q, k, v through a C++ autograd Function (csrc/attention_autograd.cpp); fake
 implementations make the ops traceable by torch.compile(fullgraph=True).
 
