@@ -53,6 +53,20 @@ def graph_cols(ours, theirs) -> dict:
     return {"auto_graph": a, "torch_graph": t, "x_torch_graph": t / a}
 
 
+def stream_cols(ours_graph: float, stream, partial_rows: int = 0, cols: int = 0) -> dict:
+    """The stream ruler (kernel_common.bench.stream_kernel: a kernel that only moves the pass's
+    bytes) from graph replays, plus, for a backward, the sum of `partial_rows` fp32 rows of
+    `cols` (dweight and dbias from per-block partial rows, as ours): empty without Triton."""
+    if stream is None:
+        return {}
+    if partial_rows:
+        part, out = torch.randn(partial_rows, cols, device="cuda"), torch.empty(cols, device="cuda")
+        us = bench.graph_us(lambda: (stream(), torch.sum(part, 0, out=out)))
+    else:
+        us = bench.graph_us(stream)
+    return {"stream_graph": us, "pct_stream": 100 * us / ours_graph}
+
+
 def bars(fwd_rows: list[dict], bwd_rows: list[dict]) -> list[dict]:
     """The worst shape against each bar: speed over torch per call and from graph
     replays (forward 1.0x, backward 1.2x), and % of the floor where the floor is
@@ -279,6 +293,7 @@ def main():
             t["torch"] = bench.time_us(lambda: F.layer_norm(x, (d,), w, b))
             t["compile"] = bench.time_us(lambda: cfwd(x, w, b))
             t.update(graph_cols(lambda: layer_norm_forward(x, d, w, b), lambda: F.layer_norm(x, (d,), w, b)))
+            t.update(stream_cols(t["auto_graph"], bench.stream_kernel(1, 1, n * d, dtype)))
             floor = bench.floor_us(2 * n * d * esz, bw)
             fwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["auto"],
                                  x_torch=t["torch"] / t["auto"], x_compile=t["compile"] / t["auto"]))
@@ -293,6 +308,7 @@ def main():
             t.update(graph_cols(lambda: layer_norm_backward(dy, x, d, m1, r1, w),
                                 lambda: torch.ops.aten.native_layer_norm_backward(
                                     dy, x, [d], mean, rstd, w, b, [True, True, True])))
+            t.update(stream_cols(t["auto_graph"], bench.stream_kernel(2, 1, n * d, dtype), meta["sms"], 2 * d))
             floor = bench.floor_us(3 * n * d * esz, bw)
             bwd_rows.append(dict(shape=label, **t, floor=floor, pct_floor=100 * floor / t["auto"],
                                  x_torch=t["torch"] / t["auto"], x_compile=t["compile"] / t["auto"]))
@@ -307,9 +323,11 @@ def main():
             torch.cuda.empty_cache()
             print(f"  done {label}", file=sys.stderr)
     cols = ["shape", *map(vcol, VERSIONS), "torch", "compile", "floor", "pct_floor", "x_torch", "x_compile",
-            "auto_graph", "torch_graph", "x_torch_graph"]
+            "auto_graph", "torch_graph", "x_torch_graph", "stream_graph", "pct_stream"]
     head = (f"day26 LayerNorm on {meta['device']} ({meta['date']}, torch {meta['torch']}), "
-            f"copy bandwidth {bw:.0f} GB/s; times in us, median; pct_floor = floor / auto (the default)")
+            f"copy bandwidth {bw:.0f} GB/s; times in us, median; pct_floor = floor / auto (the default); "
+            f"*_graph: GPU time from CUDA-graph replays; stream: a kernel that only moves the same bytes "
+            f"(pct_stream = stream / auto_graph)")
     md = (f"{head}\n\nForward (floor: 2 passes)\n\n{bench.format_table(fwd_rows, cols)}\n\n"
           f"Backward (dx, dweight, dbias; floor: 3 passes)\n\n{bench.format_table(bwd_rows, cols)}\n")
     if sweep_rows:
