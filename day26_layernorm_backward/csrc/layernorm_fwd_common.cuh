@@ -109,15 +109,40 @@ __device__ __forceinline__ float mean_of_sum(float s, float inv_d, float dn) {
 // and combined), and the output adds (share mean - row mean) * rstd.
 struct NoExchange {};
 
-template <typename T, typename TW, int VEC, int ITERS, typename Reduce, typename Exchange = NoExchange>
-__device__ __forceinline__ void fwd_row_f32(float (&v)[ITERS][VEC], const TW* __restrict__ w,
+// Whether a row is centred (LayerNorm) or not (RMSNorm, mean_out null), as the
+// row functions below are told: RowCentering reads mean_out at every row, for
+// the kernels whose loop serves both norms (versions 2 and 3); Centered<true> or
+// <false> fixes it at compile time, for version 4, whose loop with_centering
+// compiles once for each norm and picks per launch. The one loop testing the flag
+// at every row held 6-27 registers more than LayerNorm's alone (ptxas, sm_90a:
+// 16-bit rows of one vector a thread 56 against 48, of four 115 against 104; fp32
+// rows of four 91 against 64); split, 50, 99 and 84 (version 2, split the same
+// way, got more, 58 -> 84 at fp32 rows of four: it keeps the flag).
+struct RowCentering {};
+template <bool kCenter>
+using Centered = std::bool_constant<kCenter>;
+
+__device__ __forceinline__ bool centers(RowCentering, const float* mean_out) { return mean_out != nullptr; }
+template <bool kCenter>
+__device__ __forceinline__ constexpr bool centers(Centered<kCenter>, const float*) { return kCenter; }
+
+template <typename F>
+__device__ __forceinline__ void with_centering(const float* mean_out, F&& f) {
+  if (mean_out != nullptr)
+    f(Centered<true>{});
+  else
+    f(Centered<false>{});
+}
+
+template <typename C, typename T, typename TW, int VEC, int ITERS, typename Reduce, typename Exchange = NoExchange>
+__device__ __forceinline__ void fwd_row_f32(C centering, float (&v)[ITERS][VEC], const TW* __restrict__ w,
                                             const TW* __restrict__ b, bool w_f32, T* __restrict__ yr, float* mean_out,
                                             float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d,
                                             float dn, float eps, int t, Reduce&& reduce, Exchange&& ex = {}) {
   constexpr bool kSplit = !std::is_same<std::decay_t<Exchange>, NoExchange>::value;
-  // mean_out null: RMSNorm, the row not centred (its mean taken as 0; the
-  // split's exchange then combines shares of mean 0, so its m2 is the sum of squares)
-  const bool center = mean_out != nullptr;
+  // RMSNorm (not centred): the row's mean taken as 0; the split's exchange then
+  // combines shares of mean 0, so its m2 is the sum of squares
+  const bool center = centers(centering, mean_out);
   float mean = 0.f;
   if (center) {
     float s = 0.f;
@@ -218,12 +243,13 @@ __device__ __forceinline__ void add_residual(RowRegs<T, VEC, ITERS>& cur, const 
 // thread's vectors again instead of holding them in fp32 (at 2 vectors of 8,
 // 16 registers fewer), with the same operations in the same order, so y, mean
 // and rstd are bitwise fwd_row_f32's.
-template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
-__device__ __forceinline__ void fwd_row_packed(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
-                                               const TW* __restrict__ b, bool w_f32, T* __restrict__ yr,
-                                               float* mean_out, float* rstd_out, const RowCols<VEC, ITERS>& rc,
-                                               float inv_d, float dn, float eps, int t, Reduce&& reduce) {
-  const bool center = mean_out != nullptr;  // null: RMSNorm, mean taken as 0
+template <typename C, typename T, typename TW, int VEC, int ITERS, typename Reduce>
+__device__ __forceinline__ void fwd_row_packed(C centering, const RowRegs<T, VEC, ITERS>& cur,
+                                               const TW* __restrict__ w, const TW* __restrict__ b, bool w_f32,
+                                               T* __restrict__ yr, float* mean_out, float* rstd_out,
+                                               const RowCols<VEC, ITERS>& rc, float inv_d, float dn, float eps, int t,
+                                               Reduce&& reduce) {
+  const bool center = centers(centering, mean_out);  // RMSNorm: mean taken as 0
   float mean = 0.f;
   if (center) {
     float s = 0.f;
@@ -276,14 +302,15 @@ __device__ __forceinline__ void fwd_row_packed(const RowRegs<T, VEC, ITERS>& cur
   }
 }
 
-template <typename T, typename TW, int VEC, int ITERS, typename Reduce>
-__device__ __forceinline__ void fwd_row(const RowRegs<T, VEC, ITERS>& cur, const TW* __restrict__ w,
-                                        const TW* __restrict__ b, bool w_f32, T* __restrict__ yr, float* mean_out,
-                                        float* rstd_out, const RowCols<VEC, ITERS>& rc, float inv_d, float dn, float eps,
-                                        int t, Reduce&& reduce) {
+template <typename C, typename T, typename TW, int VEC, int ITERS, typename Reduce>
+__device__ __forceinline__ void fwd_row(C centering, const RowRegs<T, VEC, ITERS>& cur,
+                                        const TW* __restrict__ w, const TW* __restrict__ b, bool w_f32,
+                                        T* __restrict__ yr, float* mean_out, float* rstd_out,
+                                        const RowCols<VEC, ITERS>& rc, float inv_d, float dn, float eps, int t,
+                                        Reduce&& reduce) {
   float v[ITERS][VEC];
   row_to_float(cur, v, rc);
-  fwd_row_f32(v, w, b, w_f32, yr, mean_out, rstd_out, rc, inv_d, dn, eps, t, reduce);
+  fwd_row_f32(centering, v, w, b, w_f32, yr, mean_out, rstd_out, rc, inv_d, dn, eps, t, reduce);
 }
 
 // fwd_row's math for one row without the row in registers (v2 without 16-byte

@@ -50,12 +50,13 @@ ln_fwd_v2(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
       float v[ITERS][VEC];
       row_to_float(cur, v, rc);
       add_residual(v, rr, sum + row * D, rc);
-      fwd_row_f32(v, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_d, float(D), eps, t,
-                  reduce);
+      fwd_row_f32(RowCentering{}, v, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_d,
+                  float(D), eps, t, reduce);
     } else {
       RowRegs<T, VEC, ITERS> cur;
       load_row(cur, x + row * D, rc);
-      fwd_row(cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_d, float(D), eps, t, reduce);
+      fwd_row(RowCentering{}, cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_d,
+              float(D), eps, t, reduce);
     }
   }
 }

@@ -44,8 +44,8 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 #pragma unroll
     for (int it = 0; it < ITERS; ++it)
       if (rc.has(it)) cur.v[it] = *reinterpret_cast<const kc::Vec<T, VEC>*>(sx + stage * D + rc.col(it));
-    fwd_row(cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_d, float(D), eps, t,
-            [&](float v) { return kc::block_reduce_sum(v, red); });
+    fwd_row(RowCentering{}, cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_d,
+            float(D), eps, t, [&](float v) { return kc::block_reduce_sum(v, red); });
     stage = stage + 1 == stages ? 0 : stage + 1;
   }
   kc::cp_async_wait(0);

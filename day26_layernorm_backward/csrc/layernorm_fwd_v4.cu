@@ -131,87 +131,91 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     }
     kc::cluster_sync();  // every CTA's barriers are initialised before any peer sends
   }
-  auto one_row = [&](float (&v)[ITERS][VEC], int64_t r) {
-    if constexpr (kCluster)
-      fwd_row_f32(v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce, ex);
-    else
-      fwd_row_f32(v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc, float(Dc), eps, t, reduce);
-  };
-  if constexpr (kPrefetch) {
-    // The next row is converted to fp32 at the end of the current one, before
-    // the load after it is issued. (Copying the prefetched registers instead,
-    // `cur = nxt`, let ptxas move the wait for that load past the next load,
-    // on the same scoreboard: every row then waited for its successor's load;
-    // run 36, ncu and the SASS's wait masks.)
-    float v[ITERS][VEC];
-    RowRegs<T, VEC, ITERS> nxt;
-    if constexpr (kAdd) {
-      // x + residual of row r (in nxt, nres) stored to sum and kept for the norm:
-      // as its rounded 16-bit sums in cur (kPack) or in fp32 in v
-      RowRegs<T, VEC, ITERS> cur, nres;
-      auto take = [&](int64_t r) {
-        if constexpr (kPack) {
-          add_residual(cur, nxt, nres, sum + r * D, rc);
-        } else {
-          row_to_float(nxt, v, rc);
-          add_residual(v, nres, sum + r * D, rc);
-        }
-      };
-      if (row < rows) {
-        load_row(nxt, x + row * D, rc);
-        load_row(nres, res + row * D, rc);
-        take(row);
-      }
-      for (; row < rows; row += stride) {
-        const bool more = row + stride < rows;
-        if constexpr (kL2pf) {
-          const int64_t r2 = row + 2 * stride;
-          if (t == 0 && r2 < rows) {
-            kc::bulk_prefetch_l2(x + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
-            kc::bulk_prefetch_l2(res + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+  with_centering(mean_out, [&](auto centered) {  // LayerNorm or RMSNorm: the loop compiled for each
+    auto one_row = [&](float (&v)[ITERS][VEC], int64_t r) {
+      if constexpr (kCluster)
+        fwd_row_f32(centered, v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc,
+                    float(Dc), eps, t, reduce, ex);
+      else
+        fwd_row_f32(centered, v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc,
+                    float(Dc), eps, t, reduce);
+    };
+    if constexpr (kPrefetch) {
+      // The next row is converted to fp32 at the end of the current one, before
+      // the load after it is issued. (Copying the prefetched registers instead,
+      // `cur = nxt`, let ptxas move the wait for that load past the next load,
+      // on the same scoreboard: every row then waited for its successor's load;
+      // run 36, ncu and the SASS's wait masks.)
+      float v[ITERS][VEC];
+      RowRegs<T, VEC, ITERS> nxt;
+      if constexpr (kAdd) {
+        // x + residual of row r (in nxt, nres) stored to sum and kept for the norm:
+        // as its rounded 16-bit sums in cur (kPack) or in fp32 in v
+        RowRegs<T, VEC, ITERS> cur, nres;
+        auto take = [&](int64_t r) {
+          if constexpr (kPack) {
+            add_residual(cur, nxt, nres, sum + r * D, rc);
+          } else {
+            row_to_float(nxt, v, rc);
+            add_residual(v, nres, sum + r * D, rc);
           }
+        };
+        if (row < rows) {
+          load_row(nxt, x + row * D, rc);
+          load_row(nres, res + row * D, rc);
+          take(row);
         }
-        if (more) {
-          load_row(nxt, x + (row + stride) * D, rc);
-          load_row(nres, res + (row + stride) * D, rc);
+        for (; row < rows; row += stride) {
+          const bool more = row + stride < rows;
+          if constexpr (kL2pf) {
+            const int64_t r2 = row + 2 * stride;
+            if (t == 0 && r2 < rows) {
+              kc::bulk_prefetch_l2(x + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+              kc::bulk_prefetch_l2(res + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+            }
+          }
+          if (more) {
+            load_row(nxt, x + (row + stride) * D, rc);
+            load_row(nres, res + (row + stride) * D, rc);
+          }
+          if constexpr (kPack)
+            fwd_row_packed(centered, cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc,
+                           inv_dc, float(Dc), eps, t, reduce);
+          else
+            one_row(v, row);
+          if (more) take(row + stride);
         }
-        if constexpr (kPack)
-          fwd_row_packed(cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc, inv_dc,
-                         float(Dc), eps, t, reduce);
-        else
+      } else {
+        if (row < rows) {
+          load_row(nxt, x + row * D, rc);
+          row_to_float(nxt, v, rc);
+        }
+        for (; row < rows; row += stride) {
+          const bool more = row + stride < rows;
+          if constexpr (kL2pf) {  // the row after next into L2 (a hint: nothing waits for it)
+            const int64_t r2 = row + 2 * stride;
+            if (t == 0 && r2 < rows) kc::bulk_prefetch_l2(x + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+          }
+          if (more) load_row(nxt, x + (row + stride) * D, rc);
           one_row(v, row);
-        if (more) take(row + stride);
+          if (more) row_to_float(nxt, v, rc);
+        }
       }
     } else {
-      if (row < rows) {
-        load_row(nxt, x + row * D, rc);
-        row_to_float(nxt, v, rc);
-      }
       for (; row < rows; row += stride) {
-        const bool more = row + stride < rows;
-        if constexpr (kL2pf) {  // the row after next into L2 (a hint: nothing waits for it)
-          const int64_t r2 = row + 2 * stride;
-          if (t == 0 && r2 < rows) kc::bulk_prefetch_l2(x + r2 * D, unsigned(Dc * int64_t(sizeof(T))));
+        RowRegs<T, VEC, ITERS> cur;
+        load_row(cur, x + row * D, rc);
+        float v[ITERS][VEC];
+        row_to_float(cur, v, rc);
+        if constexpr (kAdd) {
+          RowRegs<T, VEC, ITERS> rr;
+          load_row(rr, res + row * D, rc);
+          add_residual(v, rr, sum + row * D, rc);
         }
-        if (more) load_row(nxt, x + (row + stride) * D, rc);
         one_row(v, row);
-        if (more) row_to_float(nxt, v, rc);
       }
     }
-  } else {
-    for (; row < rows; row += stride) {
-      RowRegs<T, VEC, ITERS> cur;
-      load_row(cur, x + row * D, rc);
-      float v[ITERS][VEC];
-      row_to_float(cur, v, rc);
-      if constexpr (kAdd) {
-        RowRegs<T, VEC, ITERS> rr;
-        load_row(rr, res + row * D, rc);
-        add_residual(v, rr, sum + row * D, rc);
-      }
-      one_row(v, row);
-    }
-  }
+  });
   if constexpr (kCluster) kc::cluster_sync();  // no CTA leaves while a peer may still access its shared memory
 }
 
