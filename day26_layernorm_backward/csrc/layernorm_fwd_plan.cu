@@ -19,14 +19,19 @@ namespace {
 //   in bench run 39: no consistent gain).
 // - 16-bit rows: 4 (row slots, the next row prefetched); split across a cluster
 //   they measured much slower (one 512-thread slot per SM waits for every row's
-//   exchange: 110 against 77 us), so not split unless knob cluster is set.
+//   exchange: 110 against 77 us), so not split unless knob cluster is set, or
+//   the row is longer than 4 holds (over 16384 columns: 512 threads of 4
+//   vectors), where version 2 cannot hold it either and version 1 ran it: H200,
+//   4096 x 32768 bf16 687 us against torch's 238.5.
 // Where a thread holds 4 vectors (one slot per SM), 4 and 6 also prefetch the row
 // after next into L2 (4096 x 16384: bf16 77.0 -> 73.5 us, fp32 148.2 -> 139.8,
 // probe run 49; knob l2_prefetch = 0 turns it off).
 template <typename T, typename TW>
 int fwd_auto_families(const LnForwardArgs& a, bool vec_ok, const LnDevice& dev, int (&out)[4]) {
   int n = 0;
-  if (vec_ok && dev.sm90() && (sizeof(T) == 4 || ring_cluster_forced())) out[n++] = kClusterSplit;
+  const bool too_long_for_slots = sizeof(T) == 2 && !v4_config(a.cols, kc::max_vec_elems<T>()).ok;
+  if (vec_ok && dev.sm90() && (sizeof(T) == 4 || too_long_for_slots || ring_cluster_forced()))
+    out[n++] = kClusterSplit;
   if (sizeof(T) == 2) out[n++] = kRowSlots;
   else if (a.cols > 8192) out[n++] = kCpAsync;
   out[n++] = kRegisters;

@@ -280,6 +280,17 @@ auto with_fwd_v4_kernel(int vec, int iters, bool cluster, bool l2pf, bool add, b
 
 }  // namespace
 
+// 16-bit rows are split only where one CTA cannot hold them (fwd_plan.cu): into
+// as few CTAs as hold a share in version 4's shape, not into ring_cluster's shares
+// of at most 8192 columns. H200, 2026-11-28, LayerNorm forward bf16, 2 CTAs
+// against 4: 4096 x 32768 184.5 against 264.9 us (torch 239.9), 8192 x 24576
+// 318.5 against 468.0 (torch 348.2), 16384 x 32768 703.8 against 1036.5. 0: none.
+static int fwd_cluster_16bit(int64_t cols, int vec) {
+  for (int c = 2; c <= kRingMaxCluster; c *= 2)
+    if (cols % (int64_t(c) * vec) == 0 && v4_config(cols / c, vec).ok) return c;
+  return 0;
+}
+
 // 4 (split = false) or 6 (split): a CTA's share of D / cluster columns, its
 // block shape v4_config's; slots and grid from v4_plan (occupancy), version 6
 // as many clusters as fit at once (cluster_groups; false: none).
@@ -290,7 +301,9 @@ bool fwd_plan_v4(const LnForwardArgs& a, bool split, const LnDevice& dev, FwdPla
     constexpr int V = kc::max_vec_elems<T>();
     const bool vec_ok = p.vec == V;
     if (split && (!vec_ok || !dev.sm90())) return false;
-    p.cluster = split ? ring_cluster(a.cols, V) : 1;
+    p.cluster = !split                                    ? 1
+                : sizeof(T) == 2 && !ring_cluster_forced() ? fwd_cluster_16bit(a.cols, V)
+                                                           : ring_cluster(a.cols, V);
     if (split && p.cluster < 2) return false;
     p.c4 = v4_config(a.cols / p.cluster, p.vec);
     if (!p.c4.ok) return false;
