@@ -845,6 +845,36 @@ def test_other_ranks_as_sdpa(device, causal):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True])
+def test_broadcast_batches_as_sdpa(device, causal):
+    """Leading dims that broadcast, as SDPA's: k, v of batch 1 beside a larger q batch, q of batch
+    1 beside larger k, v, 3-D k, v beside 4-D q, 5-D against 4-D; outputs and gradients (summed
+    over the broadcast) as SDPA's (float64 on CPU, fp16 on CUDA within 2x SDPA's own error)."""
+    dt = torch.float64 if device == "cpu" else torch.float16
+    for qs, ks in [((3, 4, 24, 64), (1, 2, 40, 64)), ((1, 4, 24, 64), (3, 4, 24, 64)), ((2, 4, 24, 64), (2, 40, 64)),
+                   ((2, 3, 4, 24, 64), (3, 2, 24, 64)), ((4, 24, 64), (2, 4, 24, 64))]:
+        q = testing.fresh(*qs, dtype=dt, device=device).requires_grad_()
+        k = testing.fresh(*ks, dtype=dt, device=device).requires_grad_()
+        v = testing.fresh(*ks, dtype=dt, device=device).requires_grad_()
+        out = da.attention(q, k, v, causal=causal)
+        do = testing.fresh(*out.shape, dtype=dt, device=device)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+        ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        ro = F.scaled_dot_product_attention(*ref, is_causal=causal, enable_gqa=True)
+        rg = torch.autograd.grad(ro, ref, do.double())
+        assert out.shape == ro.shape and dq.shape == qs and dk.shape == ks and dv.shape == ks
+        if dt == torch.float64:
+            for a, b in zip((out, dq, dk, dv), (ro, *rg)):
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        else:
+            lo = [t.detach().requires_grad_() for t in (q, k, v)]
+            lo_out = F.scaled_dot_product_attention(*lo, is_causal=causal, enable_gqa=True)
+            lo_g = torch.autograd.grad(lo_out, lo, do)
+            for a, b, t in zip((out, dq, dk, dv), (ro, *rg), (lo_out, *lo_g)):
+                testing.assert_lowp_close(a, b, t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
 def test_no_keys_as_sdpa(device, causal):
     """Nk = 0: SDPA's zeros (out and dq; dk, dv empty), lse +inf, the output in q's layout, in
     every dtype, grouped-query and (B, N, H, d) views included."""
@@ -872,19 +902,21 @@ def test_no_keys_as_sdpa(device, causal):
 def test_bad_input_is_an_error_and_process_stays_usable(device):
     q, k, v, do = inputs((1, 2, 8, 8, 64), torch.float32, device)
     with pytest.raises(RuntimeError, match="4-D"):
-        da.attention(q[0], k, v)
+        da.attention_forward(q[0], k, v)  # the op takes 4-D only (attention() broadcasts ranks)
     with pytest.raises(RuntimeError, match="4-D"):
         da.attention(q[0, 0], k[0, 0], v[0, 0])  # 2-D
-    with pytest.raises(RuntimeError, match="same leading"):
-        da.attention(q[None], torch.stack([k, k]), torch.stack([v, v]))
+    with pytest.raises(RuntimeError, match="must broadcast"):
+        da.attention(torch.stack([q, q]), torch.stack([k, k, k]), torch.stack([v, v, v]))
     with pytest.raises(RuntimeError, match="same dtype"):
         da.attention(q, k.double(), v)
     with pytest.raises(RuntimeError, match="same head dim"):
         da.attention(q, k[..., :32], v)
     with pytest.raises(RuntimeError, match="same sequence length"):
         da.attention(q, k, v[:, :, :4])
+    with pytest.raises(RuntimeError, match="must broadcast"):
+        da.attention(torch.cat([q, q]), torch.cat([k, k, k]), torch.cat([v, v, v]))
     with pytest.raises(RuntimeError, match="batch sizes"):
-        da.attention(q, torch.cat([k, k]), torch.cat([v, v]))
+        da.attention_forward(q, torch.cat([k, k]), torch.cat([v, v]))  # the op itself does not broadcast
     k3, v3 = (testing.fresh(1, 3, 8, 64, dtype=torch.float32, device=device) for _ in range(2))
     with pytest.raises(RuntimeError, match=r"number of q heads \(2\) must be a positive multiple of the number of "
                                            r"k and v heads \(3\)"):
@@ -903,7 +935,7 @@ def test_bad_input_is_an_error_and_process_stays_usable(device):
     with pytest.raises(RuntimeError, match=r"inner sizes differ: op\(a\) is \[2, 8, 64\]"):
         da.matmul(q[0], q[0])  # (2, 8, 64) @ (2, 8, 64): a numeric message (see attention_checks.h)
     with pytest.raises(RuntimeError, match=r"got 3-D, 4-D, 4-D"):
-        da.attention(q[0], k, v)
+        da.attention_forward(q[0], k, v)
     with pytest.raises(RuntimeError, match="lse must be"):
         da.attention_backward(do, q, k, v, q, q[..., 0].double())
     if device == "cuda":

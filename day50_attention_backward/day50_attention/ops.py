@@ -59,20 +59,28 @@ def _window(window) -> list[int]:
 
 def _batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """q, k, v as the op's (B, H, N, d), and what undoes it on the output: SDPA's other
-    ranks, all three alike. 3-D (H, N, d) is one batch (dim -3 the heads, so that k, v may
-    have fewer, as SDPA's enable_gqa); 5-D and up (..., H, N, d) fold the leading dims into
-    B, which must then be the same for q, k and v (no broadcasting)."""
-    n = q.dim()
-    if n == 4 or n < 3 or k.dim() != n or v.dim() != n:
+    ranks and its broadcasting. (..., H, N, d) for each of q, k, v: 3-D is one batch, the
+    leading dims broadcast against each other as SDPA's matmuls broadcast them (k, v of
+    batch 1 beside a larger q: one key set for every batch) and are folded into B. A
+    broadcast tensor is copied out to the full batch (the kernels read dense batches; its
+    gradient sums back through the expand); (B, H, N, d) with one B passes untouched."""
+    if q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.shape[0] == k.shape[0] == v.shape[0]:
+        return q, k, v, None
+    if min(q.dim(), k.dim(), v.dim()) < 3:
         return q, k, v, None  # the op's own checks name what is wrong
-    if n == 3:
+    try:
+        lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    except RuntimeError:
+        raise RuntimeError(f"attention: the leading (batch) dims of q, k, v must broadcast, as SDPA's, got "
+                           f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}") from None
+
+    def full(t):  # (*lead, H, N, d) -> (B, H, N, d)
+        if t.shape[:-3] != lead:
+            t = t.expand(*lead, *t.shape[-3:]).contiguous()
+        return t.reshape(-1, *t.shape[-3:])
+    if not lead:  # 3-D all three: one batch
         return q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), lambda o: o.squeeze(0)
-    lead = q.shape[:-3]
-    if k.shape[:-3] != lead or v.shape[:-3] != lead:
-        raise RuntimeError(f"attention: q, k, v must have the same leading (batch) dims, got {tuple(q.shape)}, "
-                           f"{tuple(k.shape)}, {tuple(v.shape)} (no broadcasting)")
-    fold = lambda t: t.reshape(-1, *t.shape[-3:])  # noqa: E731
-    return fold(q), fold(k), fold(v), lambda o: o.reshape(*lead, *o.shape[1:])
+    return full(q), full(k), full(v), lambda o: o.reshape(*lead, *o.shape[1:])
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -80,7 +88,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> torch.Tensor:
     """softmax(scale * q k^T [causal / window mask, softcap]) v, differentiable in q, k, v.
     q, k, v: (B, H, N, d) (k, v with H or fewer heads: grouped-query attention); as SDPA, also
-    3-D (H, N, d) and 5-D and up (..., H, N, d) with the same leading dims (_batched).
+    (H, N, d) and (..., H, N, d), the leading dims broadcast against each other (_batched).
     deterministic=True: the gradients are bitwise the same from run to run (see
     attention_backward). window, softcap: the module docstring."""
     q, k, v, undo = _batched(q, k, v)
