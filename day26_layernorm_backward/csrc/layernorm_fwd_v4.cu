@@ -131,7 +131,7 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     }
     kc::cluster_sync();  // every CTA's barriers are initialised before any peer sends
   }
-  with_centering(mean_out, [&](auto centered) {  // LayerNorm or RMSNorm: the loop compiled for each
+  auto row_loop = [&](auto centered) {
     auto one_row = [&](float (&v)[ITERS][VEC], int64_t r) {
       if constexpr (kCluster)
         fwd_row_f32(centered, v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc,
@@ -215,7 +215,14 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
         one_row(v, row);
       }
     }
-  });
+  };
+  // LayerNorm or RMSNorm: the loop compiled for each (with_centering), but in the
+  // fp32 kernels only a forced version reaches (unsplit rows), where the split held
+  // more registers than the one loop (2 vectors a thread: 8 bytes spilled)
+  if constexpr (sizeof(T) == 4 && !kCluster)
+    row_loop(RowCentering{});
+  else
+    with_centering(mean_out, row_loop);
   if constexpr (kCluster) kc::cluster_sync();  // no CTA leaves while a peer may still access its shared memory
 }
 
