@@ -815,32 +815,40 @@ def test_empty_and_single(device):
                 assert run_ours(q, k, v, do, False, be)[0].shape == (0, 2, 3, d)
 
 
+def check_as_sdpa(qs, ks, device, causal):
+    """attention() on fresh q of shape qs and k, v of shape ks against SDPA (enable_gqa):
+    output and gradients, float64 on CPU (1e-9), fp16 on CUDA within 2x SDPA's own error.
+    Returns our output."""
+    dt = torch.float64 if device == "cpu" else torch.float16
+    q = testing.fresh(*qs, dtype=dt, device=device).requires_grad_()
+    k = testing.fresh(*ks, dtype=dt, device=device).requires_grad_()
+    v = testing.fresh(*ks, dtype=dt, device=device).requires_grad_()
+    out = da.attention(q, k, v, causal=causal)
+    do = testing.fresh(*out.shape, dtype=dt, device=device)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro = F.scaled_dot_product_attention(*ref, is_causal=causal, enable_gqa=True)
+    rg = torch.autograd.grad(ro, ref, do.double())
+    assert out.shape == ro.shape and dq.shape == qs and dk.shape == ks and dv.shape == ks
+    if dt == torch.float64:
+        for a, b in zip((out, dq, dk, dv), (ro, *rg)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    else:
+        lo = [t.detach().requires_grad_() for t in (q, k, v)]
+        lo_out = F.scaled_dot_product_attention(*lo, is_causal=causal, enable_gqa=True)
+        lo_g = torch.autograd.grad(lo_out, lo, do)
+        for a, b, t in zip((out, dq, dk, dv), (ro, *rg), (lo_out, *lo_g)):
+            testing.assert_lowp_close(a, b, t)
+    return out
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_other_ranks_as_sdpa(device, causal):
     """3-D (H, N, d), grouped-query included, and 5-D (B1, B2, H, N, d) inputs give SDPA's
-    output and gradients (float64 on CPU, fp16 on CUDA within 2x SDPA's own error)."""
-    dt = torch.float64 if device == "cpu" else torch.float16
+    output and gradients (check_as_sdpa)."""
     for qs, ks in [((4, 40, 32), (4, 40, 32)), ((4, 40, 32), (2, 56, 32)), ((2, 3, 4, 24, 64), (2, 3, 2, 24, 64))]:
-        q = testing.fresh(*qs, dtype=dt, device=device).requires_grad_()
-        k = testing.fresh(*ks, dtype=dt, device=device).requires_grad_()
-        v = testing.fresh(*ks, dtype=dt, device=device).requires_grad_()
-        do = testing.fresh(*qs, dtype=dt, device=device)
-        out = da.attention(q, k, v, causal=causal)
-        dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
-        ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
-        ro = F.scaled_dot_product_attention(*ref, is_causal=causal, enable_gqa=True)
-        rg = torch.autograd.grad(ro, ref, do.double())
-        assert out.shape == qs and dq.shape == qs and dk.shape == ks and dv.shape == ks
-        if dt == torch.float64:
-            for a, b in zip((out, dq, dk, dv), (ro, *rg)):
-                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
-        else:
-            lo = [t.detach().requires_grad_() for t in (q, k, v)]
-            lo_out = F.scaled_dot_product_attention(*lo, is_causal=causal, enable_gqa=True)
-            lo_g = torch.autograd.grad(lo_out, lo, do)
-            for a, b, t in zip((out, dq, dk, dv), (ro, *rg), (lo_out, *lo_g)):
-                testing.assert_lowp_close(a, b, t)
+        assert check_as_sdpa(qs, ks, device, causal).shape == qs
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -848,29 +856,10 @@ def test_other_ranks_as_sdpa(device, causal):
 def test_broadcast_batches_as_sdpa(device, causal):
     """Leading dims that broadcast, as SDPA's: k, v of batch 1 beside a larger q batch, q of batch
     1 beside larger k, v, 3-D k, v beside 4-D q, 5-D against 4-D; outputs and gradients (summed
-    over the broadcast) as SDPA's (float64 on CPU, fp16 on CUDA within 2x SDPA's own error)."""
-    dt = torch.float64 if device == "cpu" else torch.float16
+    over the broadcast) as SDPA's (check_as_sdpa)."""
     for qs, ks in [((3, 4, 24, 64), (1, 2, 40, 64)), ((1, 4, 24, 64), (3, 4, 24, 64)), ((2, 4, 24, 64), (2, 40, 64)),
                    ((2, 3, 4, 24, 64), (3, 2, 24, 64)), ((4, 24, 64), (2, 4, 24, 64))]:
-        q = testing.fresh(*qs, dtype=dt, device=device).requires_grad_()
-        k = testing.fresh(*ks, dtype=dt, device=device).requires_grad_()
-        v = testing.fresh(*ks, dtype=dt, device=device).requires_grad_()
-        out = da.attention(q, k, v, causal=causal)
-        do = testing.fresh(*out.shape, dtype=dt, device=device)
-        dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
-        ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
-        ro = F.scaled_dot_product_attention(*ref, is_causal=causal, enable_gqa=True)
-        rg = torch.autograd.grad(ro, ref, do.double())
-        assert out.shape == ro.shape and dq.shape == qs and dk.shape == ks and dv.shape == ks
-        if dt == torch.float64:
-            for a, b in zip((out, dq, dk, dv), (ro, *rg)):
-                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
-        else:
-            lo = [t.detach().requires_grad_() for t in (q, k, v)]
-            lo_out = F.scaled_dot_product_attention(*lo, is_causal=causal, enable_gqa=True)
-            lo_g = torch.autograd.grad(lo_out, lo, do)
-            for a, b, t in zip((out, dq, dk, dv), (ro, *rg), (lo_out, *lo_g)):
-                testing.assert_lowp_close(a, b, t)
+        check_as_sdpa(qs, ks, device, causal)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -74,12 +74,10 @@ def _batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         raise RuntimeError(f"attention: the leading (batch) dims of q, k, v must broadcast, as SDPA's, got "
                            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}") from None
 
-    def full(t):  # (*lead, H, N, d) -> (B, H, N, d)
+    def full(t):  # (*lead, H, N, d) -> (B, H, N, d); 3-D all three: B = 1
         if t.shape[:-3] != lead:
             t = t.expand(*lead, *t.shape[-3:]).contiguous()
         return t.reshape(-1, *t.shape[-3:])
-    if not lead:  # 3-D all three: one batch
-        return q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), lambda o: o.squeeze(0)
     return full(q), full(k), full(v), lambda o: o.reshape(*lead, *o.shape[1:])
 
 
