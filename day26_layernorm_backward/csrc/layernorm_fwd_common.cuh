@@ -111,13 +111,13 @@ struct NoExchange {};
 
 // Whether a row is centred (LayerNorm) or not (RMSNorm, mean_out null), as the
 // row functions below are told: RowCentering reads mean_out at every row, for
-// the kernels whose loop serves both norms (versions 2 and 3); Centered<true> or
-// <false> fixes it at compile time, for version 4, whose loop with_centering
-// compiles once for each norm and picks per launch. The one loop testing the flag
-// at every row held 6-27 registers more than LayerNorm's alone (ptxas, sm_90a:
-// 16-bit rows of one vector a thread 56 against 48, of four 115 against 104; fp32
-// rows of four 91 against 64); split, 50, 99 and 84 (version 2, split the same
-// way, got more, 58 -> 84 at fp32 rows of four: it keeps the flag).
+// the loops that serve both norms; Centered<true> or <false> fixes it at compile
+// time, for the loops with_centering compiles once for each norm, picking one per
+// launch: version 4's 16-bit and split rows. There the one loop held 6-27
+// registers more than LayerNorm's alone (ptxas, sm_90a: 16-bit rows of one vector
+// a thread 56 against 48, of four 115 against 104); versions 2 and 3, and
+// version 4's unsplit fp32 rows, took more registers split (version 2 at fp32
+// rows of four 58 -> 84) and keep RowCentering.
 struct RowCentering {};
 template <bool kCenter>
 using Centered = std::bool_constant<kCenter>;

@@ -131,13 +131,13 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
     }
     kc::cluster_sync();  // every CTA's barriers are initialised before any peer sends
   }
-  auto row_loop = [&](auto centered) {
+  auto row_loop = [&](auto centering) {
     auto one_row = [&](float (&v)[ITERS][VEC], int64_t r) {
       if constexpr (kCluster)
-        fwd_row_f32(centered, v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc,
+        fwd_row_f32(centering, v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc,
                     float(Dc), eps, t, reduce, ex);
       else
-        fwd_row_f32(centered, v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc,
+        fwd_row_f32(centering, v, w, b, w_f32, y + r * D, row_or_null(mean_out, r), rstd_out + r, rc, inv_dc,
                     float(Dc), eps, t, reduce);
     };
     if constexpr (kPrefetch) {
@@ -179,7 +179,7 @@ ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
             load_row(nres, res + (row + stride) * D, rc);
           }
           if constexpr (kPack)
-            fwd_row_packed(centered, cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc,
+            fwd_row_packed(centering, cur, w, b, w_f32, y + row * D, row_or_null(mean_out, row), rstd_out + row, rc,
                            inv_dc, float(Dc), eps, t, reduce);
           else
             one_row(v, row);
