@@ -53,15 +53,22 @@ namespace {
 // spill, two 512-thread slots an SM instead of one: forward 13-19% faster at
 // 8192 columns; at 4096 (four 256-thread slots instead of three) the conversions
 // cost more than the slot buys (2% slower at 7920 and 8192 rows).
-template <typename T, typename TW, int ITERS, bool kCluster, bool kAdd, bool kPack>
+// fp32 rows of 4 vectors a thread, unsplit (1025-8192 columns; only a forced
+// version runs them): two 512-thread blocks an SM, 64 registers, no spill. The
+// one loop for both norms (RowCentering) took 91 unbounded, one block an SM:
+// forced version 4 at 8192x8192 fp32 139.4 -> 188.5 us (H200).
+template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kAdd, bool kPack>
 constexpr int kFwdV4MinBlocks =
-    (sizeof(T) == 2 && std::is_same<TW, T>::value && ITERS == 2 && !kCluster && !kAdd) || kPack ? 2 : 0;
+    (sizeof(T) == 2 && std::is_same<TW, T>::value && ITERS == 2 && !kCluster && !kAdd) || kPack ||
+            (sizeof(T) == 4 && VEC == 4 && ITERS == 4 && !kCluster && !kAdd)
+        ? 2
+        : 0;
 template <typename T, int ITERS, bool kAdd, bool kPack>
 constexpr int kFwdV4MaxThreads = sizeof(T) == 2 && ITERS == 2 && kAdd && !kPack ? 768 : kV4SmallThreads;
 
 template <typename T, typename TW, int VEC, int ITERS, bool kCluster, bool kL2pf, bool kAdd = false, bool kPack = false>
 __global__ void __launch_bounds__(kFwdV4MaxThreads<T, ITERS, kAdd, kPack>,
-                                  kFwdV4MinBlocks<T, TW, ITERS, kCluster, kAdd, kPack>)
+                                  kFwdV4MinBlocks<T, TW, VEC, ITERS, kCluster, kAdd, kPack>)
 ln_fwd_v4(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
           int64_t rows, int64_t D, int64_t Dc, float eps, int tpr, bool w_f32, const T* __restrict__ res,
