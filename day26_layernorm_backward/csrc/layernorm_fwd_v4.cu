@@ -315,9 +315,11 @@ bool fwd_plan_v4(const LnForwardArgs& a, bool split, const LnDevice& dev, FwdPla
     constexpr int V = kc::max_vec_elems<T>();
     const bool vec_ok = p.vec == V;
     if (split && (!vec_ok || !dev.sm90())) return false;
-    p.cluster = !split                                    ? 1
-                : sizeof(T) == 2 && !ring_cluster_forced() ? fwd_cluster_16bit(a.cols, V)
-                                                           : ring_cluster(a.cols, V);
+    // 16-bit rows too long for one CTA: the fewest CTAs whose share fits; else
+    // ring_cluster's shares of at most 8192 columns (a forced version 6 on a 16-bit
+    // row that one CTA holds: split over 8192 columns, else version 4)
+    const bool fewest = sizeof(T) == 2 && !ring_cluster_forced() && !v4_config(a.cols, V).ok;
+    p.cluster = !split ? 1 : fewest ? fwd_cluster_16bit(a.cols, V) : ring_cluster(a.cols, V);
     if (split && p.cluster < 2) return false;
     p.c4 = v4_config(a.cols / p.cluster, p.vec);
     if (!p.c4.ok) return false;
