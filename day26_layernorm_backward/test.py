@@ -866,11 +866,17 @@ def test_cuda_plan_fallbacks():
 
 
 @requires_cuda
-def test_cuda_forward_version_5_runs_4():
-    """The forward has no ring: version 5 runs version 4's kernels (bitwise the same)."""
-    x, w, b, dy = make(300, 768, torch.bfloat16, "cuda")
-    for a, c in zip(layer_norm_forward(x, 768, w, b, version=5), layer_norm_forward(x, 768, w, b, version=4)):
-        assert torch.equal(a, c)
+@pytest.mark.parametrize("cols", [768, 4096, 8192])
+def test_cuda_forward_versions_5_and_6_run_4(cols):
+    """The forward has no ring: version 5 runs version 4's kernels. Version 6 splits a
+    16-bit row that one CTA holds only over 8192 columns (ring_cluster's shares), so up
+    to 8192 it runs version 4's too. Both bitwise version 4's output (a split row adds
+    its shares' (mean, m2) in another order)."""
+    x, w, b, dy = make(300, cols, torch.bfloat16, "cuda")
+    ref = layer_norm_forward(x, cols, w, b, version=4)
+    for v in (5, 6):
+        for a, c in zip(layer_norm_forward(x, cols, w, b, version=v), ref):
+            assert torch.equal(a, c), v
 
 
 # ------------------------------------------------------------------ RMSNorm
