@@ -866,6 +866,20 @@ def test_cuda_plan_fallbacks():
 
 
 @requires_cuda
+def test_cuda_plan_v1_long_rows():
+    """Rows over 8192 columns without 16-byte vectors run version 1 in its long shape
+    (csrc/layernorm_common.cuh, V1Shape): 1024 threads, the rows of dy and x in shared
+    memory where both fit 96 KiB; rows up to 8192 columns keep the seed's 256 threads."""
+    for cols, dtype, offset, smem in [(16383, torch.bfloat16, False, 2 * 16383 * 2),
+                                      (16384, torch.bfloat16, True, 2 * 16384 * 2),  # misaligned view
+                                      (16383, torch.float32, False, 0), (32767, torch.bfloat16, False, 0)]:
+        p = _plan(8, cols, dtype, offset=offset)
+        assert (p["family"], p["threads"], p["smem"]) == (1, 1024, smem), (cols, dtype, offset)
+    p = _plan(8, 768, torch.bfloat16, version=1)
+    assert (p["family"], p["threads"], p["smem"]) == (1, 256, 0)
+
+
+@requires_cuda
 @pytest.mark.parametrize("cols", [768, 4096, 8192])
 def test_cuda_forward_versions_5_and_6_run_4(cols):
     """The forward has no ring: version 5 runs version 4's kernels. Version 6 splits a

@@ -34,11 +34,12 @@ __device__ __forceinline__ float row_a(float sum_g, float inv_d, const float* me
 // shape (the plan tries the next family of the chain, layernorm_versions.h).
 // bwd_launch_*: launches exactly p's main kernel (no choice left); ln_backward
 // launches the finalize after it when p.finalize says so.
+bool bwd_plan_v1(const LnBackwardArgs& a, LnBwdPlan& p);  // runs every shape: true
 bool bwd_plan_v2(const LnBackwardArgs& a, LnBwdPlan& p);
 bool bwd_plan_v3(const LnBackwardArgs& a, LnBwdPlan& p);
 bool bwd_plan_v4(const LnBackwardArgs& a, LnBwdPlan& p);
 bool bwd_plan_ring(const LnBackwardArgs& a, LnBwdPlan& p);  // 5 (p.cluster == 1) and 6
-cudaError_t bwd_launch_v1(const LnBackwardArgs& a, cudaStream_t stream);
+cudaError_t bwd_launch_v1(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
 cudaError_t bwd_launch_v2(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
 cudaError_t bwd_launch_v3(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);
 cudaError_t bwd_launch_v4(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_t stream);

@@ -60,7 +60,7 @@ int auto_families(const LnBackwardArgs& a, int vec, const LnDevice& dev, int (&o
 
 bool plan_family(const LnBackwardArgs& a, int family, LnBwdPlan& p) {
   switch (family) {
-    case kSeed: p.grid = a.rows; p.threads = 256; return true;
+    case kSeed: return bwd_plan_v1(a, p);
     case kRegisters: return bwd_plan_v2(a, p);
     case kCpAsync: return bwd_plan_v3(a, p);
     case kRowSlots: return bwd_plan_v4(a, p);
@@ -116,7 +116,7 @@ cudaError_t ln_backward(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStream_
     case kRowSlots: KC_CUDA_TRY(bwd_launch_v4(a, p, stream)); break;
     case kRing:
     case kClusterSplit: KC_CUDA_TRY(bwd_launch_ring(a, p, stream)); break;
-    default: KC_CUDA_TRY(bwd_launch_v1(a, stream)); break;
+    default: KC_CUDA_TRY(bwd_launch_v1(a, p, stream)); break;
   }
   if (p.finalize) KC_CUDA_TRY(bwd_launch_finalize(a, p, stream));
   // add_norm where the family's kernel does not add dsum itself

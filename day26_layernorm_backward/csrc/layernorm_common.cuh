@@ -201,6 +201,49 @@ inline int64_t persistent_grid(int64_t rows, int per_sm) {
   return g < rows ? g : rows;
 }
 
+// ---------------------------------------------------------------------- v1
+// v1: one block per row, a pass over the row per statistic. Two launch shapes
+// (V1Shape): rows of up to kV1LongCols columns keep the seed's, 256 threads with
+// one access in flight each, eight blocks an SM; longer rows, which run v1 when
+// they have no 16-byte vectors (the other families cannot hold them), take 1024
+// threads with eight accesses in flight each (the backward four: two rows' loads
+// a column) and keep the row's raw elements in dynamic shared memory where they
+// fit kV1CacheBytes, so the later passes read shared memory, not global memory.
+// At 56 registers that is one block an SM; 256 threads at six blocks an SM
+// measured up to 1.6x slower at 16383-32767 columns, 512 at two 5-15% faster at
+// 16383 but 10-18% slower at 32767 and 65535 (H200).
+constexpr int64_t kV1LongCols = 8192;
+constexpr size_t kV1CacheBytes = 96 * 1024;
+template <bool kLong>
+struct V1Shape {
+  static constexpr int kThreads = kLong ? 1024 : 256;
+  static constexpr int kMinBlocks = kLong ? 1 : 8;
+  static constexpr int kBatch = kLong ? 8 : 1;  // accesses in flight a thread (v1_walk)
+};
+inline bool v1_long(int64_t cols) { return cols > kV1LongCols; }
+// The shared-memory bytes of a long row of `cols` columns of `bytes_per_col` (0: not cached).
+inline size_t v1_cache_bytes(int64_t cols, size_t bytes_per_col) {
+  const size_t b = size_t(cols) * bytes_per_col;
+  return v1_long(cols) && b <= kV1CacheBytes ? b : 0;
+}
+
+// v1's walk over a row: use(c, load(c)) for c = threadIdx.x, + blockDim.x, ...
+// below D, in batches of K whose loads are all issued before their uses (K
+// accesses in flight a thread, not one).
+template <int K, typename Load, typename Use>
+__device__ __forceinline__ void v1_walk(int64_t D, Load&& load, Use&& use) {
+  const int64_t step = blockDim.x;
+  for (int64_t c0 = threadIdx.x; c0 < D; c0 += K * step) {
+    decltype(load(c0)) v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (c0 + k * step < D) v[k] = load(c0 + k * step);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (c0 + k * step < D) use(c0 + k * step, v[k]);
+  }
+}
+
 // ---------------------------------------------------------------------- v4
 // v4 ("row slots"): a block holds `slots` independent row teams ("slots") of
 // tpr threads each (tpr a multiple of 32); a slot walks its rows alone, syncing

@@ -8,9 +8,10 @@
 // with the mean pointer null (the row not centred, no bias).
 //
 // Versions (layernorm_versions.h; 0 = auto: fwd_plan's table, layernorm_fwd_plan.cu):
-//   1  layernorm_fwd_v1.cu  the seed's structure: one block of 256 threads per row,
-//      three passes over the row in global memory (sum, squared deviations,
-//      write), scalar loads, block reductions through shared memory. Any D.
+//   1  layernorm_fwd_v1.cu  the seed's structure: one block per row, three passes
+//      over the row (sum, squared deviations, write), scalar loads, block
+//      reductions through shared memory; rows over 8192 columns kept in shared
+//      memory after the first pass where they fit (V1Shape). Any D.
 //   2  layernorm_fwd_v2.cu  the row is read once into registers (16-byte vector
 //      loads where every pointer and D allow it), both statistics come from the
 //      registers (two-pass variance: accurate, no extra memory traffic), then y
@@ -28,7 +29,8 @@
 //   6  layernorm_fwd_v4.cu  4 with each row split across a thread-block cluster
 //      (sm_90+); else 4.
 // Traffic: v2 reads x once and writes y once (the floor: 2 passes); v1 reads x
-// three times (mostly from L2 when the rows of the blocks in flight fit there).
+// three times (mostly from L2 when the rows of the blocks in flight fit there;
+// long rows from shared memory after the first read).
 #pragma once
 
 #include <type_traits>

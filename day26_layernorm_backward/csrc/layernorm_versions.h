@@ -9,6 +9,7 @@
 //
 //   0  auto         the plan's choice (the default; written once: binding.cpp's schema)
 //   1  seed         one block per row, the row read from global memory per pass
+//                   (rows over 8192 columns: kept in shared memory where they fit)
 //   2  registers    the row in registers, one read; persistent grid (backward)
 //   3  cp.async     2's math on a cp.async pipeline of rows in shared memory
 //   4  row slots    several independent row teams per block, dγ/dβ sums in registers
