@@ -886,11 +886,66 @@ def test_cuda_forward_versions_5_and_6_run_4(cols):
     16-bit row that one CTA holds only over 8192 columns (ring_cluster's shares), so up
     to 8192 it runs version 4's too. Both bitwise version 4's output (a split row adds
     its shares' (mean, m2) in another order)."""
+    from day26_layernorm import ops
+
     x, w, b, dy = make(300, cols, torch.bfloat16, "cuda")
     ref = layer_norm_forward(x, cols, w, b, version=4)
     for v in (5, 6):
+        if ops.forward_plan(x, cols, w, b, v)["cc"] >= 90:  # below sm_90 6 runs 4 anyway
+            assert ops.forward_plan(x, cols, w, b, v)["family"] == 4, v
         for a, c in zip(layer_norm_forward(x, cols, w, b, version=v), ref):
             assert torch.equal(a, c), v
+
+
+def _fplan(cols, dtype, version=0, offset=False, residual=False, rms=False, rows=64):
+    from day26_layernorm import ops
+
+    x, w, b, _ = make(rows, cols, dtype, "cuda")
+    if offset:  # one element in: no 16-byte vectors
+        x = testing.offset_view(x)
+    r = testing.fresh(rows, cols, dtype=dtype, device="cuda") if residual else None
+    return ops.forward_plan(x, cols, w, None if rms else b, version, r, rms)
+
+
+@requires_cuda
+def test_cuda_forward_plan():
+    """The forward's plan (layernorm_fwd_plan.cu, README "The plan") on sm_90+, for both
+    norms: 16-bit rows run 4 up to 16384 columns, 6 above in the fewest CTAs that hold a
+    share; fp32 rows 2 up to 8192 columns, 6 above. Without 16-byte vectors: 4 (16-bit, up to
+    2048 columns), 2 up to 8192, 1 above (1024 threads, the row kept in shared memory where it
+    fits 96 KiB). add_norm adds in the kernel of 4 (16-bit) and 2 (fp32) in 16-byte vectors,
+    else first (ln_add), then the norm's plan of the sum (a new, aligned tensor)."""
+    if _fplan(768, torch.float32)["cc"] < 90:
+        pytest.skip("the table's entries are for sm_90+")
+    bf16, f32 = torch.bfloat16, torch.float32
+    for rms in (False, True):
+        for cols, dtype, offset, family, cluster in [
+                (768, bf16, False, 4, 1), (4096, bf16, False, 4, 1), (16384, bf16, False, 4, 1),
+                (32768, bf16, False, 6, 2), (768, f32, False, 2, 1), (8192, f32, False, 2, 1),
+                (16384, f32, False, 6, 2),
+                (2048, bf16, True, 4, 1), (4096, bf16, True, 2, 1), (768, f32, True, 2, 1),
+                (16383, bf16, False, 1, 1), (16383, f32, False, 1, 1), (65535, bf16, False, 1, 1)]:
+            p = _fplan(cols, dtype, offset=offset, rms=rms)
+            assert (p["family"], p["cluster"]) == (family, cluster), (cols, dtype, offset, rms, p)
+            v = 16 // dtype.itemsize
+            assert p["vec"] == (1 if offset or cols % v else v), p
+            if family == 1:
+                cache = cols * dtype.itemsize
+                assert (p["threads"], p["smem"]) == (1024, cache if cache <= 96 * 1024 else 0), p
+    # forced versions: 5 has no forward kernel (runs 4); 6 splits 16-bit rows over 8192
+    assert _fplan(768, bf16, version=5)["family"] == 4
+    assert _fplan(768, bf16, version=6)["family"] == 4
+    assert (_fplan(16384, bf16, version=6)["family"], _fplan(16384, bf16, version=6)["cluster"]) == (6, 2)
+    assert _fplan(4096, f32, version=3)["family"] == 3
+    assert (_fplan(768, f32, version=1)["threads"], _fplan(768, f32, version=1)["smem"]) == (256, 0)
+    # add_norm
+    for kind_rms in (False, True):
+        for cols, dtype, offset, family, add, pack in [
+                (4096, bf16, False, 4, 1, 0), (8192, bf16, False, 4, 1, 1), (4096, f32, False, 2, 1, 0),
+                (16384, f32, False, 6, 0, 0), (4096, bf16, True, 4, 0, 0)]:  # the sum is aligned
+            p = _fplan(cols, dtype, offset=offset, residual=True, rms=kind_rms)
+            got = (p["family"], p["add"], p["add_first"], p["pack"])
+            assert got == (family, add, 1 - add, pack), (cols, dtype, offset, kind_rms, p)
 
 
 # ------------------------------------------------------------------ RMSNorm

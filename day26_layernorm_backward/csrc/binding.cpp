@@ -285,6 +285,10 @@ LnBwdPlanQuery& ln_backward_plan_query() {
   static LnBwdPlanQuery query = nullptr;
   return query;
 }
+LnFwdPlanQuery& ln_forward_plan_query() {
+  static LnFwdPlanQuery query = nullptr;
+  return query;
+}
 }  // namespace day26
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -318,6 +322,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(day26::ln_backward_plan_query() != nullptr, "day26: the backward plan needs a CUDA build");
     TORCH_CHECK(x.is_cuda(), "day26: the backward plan is for CUDA tensors");
     const auto pairs = day26::ln_backward_plan_query()(dy, x, nshape, mean, rstd, weight, mask, version, dsum, rms);
+    pybind11::dict d;
+    for (const auto& [k, v] : pairs) d[pybind11::str(k)] = v;
+    return d;
+  });
+  // Private (tests, tools/): day26_layernorm.ops.forward_plan() is the way to use it.
+  m.def("_forward_plan", [](const at::Tensor& x, std::vector<int64_t> nshape, std::optional<at::Tensor> weight,
+                            std::optional<at::Tensor> bias, int64_t version, std::optional<at::Tensor> residual,
+                            bool rms) {
+    TORCH_CHECK(day26::ln_forward_plan_query() != nullptr, "day26: the forward plan needs a CUDA build");
+    TORCH_CHECK(x.is_cuda(), "day26: the forward plan is for CUDA tensors");
+    const auto pairs = day26::ln_forward_plan_query()(x, nshape, weight, bias, version, residual, rms);
     pybind11::dict d;
     for (const auto& [k, v] : pairs) d[pybind11::str(k)] = v;
     return d;

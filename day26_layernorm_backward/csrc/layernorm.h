@@ -100,6 +100,27 @@ LnDevice ln_device();
 // know run as auto; the range is checked once, by the ops (layernorm_checks.h).
 cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream);
 
+// What the forward's plan (layernorm_fwd_plan.cu) picks for `a`: the family that
+// runs after the fallbacks and its launch shape, as the private _forward_plan
+// shows it (tests, tools/). Fields a family does not use stay 0 (cluster 1).
+struct LnFwdPlanInfo {
+  int family = kSeed;
+  int vec = 1;             // elements per vector access
+  int iters = 0, tpr = 0;  // vector accesses per thread per row (or share), threads per row
+  bool warp = false;       // 2, 3: one warp per row
+  int stages = 0;          // 3: rows in flight per block
+  int slots = 0;           // 4, 6: row slots per block
+  int threads = 0;         // block size (2 and 3: of the row; 1: V1Shape's)
+  int64_t grid = 0;        // 4, 6: blocks launched (1, 2, 3: the launcher's, from the rows)
+  int cluster = 1;         // 6: CTAs per row
+  int64_t smem = 0;        // 1: the long row's shared-memory cache, bytes
+  bool l2pf = false;       // 4, 6: the row after next prefetched into L2
+  bool add = false;        // add_norm: the kernel adds the residual
+  bool add_first = false;  // add_norm: ln_add first, then this plan on the sum
+  bool pack = false;       // 4 with add: the row kept as its 16-bit sums
+};
+LnFwdPlanInfo ln_forward_plan(const LnForwardArgs& a, int version, const LnDevice& dev);
+
 // `a` with every field set but `workspace`.
 LnBwdPlan ln_backward_plan(const LnBackwardArgs& a, int version, const LnDevice& dev);
 // `a.workspace`: plan.workspace_floats floats (when > 0).

@@ -39,4 +39,11 @@ using LnBwdPlanQuery = std::vector<std::pair<std::string, int64_t>> (*)(
     const std::optional<at::Tensor>& dsum, bool rms);
 LnBwdPlanQuery& ln_backward_plan_query();
 
+// The forward's plan for a call, likewise (_forward_plan): residual (add_norm)
+// may be absent; rms: RMSNorm (or add_norm's "rms" kind).
+using LnFwdPlanQuery = std::vector<std::pair<std::string, int64_t>> (*)(
+    const at::Tensor& x, at::IntArrayRef nshape, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, int64_t version, const std::optional<at::Tensor>& residual, bool rms);
+LnFwdPlanQuery& ln_forward_plan_query();
+
 }  // namespace day26

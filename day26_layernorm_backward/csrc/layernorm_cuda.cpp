@@ -47,53 +47,67 @@ struct FwdOut {
   at::Tensor y, sum, mean, rstd;
 };
 
+// A forward call's tensors (inputs made contiguous, outputs allocated) and its
+// arguments: what the op launches, and what _forward_plan plans.
+struct FwdCall {
+  at::Tensor x, residual;
+  c10::optional<at::Tensor> weight, bias;
+  FwdOut o;
+  LnForwardArgs a{};
+};
+
 // rms: RMSNorm on the same kernels (no centring, no bias; mean comes back
 // undefined). residual_ (add_norm): the norm of x + residual, the sum returned too.
-FwdOut norm_fwd_cuda(const at::Tensor& x_, at::IntArrayRef nshape, const c10::optional<at::Tensor>& weight_,
-                     const c10::optional<at::Tensor>& bias_, double eps, int64_t version, bool rms,
-                     const at::Tensor* residual_ = nullptr) {
+FwdCall prepare_forward(const at::Tensor& x_, at::IntArrayRef nshape, const c10::optional<at::Tensor>& weight_,
+                        const c10::optional<at::Tensor>& bias_, double eps, int64_t version, bool rms,
+                        const at::Tensor* residual_) {
   const char* op = residual_ ? "add_norm" : rms ? "rms_norm" : "layer_norm";
   const LnShape s = ln_check_inputs(x_, nshape, weight_, bias_, /*allow_f64=*/false, version, op);  // devices too
   if (residual_) ln_check_same(x_, *residual_, op, "residual", "input");
   TORCH_CHECK(x_.is_cuda(), op, ": input must be a CUDA tensor here");
   check_knobs(s.cols, x_.scalar_type() == at::kFloat, /*forward=*/true);
-  const at::cuda::CUDAGuard guard(x_.device());
-  const at::Tensor x = x_.contiguous();
-  const auto weight = contiguous_or_none(weight_), bias = contiguous_or_none(bias_);
-  FwdOut o;
-  at::Tensor residual;
-  o.y = kc::new_output_like(x);
-  if (rms) o.mean = residual_ ? at::empty({0}, x.options().dtype(at::kFloat)) : at::Tensor();
-  else o.mean = kc::new_output(s.lead, x.options().dtype(at::kFloat));
-  o.rstd = kc::new_output(s.lead, x.options().dtype(at::kFloat));
-  LnForwardArgs a{};
+  FwdCall c;
+  c.x = x_.contiguous();
+  c.weight = contiguous_or_none(weight_);
+  c.bias = contiguous_or_none(bias_);
+  FwdOut& o = c.o;
+  LnForwardArgs& a = c.a;
+  o.y = kc::new_output_like(c.x);
+  if (rms) o.mean = residual_ ? at::empty({0}, c.x.options().dtype(at::kFloat)) : at::Tensor();
+  else o.mean = kc::new_output(s.lead, c.x.options().dtype(at::kFloat));
+  o.rstd = kc::new_output(s.lead, c.x.options().dtype(at::kFloat));
   if (residual_) {
-    residual = residual_->contiguous();
-    o.sum = kc::new_output_like(x);
-    a.residual = residual.data_ptr();
+    c.residual = residual_->contiguous();
+    o.sum = kc::new_output_like(c.x);
+    a.residual = c.residual.data_ptr();
     a.sum = o.sum.data_ptr();
   }
-  at::Tensor& y = o.y;
-  at::Tensor& mean = o.mean;
-  at::Tensor& rstd = o.rstd;
-  a.x = x.data_ptr();
-  a.weight = ptr_or_null(weight);
-  a.bias = ptr_or_null(bias);
-  a.y = y.data_ptr();
-  a.mean = rms ? nullptr : mean.data_ptr<float>();
-  a.rstd = rstd.data_ptr<float>();
+  a.x = c.x.data_ptr();
+  a.weight = ptr_or_null(c.weight);
+  a.bias = ptr_or_null(c.bias);
+  a.y = o.y.data_ptr();
+  a.mean = rms ? nullptr : o.mean.data_ptr<float>();
+  a.rstd = o.rstd.data_ptr<float>();
   a.rows = s.rows;
   a.cols = s.cols;
   a.eps = float(eps);
-  a.dt = kc::to_kc_dtype(x, "input");
-  a.wdt = weight ? kc::to_kc_dtype(*weight, "weight") : bias ? kc::to_kc_dtype(*bias, "bias") : a.dt;
-  if (s.cols == 0) {  // rows of no element: y (and the sum) empty, mean 0 and rstd NaN, as torch's
-    if (!rms) mean.zero_();
-    rstd.fill_(std::numeric_limits<float>::quiet_NaN());
-    return o;
+  a.dt = kc::to_kc_dtype(c.x, "input");
+  a.wdt = c.weight ? kc::to_kc_dtype(*c.weight, "weight") : c.bias ? kc::to_kc_dtype(*c.bias, "bias") : a.dt;
+  return c;
+}
+
+FwdOut norm_fwd_cuda(const at::Tensor& x, at::IntArrayRef nshape, const c10::optional<at::Tensor>& weight,
+                     const c10::optional<at::Tensor>& bias, double eps, int64_t version, bool rms,
+                     const at::Tensor* residual = nullptr) {
+  FwdCall c = prepare_forward(x, nshape, weight, bias, eps, version, rms, residual);  // checks x is CUDA
+  const at::cuda::CUDAGuard guard(x.device());
+  if (c.a.cols == 0) {  // rows of no element: y (and the sum) empty, mean 0 and rstd NaN, as torch's
+    if (!rms) c.o.mean.zero_();
+    c.o.rstd.fill_(std::numeric_limits<float>::quiet_NaN());
+    return c.o;
   }
-  KC_TORCH_CHECK_CUDA(ln_forward(a, int(version), at::cuda::getCurrentCUDAStream()));
-  return o;
+  KC_TORCH_CHECK_CUDA(ln_forward(c.a, int(version), at::cuda::getCurrentCUDAStream()));
+  return c.o;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& x, at::IntArrayRef nshape,
@@ -266,7 +280,26 @@ std::vector<std::pair<std::string, int64_t>> backward_plan_query(
           {"sms", d.sms},             {"cc", d.cc}};
 }
 
+// The private _forward_plan (binding.cpp): the forward plan of this call, as (name, value) pairs.
+std::vector<std::pair<std::string, int64_t>> forward_plan_query(
+    const at::Tensor& x, at::IntArrayRef nshape, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, int64_t version, const c10::optional<at::Tensor>& residual, bool rms) {
+  const bool has_res = residual.has_value() && residual->defined();
+  const FwdCall c = prepare_forward(x, nshape, weight, bias, 1e-5, version, rms, has_res ? &*residual : nullptr);
+  const at::cuda::CUDAGuard guard(x.device());
+  TORCH_CHECK(c.a.cols > 0, "_forward_plan: rows of no element launch nothing");
+  const LnDevice d = ln_device();
+  const LnFwdPlanInfo p = ln_forward_plan(c.a, int(version), d);
+  return {{"version", version},     {"family", p.family},     {"vec", p.vec},
+          {"iters", p.iters},       {"tpr", p.tpr},           {"warp", p.warp},
+          {"stages", p.stages},     {"slots", p.slots},       {"threads", p.threads},
+          {"grid", p.grid},         {"cluster", p.cluster},   {"smem", p.smem},
+          {"l2pf", p.l2pf},         {"add", p.add},           {"add_first", p.add_first},
+          {"pack", p.pack},         {"sms", d.sms},           {"cc", d.cc}};
+}
+
 const bool registered = (ln_backward_plan_query() = &backward_plan_query, true);
+const bool registered_fwd = (ln_forward_plan_query() = &forward_plan_query, true);
 
 }  // namespace
 }  // namespace day26

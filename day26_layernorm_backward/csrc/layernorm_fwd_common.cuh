@@ -368,6 +368,8 @@ struct FwdPlan {
   // 4 with add: the current row kept as its 16-bit sums (fwd_row_packed), where
   // that buys a second slot an SM (fwd_plan_v4)
   bool pack = false;
+  // 1: the long row's shared-memory cache, bytes (v1_cache_bytes; 0: none)
+  size_t smem = 0;
 };
 
 // The weight type (TW or void: FwdTW) of a forward kernel pointer K.
@@ -390,9 +392,11 @@ constexpr bool fwd_fuses_add(int family, int vec) {
 
 // Per family (each in its file): fwd_plan_v4 writes the launch shape of 4 (split
 // = false) or 6 (split = true) into p (p.vec already set) and returns false when
-// the family cannot run the shape; fwd_launch_* launch exactly p.
+// the family cannot run the shape, fwd_plan_v1 that of 1 (any shape);
+// fwd_launch_* launch exactly p.
+bool fwd_plan_v1(const LnForwardArgs& a, FwdPlan& p);  // runs every shape: true
 bool fwd_plan_v4(const LnForwardArgs& a, bool split, const LnDevice& dev, FwdPlan& p);
-cudaError_t fwd_launch_v1(const LnForwardArgs& a, cudaStream_t stream);
+cudaError_t fwd_launch_v1(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t stream);
 cudaError_t fwd_launch_v2(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t stream);
 cudaError_t fwd_launch_v3(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t stream);
 cudaError_t fwd_launch_v4(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t stream);  // 4 and 6

@@ -45,7 +45,7 @@ bool fwd_plan_family(const LnForwardArgs& a, int f, const LnDevice& dev, FwdPlan
   constexpr int V = kc::max_vec_elems<T>();
   const bool vec_ok = p.vec == V;
   switch (f) {
-    case kSeed: return true;
+    case kSeed: return fwd_plan_v1(a, p);
     case kRegisters: p.c2 = v2_config(a.cols, p.vec); return p.c2.ok;
     case kCpAsync: {
       const V2Config c = v2_config(a.cols, p.vec);
@@ -104,6 +104,7 @@ FwdPlan fwd_plan(const LnForwardArgs& a, int version, const LnDevice& dev) {
     p.add_first = true;
     return p;
   }
+  fwd_plan_v1(a, base);
   return base;  // version 1
 }
 
@@ -114,10 +115,40 @@ cudaError_t fwd_launch(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t st
     case kRowSlots:
     case kClusterSplit: return fwd_launch_v4(a, p, stream);
   }
-  return fwd_launch_v1(a, stream);
+  return fwd_launch_v1(a, p, stream);
 }
 
 }  // namespace
+
+LnFwdPlanInfo ln_forward_plan(const LnForwardArgs& a, int version, const LnDevice& dev) {
+  LnFwdPlanInfo i;
+  ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
+    const FwdPlan p = fwd_plan<decltype(t), decltype(tw)>(a, version, dev);
+    i.family = p.family;
+    i.vec = p.vec;
+    i.cluster = p.cluster;
+    i.l2pf = p.l2pf;
+    i.add = p.add;
+    i.add_first = p.add_first;
+    i.pack = p.pack;
+    switch (p.family) {
+      case kRegisters:
+      case kCpAsync:
+        i.iters = p.c2.iters, i.tpr = p.c2.tpr, i.warp = p.c2.warp, i.threads = p.c2.threads, i.stages = p.stages;
+        break;
+      case kRowSlots:
+      case kClusterSplit:
+        i.iters = p.c4.iters, i.tpr = p.c4.tpr, i.slots = p.p4.slots, i.threads = p.p4.threads;
+        i.grid = p.p4.grid;
+        break;
+      default:
+        i.threads = v1_long(a.cols) ? V1Shape<true>::kThreads : V1Shape<false>::kThreads;
+        i.smem = int64_t(p.smem);
+    }
+    return 0;
+  });
+  return i;
+}
 
 cudaError_t ln_forward(const LnForwardArgs& a, int version, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;

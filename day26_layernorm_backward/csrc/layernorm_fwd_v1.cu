@@ -57,8 +57,20 @@ __global__ void __launch_bounds__(V1Shape<kLong>::kThreads, V1Shape<kLong>::kMin
 
 }  // namespace
 
+// the long row's cache where it fits and the device allows it
+bool fwd_plan_v1(const LnForwardArgs& a, FwdPlan& p) {
+  p.smem = v1_cache_bytes(a.cols, elem_size(a.dt));
+  if (p.smem) {
+    const cudaError_t e = ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
+      return kc::allow_dynamic_smem(ln_fwd_v1<decltype(t), decltype(tw), true>, p.smem);
+    });
+    if (e != cudaSuccess) p.smem = 0;
+  }
+  return true;
+}
+
 // one block per row (V1Shape), in chunks that fit a grid
-cudaError_t fwd_launch_v1(const LnForwardArgs& a, cudaStream_t stream) {
+cudaError_t fwd_launch_v1(const LnForwardArgs& a, const FwdPlan& p, cudaStream_t stream) {
   return ln_typed(a.dt, a.wdt, [&](auto t, auto tw) -> cudaError_t {
     using T = decltype(t);
     using TW = decltype(tw);
@@ -67,13 +79,10 @@ cudaError_t fwd_launch_v1(const LnForwardArgs& a, cudaStream_t stream) {
     const TW* w = static_cast<const TW*>(a.weight);
     const TW* b = static_cast<const TW*>(a.bias);
     return KC_BOOL_SWITCH(v1_long(a.cols), kLong, [&]() -> cudaError_t {
-      auto kernel = ln_fwd_v1<T, TW, kLong>;
-      size_t cache = v1_cache_bytes(a.cols, sizeof(T));
-      if (cache && kc::allow_dynamic_smem(kernel, cache) != cudaSuccess) cache = 0;
       for (int64_t r0 = 0; r0 < a.rows; r0 += 0x7fffffff) {
         const int64_t n = a.rows - r0 < 0x7fffffff ? a.rows - r0 : 0x7fffffff;
-        kernel<<<unsigned(n), V1Shape<kLong>::kThreads, cache, stream>>>(x, w, b, y, a.mean, a.rstd, r0, a.cols,
-                                                                         a.eps, cache > 0);
+        ln_fwd_v1<T, TW, kLong><<<unsigned(n), V1Shape<kLong>::kThreads, p.smem, stream>>>(
+            x, w, b, y, a.mean, a.rstd, r0, a.cols, a.eps, p.smem > 0);
         KC_CUDA_LAUNCH_TRY();
       }
       return cudaSuccess;

@@ -102,6 +102,17 @@ def backward_plan(dy, x, normalized_shape, mean, rstd, weight=None,
                                   [bool(m) for m in output_mask], int(version), dsum, bool(rms)))
 
 
+def forward_plan(x, normalized_shape, weight=None, bias=None, version: int = DEFAULT_VERSION, residual=None,
+                 rms: bool = False) -> dict:
+    """Private, for tests and tools/ (CUDA builds, CUDA tensors): the plan that the
+    forward (layer_norm_forward, rms_norm_forward with rms, add_norm_forward with a
+    residual) would launch for these arguments (csrc/layernorm.h's LnFwdPlanInfo:
+    family, vec, iters, tpr, warp, stages, slots, threads, grid, cluster, smem, l2pf,
+    add, add_first, pack; and the device's sms and cc), as a dict of ints. `family`
+    is the kernel family that runs (1-6, after the fallbacks of csrc/layernorm_versions.h)."""
+    return dict(_C._forward_plan(x, _as_shape(normalized_shape), weight, bias, int(version), residual, bool(rms)))
+
+
 def _as_shape(normalized_shape) -> list[int]:
     if isinstance(normalized_shape, numbers.Integral):
         return [int(normalized_shape)]

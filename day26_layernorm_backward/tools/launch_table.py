@@ -13,8 +13,9 @@ any installed day26, e.g. a build of main and a build of a branch:
 4 before the versions were renumbered, 0 (auto) after). --diff compares kernel names (with
 ln_fwd_v4's kPrefetch template argument dropped where a name has it: it became derived
 from the other arguments when the versions were renumbered), grid, block and shared
-memory per call; the private plan (ops.backward_plan, where the installed day26 has it)
-is saved beside them for reading, not compared.
+memory per call; the private plans (ops.backward_plan, ops.forward_plan, where the installed
+day26 has them)
+are saved beside them for reading, not compared.
 """
 import argparse
 import json
@@ -98,6 +99,8 @@ def run(args):
         row = dict(case=label, fwd=fwd, bwd=bwd)
         if hasattr(ops, "backward_plan"):
             row["bwd_plan"] = ops.backward_plan(dy, x, d, mean, rstd, w, m, **kw)
+        if hasattr(ops, "forward_plan"):
+            row["fwd_plan"] = ops.forward_plan(x, d, w, b, **kw)
         rows.append(row)
         print(f"{label}\n  fwd: {fmt(fwd)}\n  bwd: {fmt(bwd)}", flush=True)
         del x, dy, w, b, mean, rstd
