@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(1024)
 // where they fit (v1_cache_bytes) and the device allows it
 bool bwd_plan_v1(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.grid = a.rows;
-  p.threads = v1_long(a.cols) ? V1Shape<true>::kThreads : V1Shape<false>::kThreads;
+  p.threads = v1_threads(a.cols);
   p.smem = a.dx ? v1_cache_bytes(a.cols, 2 * elem_size(a.dt)) : 0;
   if (p.smem) {
     const cudaError_t e = ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
@@ -122,7 +122,7 @@ cudaError_t bwd_launch_v1(const LnBackwardArgs& a, const LnBwdPlan& p, cudaStrea
     using TW = decltype(tw);
     const BwdPtrs<T, TW> q(a);
     if (a.dx) {
-      const cudaError_t e = KC_BOOL_SWITCH(p.threads == V1Shape<true>::kThreads, kLong, [&]() -> cudaError_t {
+      const cudaError_t e = KC_BOOL_SWITCH(v1_long(a.cols), kLong, [&]() -> cudaError_t {
         for (int64_t r0 = 0; r0 < a.rows; r0 += 0x7fffffff) {
           const int64_t n = a.rows - r0 < 0x7fffffff ? a.rows - r0 : 0x7fffffff;
           ln_bwd_dx_v1<T, TW, kLong><<<unsigned(n), p.threads, p.smem, stream>>>(q.dy, q.x, a.mean, a.rstd, q.w,

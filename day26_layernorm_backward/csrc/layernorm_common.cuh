@@ -221,6 +221,7 @@ struct V1Shape {
   static constexpr int kBatch = kLong ? 8 : 1;  // accesses in flight a thread (v1_walk)
 };
 inline bool v1_long(int64_t cols) { return cols > kV1LongCols; }
+inline int v1_threads(int64_t cols) { return v1_long(cols) ? V1Shape<true>::kThreads : V1Shape<false>::kThreads; }
 // The shared-memory bytes of a long row of `cols` columns of `bytes_per_col` (0: not cached).
 inline size_t v1_cache_bytes(int64_t cols, size_t bytes_per_col) {
   const size_t b = size_t(cols) * bytes_per_col;

@@ -142,7 +142,7 @@ LnFwdPlanInfo ln_forward_plan(const LnForwardArgs& a, int version, const LnDevic
         i.grid = p.p4.grid;
         break;
       default:
-        i.threads = v1_long(a.cols) ? V1Shape<true>::kThreads : V1Shape<false>::kThreads;
+        i.threads = v1_threads(a.cols);
         i.smem = int64_t(p.smem);
     }
     return 0;
