@@ -912,8 +912,8 @@ def test_cuda_forward_plan():
     """The forward's plan (layernorm_fwd_plan.cu, README "The plan") on sm_90+, for both
     norms: 16-bit rows run 4 up to 16384 columns, 6 above in the fewest CTAs that hold a
     share; fp32 rows 2 up to 8192 columns, 6 above. Without 16-byte vectors: 4 (16-bit, up to
-    2048 columns), 2 up to 8192, 1 above (1024 threads, the row kept in shared memory where it
-    fits 96 KiB). add_norm adds in the kernel of 4 (16-bit) and 2 (fp32) in 16-byte vectors,
+    2048 columns) or 2 (fp32), above 3 on the rows' covering granules where a stage is at most
+    52 KiB, 1 beyond (1024 threads, the row kept in shared memory where it fits 96 KiB). add_norm adds in the kernel of 4 (16-bit) and 2 (fp32) in 16-byte vectors,
     else first (ln_add), then the norm's plan of the sum (a new, aligned tensor)."""
     if _fplan(768, torch.float32)["cc"] < 90:
         pytest.skip("the table's entries are for sm_90+")
@@ -923,8 +923,9 @@ def test_cuda_forward_plan():
                 (768, bf16, False, 4, 1), (4096, bf16, False, 4, 1), (16384, bf16, False, 4, 1),
                 (32768, bf16, False, 6, 2), (768, f32, False, 2, 1), (8192, f32, False, 2, 1),
                 (16384, f32, False, 6, 2),
-                (2048, bf16, True, 4, 1), (4096, bf16, True, 2, 1), (768, f32, True, 2, 1),
-                (16383, bf16, False, 1, 1), (16383, f32, False, 1, 1), (65535, bf16, False, 1, 1)]:
+                (2048, bf16, True, 4, 1), (4096, bf16, True, 3, 1), (768, f32, True, 2, 1),
+                (16383, bf16, False, 3, 1), (16383, f32, False, 1, 1), (65535, bf16, False, 1, 1),
+                (333, f32, True, 2, 1)]:
             p = _fplan(cols, dtype, offset=offset, rms=rms)
             assert (p["family"], p["cluster"]) == (family, cluster), (cols, dtype, offset, rms, p)
             v = 16 // dtype.itemsize
@@ -946,6 +947,36 @@ def test_cuda_forward_plan():
             p = _fplan(cols, dtype, offset=offset, residual=True, rms=kind_rms)
             got = (p["family"], p["add"], p["add_first"], p["pack"])
             assert got == (family, add, 1 - add, pack), (cols, dtype, offset, kind_rms, p)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", testing.FLOAT_DTYPES)
+def test_cuda_forward_rows_without_vectors(dtype):
+    """Version 3's rows without 16-byte vectors (csrc/layernorm_fwd_v3.cu,
+    ln_fwd_v3_granules) copy the aligned 16-byte granules that cover each row: odd D
+    (each row at another offset in its first granule) and views 1 to v - 1 elements
+    into a buffer; weights of x's dtype, fp32 or none; LayerNorm and RMSNorm; few rows
+    and many (each block walks several through its stages). Against the float64
+    reference; auto runs 3 there above 2048 columns."""
+    from day26_layernorm import ops
+
+    v = 16 // dtype.itemsize
+    for cols in (513, 1000, 4099, 8191, 2047 * v - 1):
+        for offset in (0, 1, v - 1):
+            for wdtype, affine, rows in [("same", (True, True), 300), (torch.float32, (True, True), 7),
+                                         ("same", (False, False), 1)]:
+                if wdtype is torch.float32 and dtype == torch.float32:
+                    continue
+                x, w, b, dy = make(rows, cols, dtype, "cuda", wdtype=wdtype, affine=affine)
+                if offset:
+                    x, dy = (testing.offset_view(t, offset) for t in (x, dy))
+                if not (cols % v or offset):
+                    continue
+                assert ops.forward_plan(x, cols, w, b, 3)["family"] == 3, (cols, offset)
+                if cols > 2048:
+                    assert ops.forward_plan(x, cols, w, b)["family"] == 3, (cols, offset)
+                run_and_check(x, w, b, dy, (cols,), version=3)
+                run_rms_and_check(x, w, dy, (cols,), version=3)
 
 
 # ------------------------------------------------------------------ RMSNorm

@@ -22,7 +22,9 @@
 //   3  layernorm_fwd_v3.cu  2's math on a cp.async pipeline: a persistent grid,
 //      each block keeps the next `stages - 1` rows in flight into shared memory
 //      (each thread copies, and later reads, only its own 16-byte vectors, so no
-//      barrier guards the stages). Block path with 16-byte vectors only; else 2.
+//      barrier guards the stages). Block path; without 16-byte vectors the stages
+//      hold the aligned granules that cover each row and 2's run-time loop reads
+//      them (ln_fwd_v3_granules, barriers around each stage); else 2.
 //   4  layernorm_fwd_v4.cu  row slots (layernorm_common.cuh): independent row
 //      teams per block, the next row prefetched into registers for 16-bit rows; else 2.
 //   5  no forward kernel (the ring lost to 4's register prefetch: docs/log.md): runs 4.
@@ -345,6 +347,15 @@ __device__ __forceinline__ void fwd_row_scalar(const T* __restrict__ xr, const T
     if (center) *mean_out = mean;
     *rstd_out = rstd;
   }
+}
+
+// v3 without 16-byte vectors (ln_fwd_v3_granules): a row's stage holds the
+// aligned 16-byte granules that cover it, whatever its first element's offset in
+// the first (up to V - 1): granule_row elements of T.
+__host__ __device__ inline int64_t granule_row(int64_t D, int64_t V) { return (D + 2 * V - 2) / V * V; }
+// A stage's bytes: the row, or its granules.
+inline size_t v3_row_bytes(int64_t D, size_t elem, bool granules) {
+  return size_t(granules ? granule_row(D, int64_t(16 / elem)) : D) * elem;
 }
 
 // ------------------------------------------------------------------ the plan

@@ -26,14 +26,24 @@ namespace {
 // Where a thread holds 4 vectors (one slot per SM), 4 and 6 also prefetch the row
 // after next into L2 (4096 x 16384: bf16 77.0 -> 73.5 us, fp32 148.2 -> 139.8,
 // probe run 49; knob l2_prefetch = 0 turns it off).
+// - Rows without 16-byte vectors (D not a multiple of 16 bytes, or a misaligned
+//   view): rows up to 2048 columns keep 4 (16-bit, where it runs them) and 2's
+//   run-time loop; longer rows run 3 on their covering granules where a stage is at most
+//   kV3GranuleRowMax (two blocks an SM): H200, forward, against 2's loop: 4096 x 8191
+//   bf16 126.0 -> 102.4 us, fp32 140.7 -> 126.5, 32768 x 4095 bf16 511.5 -> 427.9;
+//   against version 1's long rows 4096 x 16383 bf16 276.3 -> 198.8. At one block an SM
+//   (fp32 4096 x 16383: 272.1 -> 354.1, bf16 4096 x 32767: 583.7 -> 629.8) and at 769
+//   bf16 or 1025 fp32 columns (6-12%) it was slower, so those keep 1 and 2.
+constexpr size_t kV3GranuleRowMax = 52 * 1024;
 template <typename T, typename TW>
 int fwd_auto_families(const LnForwardArgs& a, bool vec_ok, const LnDevice& dev, int (&out)[4]) {
   int n = 0;
   const bool too_long_for_slots = sizeof(T) == 2 && !v4_config(a.cols, kc::max_vec_elems<T>()).ok;
   if (vec_ok && dev.sm90() && (sizeof(T) == 4 || too_long_for_slots || ring_cluster_forced()))
     out[n++] = kClusterSplit;
+  const bool granules = !vec_ok && a.cols > 2048 && v3_row_bytes(a.cols, sizeof(T), true) <= kV3GranuleRowMax;
   if (sizeof(T) == 2) out[n++] = kRowSlots;
-  else if (a.cols > 8192) out[n++] = kCpAsync;
+  if (granules || (vec_ok && sizeof(T) == 4 && a.cols > 8192)) out[n++] = kCpAsync;
   out[n++] = kRegisters;
   out[n++] = kSeed;
   return n;
@@ -48,9 +58,13 @@ bool fwd_plan_family(const LnForwardArgs& a, int f, const LnDevice& dev, FwdPlan
     case kSeed: return fwd_plan_v1(a, p);
     case kRegisters: p.c2 = v2_config(a.cols, p.vec); return p.c2.ok;
     case kCpAsync: {
+      p.stages = pipe_stages(v3_row_bytes(a.cols, sizeof(T), !vec_ok));
+      if (!vec_ok) {  // the granules: version 2's run-time loop's block shape, any length
+        p.c2 = v2_config(a.cols > 8192 ? 8192 : a.cols, 1);
+        return !p.c2.warp && p.stages >= 2;
+      }
       const V2Config c = v2_config(a.cols, p.vec);
-      p.stages = pipe_stages(size_t(a.cols) * sizeof(T));
-      if (!c.ok || !vec_ok || c.warp || p.stages < 2) return false;
+      if (!c.ok || c.warp || p.stages < 2) return false;
       p.c2 = v3_config(a.cols, V);
       return true;
     }

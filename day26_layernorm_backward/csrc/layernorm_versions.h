@@ -22,7 +22,8 @@
 // (the plan records the family that ran):
 //   6 -> 5 -> 4 -> 2 -> 1   (6 and 5: sm_90+, 16-byte vectors, a ring / cluster that
 //                            fits; 4: a row of at most 512 threads x 4 vectors)
-//   3 -> 2 -> 1             (3: block path, 16-byte vectors, two stages that fit)
+//   3 -> 2 -> 1             (3: block path, two stages that fit; the backward's:
+//                            16-byte vectors too)
 //   2 -> 1                  (2: rows of at most 16384 elements, 8192 without 16-byte vectors)
 //   forward: 5 runs 4; 6 -> 4 -> 2 -> 1
 // Auto's chain is the table's entry, then 4 where the table allows it, 2, 1.
