@@ -56,7 +56,10 @@ ln_fwd_v3(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restric
 // element h elements into its first (h from the row's address), and the math is
 // version 2's run-time loop (fwd_row_scalar) on the row in shared memory. Threads
 // read each other's copies: a barrier after the wait, and one before a stage is
-// refilled. Dynamic shared memory: stages * granule_row(D) elements of T.
+// refilled. Dynamic shared memory: stages * granule_row(D) elements of T. A row's
+// first and last granules also hold bytes of its neighbours (or up to 15 bytes
+// before or after the tensor, inside the 16-byte granule of its first or last
+// element, so never across a page); the loop reads only the row's elements.
 template <typename T, typename TW>
 __global__ void __launch_bounds__(kMaxTpr)
 ln_fwd_v3_granules(const T* __restrict__ x, const TW* __restrict__ w, const TW* __restrict__ b,
