@@ -106,13 +106,10 @@ __global__ void __launch_bounds__(1024)
 bool bwd_plan_v1(const LnBackwardArgs& a, LnBwdPlan& p) {
   p.grid = a.rows;
   p.threads = v1_threads(a.cols);
-  p.smem = a.dx ? v1_cache_bytes(a.cols, 2 * elem_size(a.dt)) : 0;
-  if (p.smem) {
-    const cudaError_t e = ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
-      return kc::allow_dynamic_smem(ln_bwd_dx_v1<decltype(t), decltype(tw), true>, p.smem);
-    });
-    if (e != cudaSuccess) p.smem = 0;
-  }
+  p.smem = ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
+    return v1_cache_granted(ln_bwd_dx_v1<decltype(t), decltype(tw), true>,
+                            a.dx ? v1_cache_bytes(a.cols, 2 * elem_size(a.dt)) : 0);
+  });
   return true;
 }
 

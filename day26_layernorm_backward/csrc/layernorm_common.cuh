@@ -227,6 +227,12 @@ inline size_t v1_cache_bytes(int64_t cols, size_t bytes_per_col) {
   const size_t b = size_t(cols) * bytes_per_col;
   return v1_long(cols) && b <= kV1CacheBytes ? b : 0;
 }
+// The cache a plan gives `kernel`: `bytes` where the device lets the kernel have
+// them (kc::allow_dynamic_smem), else 0 (the row read from global memory per pass).
+template <typename Kernel>
+size_t v1_cache_granted(Kernel kernel, size_t bytes) {
+  return bytes && kc::allow_dynamic_smem(kernel, bytes) == cudaSuccess ? bytes : 0;
+}
 
 // v1's walk over a row: use(c, load(c)) for c = threadIdx.x, + blockDim.x, ...
 // below D, in batches of K whose loads are all issued before their uses (K

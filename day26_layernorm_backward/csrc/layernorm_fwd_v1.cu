@@ -59,13 +59,9 @@ __global__ void __launch_bounds__(V1Shape<kLong>::kThreads, V1Shape<kLong>::kMin
 
 // the long row's cache where it fits and the device allows it
 bool fwd_plan_v1(const LnForwardArgs& a, FwdPlan& p) {
-  p.smem = v1_cache_bytes(a.cols, elem_size(a.dt));
-  if (p.smem) {
-    const cudaError_t e = ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
-      return kc::allow_dynamic_smem(ln_fwd_v1<decltype(t), decltype(tw), true>, p.smem);
-    });
-    if (e != cudaSuccess) p.smem = 0;
-  }
+  p.smem = ln_typed(a.dt, a.wdt, [&](auto t, auto tw) {
+    return v1_cache_granted(ln_fwd_v1<decltype(t), decltype(tw), true>, v1_cache_bytes(a.cols, elem_size(a.dt)));
+  });
   return true;
 }
 
