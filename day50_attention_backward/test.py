@@ -497,8 +497,13 @@ def test_fused_backward_preprocess_out_layouts(out_layout, d):
 
 
 # deterministic=True: dq, dk, dv bitwise the same from run to run (version 2 orders its dq adds
-# key block by key block; auto takes the naive path where version 2 does not run)
-DET_SHAPES = [(2, 3, 1000, 777, 64), (1, 2, 300, 513, 128), (1, 1, 17, 130, 64)]
+# key block by key block; auto takes the naive path where version 2 does not run). Full
+# attention on version 2 starts each key block on a query tile of its own and orders the adds
+# by tile: more blocks than tiles (17 x 130), as many (300 x 513), fewer (1000 x 777), heads
+# split across a wave of CTAs (2 x 12 heads of 8 key blocks), and 67 key blocks a head (100 x
+# 8500), more than half an H100's SMs, where the blocks keep one order.
+DET_SHAPES = [(2, 3, 1000, 777, 64), (1, 2, 300, 513, 128), (1, 1, 17, 130, 64), (2, 12, 1024, 1024, 64),
+              (1, 1, 100, 8500, 64)]
 DET_GQA = [(2, 8, 2, 333, 300, 128), (1, 4, 1, 257, 130, 64), (1, 4, 2, 200, 130, 256)]
 
 

@@ -118,6 +118,7 @@ struct Args {
   int hpc;
   bool split;
   int* dq_sem;                // deterministic: per (q head, query tile) the key blocks added so far
+  bool rotate;                // deterministic, full attention: key blocks start on tiles of their own (kernel)
   hopper_common::Order order;
   int B, H, group, Nq, Nk;
   float scale, scale_log2;     // scale_log2: scale * log2(e); kSoftcap: softcap * log2(e)
@@ -219,7 +220,9 @@ __device__ __forceinline__ void st_shared(uint32_t at, uint32_t v) {
 // left edge (causal: block n starts at query tile 2n; every block before it reaches the
 // tiles it does). The blocks it waits for come earlier in launch order
 // (hopper_common::Order launches a head's key block n - 1 before its block n), so they are
-// running or done: no deadlock.
+// running or done: no deadlock. Full attention (a.rotate): each block starts on a tile of its
+// own and the order differs by tile (the kernel says which); a head's blocks launch together and
+// fit on the GPU at once, so every one it waits for runs.
 // The consumers run on while the writer waits (two dQ tiles in flight). Same inputs,
 // same order of fp32 adds: bitwise equal dq.
 template <typename T, int kD, bool kCausal, bool kLocal, bool kSoftcap, bool kDeterministic, bool kVarlen>
@@ -274,8 +277,19 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
   // block n would wait for block 0 to reach tile 2n). Each loop walks the steps' (head, tile)
   // along (Step: begin(), then next()): a division a step to find them cost the multi-head
   // kernel 2-5%.
+  // Deterministic full attention (a.rotate, where a head's key blocks all fit on the GPU at
+  // once): every block reaches every tile, and walking them in the same order makes block n
+  // wait n steps for the blocks before it on its first tile.
+  // So block n starts on tile s_n = floor(n T / nb) (T tiles, nb key blocks) and walks up,
+  // wrapping: on each tile the blocks add in the order they reach it (the writer, below),
+  // each s_n+1 - s_n steps after the one before it, none waiting in step.
   const int n_steps = a.hpc * n_it;
-  const int first_tile = kDeterministic ? j_end - 1 : j_first, last_tile = kDeterministic ? j_first : j_end - 1;
+  const int n_kb = (a.Nk + kBlockN - 1) / kBlockN;
+  constexpr bool kFull = kDeterministic && !kCausal && !kLocal;
+  const bool rotate = kFull && a.rotate;
+  const int start = rotate ? int(unsigned(kb) * n_qt / n_kb) : 0;  // < 2^32: nb <= 66, T < 2^26 (launch)
+  const int first_tile = rotate ? start : kDeterministic ? j_end - 1 : j_first;
+  const int last_tile = rotate ? (start == 0 ? n_qt : start) - 1 : kDeterministic ? j_first : j_end - 1;
   struct Step {
     int h, j;  // q head, query tile
   };
@@ -285,7 +299,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       st.j = first_tile;
       ++st.h;
     } else {
-      st.j += kDeterministic ? -1 : 1;
+      st.j += kDeterministic && !rotate ? -1 : 1;
+      if (kFull && st.j == n_qt) st.j = 0;
     }
   };
   const int wg = threadIdx.x / 128;
@@ -358,6 +373,11 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
           if (kDeterministic && i == 0) {
             sem = a.dq_sem + (int64_t(b) * a.H + st.h) * n_qt_all + st.j;
             if constexpr (kLocal) turn = kb - max(0, st.j * kBlockM - band.wl) / kBlockN;
+            if (rotate) {  // the blocks reach tile j in the order m1, m1 - 1, .., 0, nb - 1, .., m1 + 1,
+              // m1 the last block starting at or before it (s_m <= j)
+              const int m1 = int((unsigned(st.j + 1) * n_kb + n_qt - 1) / n_qt) - 1;
+              turn = m1 >= kb ? m1 - kb : m1 - kb + n_kb;
+            }
             while (load_acquire(sem) != turn) {
             }
           }
@@ -967,6 +987,12 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   const bool even = !p.causal && !hopper_common::local(p) && p.cu_seqlens_q == nullptr;
   const int64_t reread = (2 * int64_t(sizeof(T)) + 4) * hpc * p.Nq * kD / (even ? 1 : 2);
   a.order = hopper_common::make_order(n_kt, units, reread, even ? 0 : 4 * L::kCtasPerSm, 4);
+  // Deterministic full attention: the key blocks of a head wait on each other in both
+  // directions (the kernel's rotate), so they launch together (one head a chunk) and run
+  // only where a head's blocks fill at most half the GPU (room beside other streams' kernels);
+  // elsewhere block n waits only for blocks launched before it.
+  a.rotate = kDet && even && 2 * n_kt <= int64_t(kc::num_sms()) * L::kCtasPerSm;
+  if (a.rotate) a.order.chunk = 1;
   kernel<<<unsigned(n_kt * units), L::kThreads, L::kBytes, stream>>>(a);
   return cudaGetLastError();
 }
