@@ -1099,9 +1099,9 @@ def test_gqa_empty(device):
 # The fused backward's plan for grouped-query attention (flash_bwd.cu, fused_backward_plan):
 # a CTA sums heads_per_cta q heads of a group in registers, chosen as the most that
 # still leave kGqaMinCtas CTAs of B * Hq / heads_per_cta * ceil(Nk / 128) (version 1: 1024,
-# version 2: 256, and one head a CTA when deterministic); when it is fewer than the group, the
-# splits' fp32 sums are added by a second kernel (version 1 and deterministic: partials in a
-# fixed order; version 2: one accumulator the copy engine adds into, in any order). These shapes take each branch of each version's plan
+# version 2: 256, deterministic too); when it is fewer than the group, the splits' fp32 sums
+# are added by a second kernel (version 1 and deterministic: partials in a fixed order;
+# version 2: one accumulator the copy engine adds into, in any order). These shapes take each branch of each version's plan
 # (small Nq keeps the float64 reference cheap): (shape, version 1's plan, version 2's plan).
 GQA_PLAN_SHAPES = [
     ((1, 8, 2, 77, 130, 64), "splits=4 (one CTA per q head)", "splits=4 (one CTA per q head)"),
@@ -1132,8 +1132,6 @@ def test_cuda_gqa_fused_plans(case, causal, version, deterministic):
     group in a CTA or deterministic=True), and the in-register plan allocates no fp32
     workspace (its peak is the outputs, dQ's fp32 accumulator and the row sums)."""
     shape, plan = case[0], case[version]
-    if deterministic:
-        plan = "splits=G (one CTA per q head, deterministic)"  # version 2's deterministic plan
     if SANITIZE and shape[0] * shape[1] * shape[3] * shape[4] > 4_000_000:
         pytest.skip("too slow under compute-sanitizer; the small shapes take the same branches")
     dtype = torch.bfloat16

@@ -57,9 +57,8 @@ namespace flash {
 constexpr int64_t kGqaMinCtas = 1024;
 // Version 2 launches its longest key blocks first, so two waves of CTAs balance well, and each
 // CTA that takes a whole group saves the group's fp32 workspace: its zeroing, the reduce-adds
-// and the post-kernel's pass over it. Deterministic, version 2 keeps one head a CTA: its dQ
-// adds wait for the key block before, and with a group's heads a CTA the first wave holds a
-// longer chain of blocks that wait on each other (small Llama 401 -> 428 us at four heads).
+// and the post-kernel's pass over it. Deterministic too: its CTAs walk their heads tile by
+// tile (hopper_bwd.cu), so the key block before is a step ahead on every head.
 constexpr int64_t kGqaMinCtasV2 = 256;
 
 namespace {
@@ -286,8 +285,8 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
   const int64_t G = p.H / p.Hk, n_kt = (p.Nk + flash::kBwdBc - 1) / flash::kBwdBc;
   int64_t hpc = 1;
   // Version 2's main kernel (hopper_bwd.cu) takes the same plan with its own floor of CTAs
-  // (kGqaMinCtasV2), one head a CTA when deterministic (below); a version 1 fallback at launch
-  // runs it as given.
+  // (kGqaMinCtasV2), deterministic too (it walks a CTA's heads tile by tile); a version 1
+  // fallback at launch runs it as given.
   const bool v2 = p.bwd_version != 1 && hopper_backward_applies(p);
   // Packed sequences: version 1 takes a whole group per CTA (its partials' layout is dense
   // (B, Hk, Nk, d)); version 2 one q head, its accumulator or partials over all key rows.
@@ -296,7 +295,7 @@ FusedBwdPlan fused_backward_plan(const FusedParams& p) {
       plan.heads_per_cta = G;
       return plan;
     }
-  } else if (!(v2 && p.deterministic)) {
+  } else {
     const int64_t min_ctas = v2 ? flash::kGqaMinCtasV2 : flash::kGqaMinCtas;
     for (int64_t c = G; c > 1; --c) {
       if (G % c == 0 && p.B * (p.H / c) * n_kt >= min_ctas) {

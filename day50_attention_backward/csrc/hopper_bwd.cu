@@ -54,13 +54,14 @@
 // longest) of every head first.
 // Grouped-query attention: a CTA runs heads_per_cta q heads of a group (fused_backward_plan:
 // the whole group where that still leaves two waves of CTAs), one after the other into the
-// same dK, dV registers, reading its kv head's K, V once.
+// same dK, dV registers (deterministic: tile by tile, each tile's heads in turn), reading its kv
+// head's K, V once.
 // dK, dV: the whole group (multi-head attention: its one head), staged as T in the K, V
 // buffers and stored by the copy engine. A group split over CTAs: their fp32 dK, dV are
 // staged in shared memory (the K, V, Q, dO buffers, free once both consumers are done) and
 // added by the copy engine into one (2, B, Hk, Nk, d) accumulator that flash_bwd.cu
-// converts; deterministic (one head a CTA): fp32 partials per q head that its reduce kernel
-// sums over each group in a fixed order.
+// converts; deterministic: fp32 partials per split that its reduce kernel sums over each
+// group in a fixed order.
 // Packed sequences (kVarlen, on the kLocal variant, as the forward's): a CTA reads its
 // sequence's offsets, the maps span all packed rows, and the sequence's bottom-right diagonal
 // is folded into its Band. Rows past a sequence's end are the next sequence's: warp 3 zeroes
@@ -274,9 +275,11 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
   // The steps: the hpc heads one after the other, each over its n_it query tiles.
   // Deterministic: the last tile first, so that every key block starts on a tile all blocks
   // share and the ordered adds pipeline from the first step (in ascending order a causal
-  // block n would wait for block 0 to reach tile 2n). Each loop walks the steps' (head, tile)
-  // along (Step: begin(), then next()): a division a step to find them cost the multi-head
-  // kernel 2-5%.
+  // block n would wait for block 0 to reach tile 2n); and tile by tile, the hpc heads of each
+  // in turn, so that block n reaches each (head, tile) a step after block n - 1 did (head by
+  // head, a causal block n, shorter than n - 1, would reach the next head first and wait
+  // there, every head). Each loop walks the steps' (head, tile) along (Step: begin(), then
+  // next()): a division a step to find them cost the multi-head kernel 2-5%.
   // Deterministic full attention (a.rotate, where a head's key blocks all fit on the GPU at
   // once): every block reaches every tile, and walking them in the same order makes block n
   // wait n steps for the blocks before it on its first tile.
@@ -288,19 +291,29 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
   constexpr bool kFull = kDeterministic && !kCausal && !kLocal;
   const bool rotate = kFull && a.rotate;
   const int start = rotate ? int(unsigned(kb) * n_qt / n_kb) : 0;  // < 2^32: nb <= 66, T < 2^26 (launch)
-  const int first_tile = rotate ? start : kDeterministic ? j_end - 1 : j_first;
-  const int last_tile = rotate ? (start == 0 ? n_qt : start) - 1 : kDeterministic ? j_first : j_end - 1;
+  const int first_tile = rotate ? start : kDeterministic ? j_end - 1 : j_first, last_tile = j_end - 1;
   struct Step {
     int h, j;  // q head, query tile
   };
+  const int h_last = h0 + a.hpc - 1;
   auto begin = [&] { return Step{h0, first_tile}; };
   auto next = [&](Step& st) {
-    if (st.j == last_tile) {
+    if constexpr (kDeterministic) {
+      if (st.h != h_last) {
+        ++st.h;
+      } else {
+        st.h -= a.hpc - 1;
+        if (!rotate) {
+          --st.j;
+        } else if (++st.j == n_qt) {
+          st.j = 0;
+        }
+      }
+    } else if (st.j == last_tile) {
       st.j = first_tile;
       ++st.h;
     } else {
-      st.j += kDeterministic && !rotate ? -1 : 1;
-      if (kFull && st.j == n_qt) st.j = 0;
+      ++st.j;
     }
   };
   const int wg = threadIdx.x / 128;
