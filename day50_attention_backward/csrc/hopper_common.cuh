@@ -122,7 +122,8 @@ inline cudaError_t make_accum_map(CUtensorMap* map, float* ptr, int64_t batch, i
 
 // Launch order of a grid of `steps` tiles x `bh` (batch, head) pairs, flattened into
 // blockIdx.x. Heads go in chunks of `chunk` whose re-read bytes (`reread_bytes_per_head`: the
-// forward's K, V, the backward's Q, dO and dQ sums) fit in the L2's `1 / l2_share` together;
+// forward's K, V, the backward's Q, dO and dQ sums) fit in the L2's `1 / l2_share` together,
+// as few chunks as that allows, each of ceil(bh / chunks) heads but the last;
 // inside a chunk, step 0 of every head first, then step 1, ...: with causal masking step 0 is
 // each head's longest tile (the kernels number their tiles so), so the longest tiles start
 // first and the short ones fill the last wave. Every tile of step s of a head launches before
@@ -140,8 +141,13 @@ inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head
   o.steps = int(steps);
   o.bh = int(bh);
   int64_t fit = reread_bytes_per_head > 0 ? int64_t(l2 / l2_share) / reread_bytes_per_head : bh;
-  fit = std::max(fit, (int64_t(min_ctas_per_sm) * kc::num_sms() + steps - 1) / steps);
-  o.chunk = int(fit < 1 ? 1 : (fit > bh ? bh : fit));
+  const int64_t floor_heads = (int64_t(min_ctas_per_sm) * kc::num_sms() + steps - 1) / steps;
+  fit = std::max<int64_t>(std::max(fit, floor_heads), 1);
+  // As many chunks as the budget needs, the heads spread evenly over them: a last chunk of a
+  // few heads would start its longest tiles in the previous chunk's tail (64 heads in chunks of
+  // 60 and 4)
+  const int64_t n = (bh + fit - 1) / fit, even = n > 0 ? (bh + n - 1) / n : 0;  // n = 0: no heads
+  o.chunk = int(std::min(even >= floor_heads ? even : fit, bh));
   return o;
 }
 
