@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   const int n_blocks = !kLocal       ? (kend + kBlockN - 1) / kBlockN
                        : kend > kbeg ? (kend + kBlockN - 1) / kBlockN - jb
                                      : 0;  // a window none of its rows sees into
-  const int wg = threadIdx.x / 128;
+  const int wg = kc::warpgroup_index();
 
   if (threadIdx.x == 0) {
     kc::mbar_init(q_full, 1);

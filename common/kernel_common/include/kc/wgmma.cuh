@@ -75,6 +75,13 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// This thread's warpgroup (threadIdx.x / 128), broadcast from lane 0 so that the compiler
+// sees it warp-uniform: what derives from it (a role's loop bounds, its operand descriptors)
+// can then live in uniform registers. Computed from threadIdx.x alone, the compiler treats it
+// as varying per thread, and descriptors built from it take vector arithmetic and a move to
+// uniform registers at every wgmma.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0); }
+
 // Register budget of a warpgroup (sm_90a): the kernel needs a register cap at entry
 // (__launch_bounds__(threads, 1)); each warpgroup role calls one of these first.
 template <int kRegs>
