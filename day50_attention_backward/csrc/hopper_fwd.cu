@@ -25,7 +25,9 @@
 //   and the softmax of the next tile runs while P V is still on the tensor cores.
 //   Overlap between them ("pingpong"): they take turns issuing their products, in a ring,
 //   so one's softmax runs under the others' matrix work. A consumer whose rows all lie
-//   past Nq (the last tile's) takes its turns and releases its stages but issues nothing.
+//   past Nq (the last tile's) takes its turns and releases its stages but issues nothing;
+//   so does each consumer on the steps none of its rows sees a key of (causal, a 192-row
+//   tile's first 64 rows on the diagonal's last key tile; a window's edges).
 // Shared memory: tiles are stored as 128-byte-wide "panels" (64 columns of d each),
 //   128-byte swizzled as TMA writes them and wgmma reads them (kc/tma.cuh, kc/wgmma.cuh);
 //   d = 96 uses two panels, the second half filled with zeros by the copy engine.
@@ -364,16 +366,41 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
       }
       return;
     }
+    // The steps this warpgroup's rows reach, first .. last: the tile's steps cover all its
+    // warpgroups' rows, so a warpgroup's first steps (keys past its last row's diagonal or
+    // right edge) and, with a window, its last ones (keys before its first row's left edge)
+    // may hold no key it sees. There it takes its turn and releases the stage, no products.
+    int first = 0, last = n_blocks - 1;
+    if constexpr (kCausal || kLocal) {
+      const int top = jb + n_blocks - 1;  // the key tile of step 0
+      const int r_lo = max(q0 + cw * 64, 0), r_hi = q0 + cw * 64 + 63;
+      const int k_hi = min(nk() - 1, kCausal ? r_hi : r_hi + w.wr);
+      first = min(max(top - k_hi / kBlockN, 0), n_blocks - 1);
+      if constexpr (kLocal) last = max(min(top - max(r_lo - w.wl, 0) / kBlockN, n_blocks - 1), first);
+    }
+    // turn `turn` (0 .. n_blocks) hands on, except the last one's last (every arrival waited for)
+    auto pass_turn_of = [&](int turn) {
+      if (turn < n_blocks || cw != kConsumers - 1) pass_turn();
+    };
+    auto skip_step = [&](int it, int turn) {
+      wait_turn();
+      pass_turn_of(turn);
+      kc::mbar_wait(&k_full[it % kStages], (it / kStages) & 1);
+      kc::mbar_wait(&v_full[it % kStages], (it / kStages) & 1);
+      release_k(it);
+      release_v(it);
+    };
+    for (int it = 0; it < first; ++it) skip_step(it, it);
     kc::mbar_wait(q_full, 0);
     wait_turn();
-    issue_qk(0);
+    issue_qk(first);
     pass_turn();
     kc::wgmma_wait<0>();
     kc::fence_operands(s);
-    release_k(0);
-    softmax_step(0);
+    release_k(first);
+    softmax_step(first);
     pack_p();
-    for (int it = 1; it < n_blocks; ++it) {
+    for (int it = first + 1; it <= last; ++it) {
       wait_turn();
       issue_qk(it);       // S of the next tile ...
       issue_pv(it - 1);   // ... and O += P V of this one, both in flight
@@ -389,11 +416,12 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
       pack_p();
     }
     wait_turn();
-    issue_pv(n_blocks - 1);
-    if (cw != kConsumers - 1) pass_turn();
+    issue_pv(last);
+    pass_turn_of(last + 1);
     kc::wgmma_wait<0>();
     kc::fence_operands(o);
-    release_v(n_blocks - 1);
+    release_v(last);
+    for (int it = last + 1; it < n_blocks; ++it) skip_step(it, it + 1);
   }
 
   // epilogue: O / l as T into this warpgroup's rows of Q (no longer read), in Q's layout
