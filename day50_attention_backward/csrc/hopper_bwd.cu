@@ -1005,7 +1005,7 @@ cudaError_t launch(const FusedParams& p, cudaStream_t stream) {
   // only where a head's blocks fill at most half the GPU (room beside other streams' kernels);
   // elsewhere block n waits only for blocks launched before it.
   a.rotate = kDet && even && 2 * n_kt <= int64_t(kc::num_sms()) * L::kCtasPerSm;
-  if (a.rotate) a.order.chunk = 1;
+  if (a.rotate) a.order.one_head_a_chunk();
   kernel<<<unsigned(n_kt * units), L::kThreads, L::kBytes, stream>>>(a);
   return cudaGetLastError();
 }

@@ -121,17 +121,25 @@ inline cudaError_t make_accum_map(CUtensorMap* map, float* ptr, int64_t batch, i
 }
 
 // Launch order of a grid of `steps` tiles x `bh` (batch, head) pairs, flattened into
-// blockIdx.x. Heads go in chunks of `chunk` whose re-read bytes (`reread_bytes_per_head`: the
+// blockIdx.x. Heads go in chunks whose re-read bytes (`reread_bytes_per_head`: the
 // forward's K, V, the backward's Q, dO and dQ sums) fit in the L2's `1 / l2_share` together,
-// as few chunks as that allows, each of ceil(bh / chunks) heads but the last;
+// as few chunks as that allows, the heads spread evenly over them (the first `big` chunks hold
+// one head more than the others: 64 heads in chunks of 7, 7, 7, 7, 6, .., not nine of 7 and a
+// last of one, whose longest tiles would start in the previous chunk's tail);
 // inside a chunk, step 0 of every head first, then step 1, ...: with causal masking step 0 is
 // each head's longest tile (the kernels number their tiles so), so the longest tiles start
 // first and the short ones fill the last wave. Every tile of step s of a head launches before
 // any of step s + 1 of that head (the deterministic backward's ordered adds rely on it). A chunk
 // holds at least min_ctas_per_sm CTAs an SM where asked: a chunk of fewer waves ends on its
-// short tiles while the next one's long tiles start behind them.
+// short tiles while the next one's long tiles start behind them; where an even spread would
+// leave chunks under that floor, the chunks hold ceil(bh / chunks) heads or the floor, and the
+// last one what is left.
 struct Order {
-  int steps = 1, bh = 1, chunk = 1;
+  int steps = 1, bh = 1, chunk = 1, big = 0;  // `big` chunks of chunk + 1 heads, then chunks of `chunk`
+  void one_head_a_chunk() {
+    chunk = 1;
+    big = 0;
+  }
 };
 
 inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head, int min_ctas_per_sm = 0,
@@ -140,23 +148,31 @@ inline Order make_order(int64_t steps, int64_t bh, int64_t reread_bytes_per_head
   Order o;
   o.steps = int(steps);
   o.bh = int(bh);
+  if (bh <= 0) return o;  // no heads, no grid
   int64_t fit = reread_bytes_per_head > 0 ? int64_t(l2 / l2_share) / reread_bytes_per_head : bh;
   const int64_t floor_heads = (int64_t(min_ctas_per_sm) * kc::num_sms() + steps - 1) / steps;
   fit = std::max<int64_t>(std::max(fit, floor_heads), 1);
-  // As many chunks as the budget needs, the heads spread evenly over them: a last chunk of a
-  // few heads would start its longest tiles in the previous chunk's tail (64 heads in chunks of
-  // 60 and 4)
-  const int64_t n = (bh + fit - 1) / fit, even = n > 0 ? (bh + n - 1) / n : 0;  // n = 0: no heads
-  o.chunk = int(std::min(even >= floor_heads ? even : fit, bh));
+  const int64_t n = (bh + fit - 1) / fit, small = bh / n;
+  if (small >= floor_heads) {
+    o.chunk = int(small);
+    o.big = int(bh - small * n);
+  } else {
+    const int64_t even = (bh + n - 1) / n;
+    o.chunk = int(std::min(even >= floor_heads ? even : fit, bh));  // the last chunk holds the rest
+  }
   return o;
 }
 
 __device__ __forceinline__ void order_of(int linear, const Order& o, int& step, int& bh) {
-  const int per_chunk = o.chunk * o.steps;
-  const int c = linear / per_chunk, r = linear - c * per_chunk;
-  const int heads = min(o.chunk, o.bh - c * o.chunk);
+  const int big_ctas = o.big * (o.chunk + 1) * o.steps;
+  const bool in_big = linear < big_ctas;
+  const int size = in_big ? o.chunk + 1 : o.chunk, per_chunk = size * o.steps;
+  const int rel = in_big ? linear : linear - big_ctas;
+  const int c = rel / per_chunk, r = rel - c * per_chunk;
+  const int h0 = (in_big ? 0 : o.big * (o.chunk + 1)) + c * size;
+  const int heads = min(size, o.bh - h0);
   step = r / heads;
-  bh = c * o.chunk + (r - step * heads);
+  bh = h0 + (r - step * heads);
 }
 
 }  // namespace hopper_common
