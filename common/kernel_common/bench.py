@@ -4,7 +4,8 @@
   reading a buffer larger than the L2 (triton.testing.do_bench zeroes one instead),
   median over repeats.
 - graph_us(fn): the same on a CUDA-graph replay of fn (GPU time, no host launch work);
-  host_us(fn): host microseconds per call.
+  graphs_us(fns): several such calls interleaved repeat by repeat, for ratios between them
+  (the clock a sustained load lowers is the same for each); host_us(fn): host microseconds per call.
 - copy_bandwidth_gbs() / matmul_tflops(): the two ceilings, measured on this device
   (bytes read + bytes written per second for a large device-to-device copy; a
   large bf16 matrix product on random data).
@@ -94,6 +95,39 @@ def graph_us(fn: Callable[[], object], warmup: int = 2) -> float:
     t = time_us(graph.replay)
     del graph
     return t
+
+
+def graphs_us(fns: list[Callable[[], object]], warmup: int = 2, rep: int = 30,
+              max_ms: float = 4000.0) -> list[float]:
+    """GPU time of several calls to be compared: each captured in a CUDA graph, and every
+    repeat replays all of them in turn, L2 flushed before each; medians, in fns' order.
+    A GPU under sustained load lowers its clock (an H200 from 1980 to about 1800 MHz within
+    a second of attention kernels): timed one after the other, whichever runs second reads
+    slower; interleaved, each sees the same clocks."""
+    graphs = [capture_graph(fn, warmup)[0] for fn in fns]
+    for g in graphs:
+        g.replay()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for g in graphs:
+        g.replay()
+    e.record()
+    torch.cuda.synchronize()
+    rep = max(3, min(rep, int(max_ms / max(s.elapsed_time(e), 1e-3))))
+    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
+          for _ in range(rep)]
+    for i in range(rep):
+        for g, (a, b) in zip(graphs, ev[i]):
+            _l2_flush()
+            a.record()
+            g.replay()
+            b.record()
+    torch.cuda.synchronize()
+    out = [1e3 * statistics.median(ev[i][j][0].elapsed_time(ev[i][j][1]) for i in range(rep))
+           for j in range(len(graphs))]
+    del graphs
+    return out
 
 
 def host_us(fn: Callable[[], object], n: int = 200, warmup: int = 10) -> float:
