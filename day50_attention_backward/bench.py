@@ -355,42 +355,49 @@ def cudnn_rows(args):
     grid (there beside SDPA's flash backend too), bf16. GPU time: the call captured in a CUDA
     graph and replayed (L2 emptied before each replay, median); per call: the eager call timed
     with CUDA events (host launch work included). deterministic=True beside the default. SDPA's
-    backward: forward + backward captured together, less its forward. Writes STEM_cudnn.md and
-    STEM_cudnn.png (TF/s against N over the grid)."""
+    backward: forward + backward captured together, less its forward. Ours and the peers' graphs
+    replay in turn each repeat (bench.graphs_us). Writes STEM_cudnn.md and STEM_cudnn.png (TF/s
+    against N over the grid)."""
     meta = bench.device_meta()
     print(f"== vs cuDNN: {meta['device']} {meta['date']} torch {meta['torch']}", flush=True)
 
-    def gpu_us(fn):
-        try:
-            return bench.graph_us(fn)
-        except (RuntimeError, torch.OutOfMemoryError) as e:
-            torch.cuda.empty_cache()
-            print(f"   ({str(e).splitlines()[0][:100]})")
-            return None
-
     def peer(backend, q, kr, vr, do, causal):
         """An SDPA backend's forward as training runs it (inputs needing grad: it saves the
-        logsumexp, as ours does) and its backward's GPU time = (forward + backward) - forward,
-        both captured whole (a backward captured alone would run on the stream of a forward
-        outside the graph); eager call times beside."""
+        logsumexp, as ours does) and its forward + backward, both to be captured whole (a
+        backward captured alone would run on the stream of a forward outside the graph; its
+        GPU time is their difference), and its eager call times."""
         qr, krr, vrr = (t.detach().requires_grad_() for t in (q, kr, vr))
-        with sdpa_kernel(SDPA[backend]):
-            c_fwd = lambda: F.scaled_dot_product_attention(qr, krr, vrr, is_causal=causal)  # noqa: E731
+        c_fwd = lambda: F.scaled_dot_product_attention(qr, krr, vrr, is_causal=causal)  # noqa: E731
 
-            def c_both():  # fresh leaves each call: no autograd node outlives a capture
-                xs = [t.detach().requires_grad_() for t in (q, kr, vr)]
-                return torch.autograd.grad(F.scaled_dot_product_attention(*xs, is_causal=causal), xs, do)
+        def c_both():  # fresh leaves each call: no autograd node outlives a capture
+            xs = [t.detach().requires_grad_() for t in (q, kr, vr)]
+            return torch.autograd.grad(F.scaled_dot_product_attention(*xs, is_causal=causal), xs, do)
+
+        def pinned(fn):  # the backend chosen when the graph is captured
+            def run():
+                with sdpa_kernel(SDPA[backend]):
+                    return fn()
+            return run
+        with sdpa_kernel(SDPA[backend]):
             try:
                 c_both()
             except RuntimeError as e:  # a shape this backend refuses
                 print(f"   sdpa {backend}: {str(e).splitlines()[0][:100]}")
-                return {}
+                return {}, {}
             o_c = c_fwd()
             c_bwd = lambda: torch.autograd.grad(o_c, (qr, krr, vrr), do, retain_graph=True)  # noqa: E731
-            f, both = gpu_us(c_fwd), gpu_us(c_both)
-            return {f"{backend} fwd us": f, f"{backend} fwd call us": timed(c_fwd, args),
-                    f"{backend} bwd us": None if both is None or f is None else both - f,
-                    f"{backend} bwd call us": timed(c_bwd, args)}
+            calls = {f"{backend} fwd call us": timed(c_fwd, args), f"{backend} bwd call us": timed(c_bwd, args)}
+        return {f"{backend} fwd": pinned(c_fwd), f"{backend} both": pinned(c_both)}, calls
+
+    def gpu_us(fns):
+        """GPU time of each of fns (name -> call), interleaved (bench.graphs_us): the clock a
+        sustained load lowers is the same for ours and the peers'."""
+        try:
+            return dict(zip(fns, bench.graphs_us(list(fns.values()))))
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            torch.cuda.empty_cache()
+            print(f"   ({str(e).splitlines()[0][:100]})")
+            return {}
 
     rows = []
     for bb, h, hk, n, d, causal, name in (MODEL_SHAPES if args.quick else MODEL_SHAPES + GRID_SHAPES):
@@ -404,11 +411,19 @@ def cudnn_rows(args):
         det = lambda: da.attention_backward(do, q, k, v, out, lse, None, causal, None, "auto", True)  # noqa: E731
         # SDPA reads k, v repeated to H heads where grouped (its kernels take no GQA here)
         kr, vr = (t.repeat_interleave(h // hk, 1) for t in (k, v))
-        t = {"cudnn fwd us": None, "cudnn bwd us": None, **peer("cudnn", q, kr, vr, do, causal)}
+        fns, calls = peer("cudnn", q, kr, vr, do, causal)
         if name == "grid":
-            t.update(peer("flash", q, kr, vr, do, causal))
-        t.update({"fwd us": gpu_us(fwd), "fwd call us": timed(fwd, args), "bwd us": gpu_us(bwd),
-                  "bwd call us": timed(bwd, args), "det bwd us": gpu_us(det)})
+            more, more_calls = peer("flash", q, kr, vr, do, causal)
+            fns.update(more)
+            calls.update(more_calls)
+        g = gpu_us({**fns, "fwd": fwd, "bwd": bwd, "det": det})
+        t = {"cudnn fwd us": None, "cudnn bwd us": None}
+        for pre in ("cudnn", "flash"):
+            if f"{pre} fwd" in g:
+                t[f"{pre} fwd us"] = g[f"{pre} fwd"]
+                t[f"{pre} bwd us"] = g[f"{pre} both"] - g[f"{pre} fwd"]
+        t.update({"fwd us": g.get("fwd"), "bwd us": g.get("bwd"), "det bwd us": g.get("det"), **calls,
+                  "fwd call us": timed(fwd, args), "bwd call us": timed(bwd, args)})
         r = {"shape": f"{name}: B{bb} H{h}/{hk} N{n} d{d}{' causal' if causal else ''}", "group": name,
              "N": n, "d": d, "causal": causal, **t}
         for pas, mult in (("fwd", 1.0), ("bwd", 2.5)):
@@ -432,8 +447,8 @@ def cudnn_rows(args):
             "bwd vs cudnn", "bwd TF/s", "flash bwd TF/s", "det bwd us", "det/default", "fwd call us", "cudnn fwd call us", "bwd call us",
             "cudnn bwd call us"]
     text = (f"# day50 against SDPA's cuDNN kernels: {meta['device']}, {meta['date']}, torch {meta['torch']}, bf16\n\n"
-            "GPU time (us): CUDA-graph replays, L2 emptied before each, median. 'vs cudnn' = cuDNN's time / ours "
-            "(above 1: we are faster). Call time: the eager call, CUDA events. TF/s: forward 4*B*H*N*N*d, backward "
+            "GPU time (us): CUDA-graph replays, L2 emptied before each, median; a row's graphs (ours and the peers') "
+            "replay in turn each repeat, so each sees the same clocks. 'vs cudnn' = cuDNN's time / ours (above 1: we are faster). Call time: the eager call, CUDA events. TF/s: forward 4*B*H*N*N*d, backward "
             "2.5x, halved when causal; flash: SDPA's flash backend (FA2), grid rows only. SDPA reads k, v repeated "
             "to H heads where grouped.\n\n"
             + "\n".join(f"- {x}" for x in summary) + "\n\n" + bench.format_table(rows, cols) + "\n")
