@@ -234,7 +234,13 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
   using L = LayoutOf<kD, kLocal, kDeterministic>;
   constexpr int kBlockN = L::kBlockN, kConsumers = L::kConsumers;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // Typed as shared memory (kc::smem_align): the dS^T stores and the lse and D loads compile to
+  // STS and LDS. Through a generic pointer they were ST and LD on 64-bit addresses, and each tile
+  // waited on the generic loads' latency. d = 256 (kSplit) keeps the generic pointer: with the
+  // shared one ptxas serialized its wgmma products (C7520) in the causal, window and packed variants.
+  unsigned char* sm = L::kSplit ? reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                                   ~uintptr_t(1023))
+                                : kc::smem_align<1024>(smem_raw);
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::kBars);
   uint64_t* kv_full = bars;
   uint64_t* q_full = bars + 1;

@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1) hopper_fwd_kernel(c
   constexpr int kBlockM = 64 * kConsumers, kBlockN = L::kBlockN;
   constexpr int kStages = L::kStages;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* sm = kc::smem_align<1024>(smem_raw);
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + L::kBars);
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;

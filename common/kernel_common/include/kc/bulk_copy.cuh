@@ -37,6 +37,18 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+// The first byte at or after a dynamic shared-memory array's start aligned to kAlign (the
+// 128-byte swizzle needs 1024), as the array plus an offset: arithmetic on the __shared__
+// array's own pointer keeps what the compiler knows about it, so loads and stores through the
+// result compile to shared-memory instructions (LDS, STS, 32-bit addresses). A round trip
+// through an integer ((uintptr_t(p) + 1023) & ~1023) loses it: generic LD and ST on 64-bit
+// addresses, with a generic load's latency.
+template <unsigned kAlign>
+__device__ __forceinline__ unsigned char* smem_align(unsigned char* p) {
+  static_assert((kAlign & (kAlign - 1)) == 0, "a power of two");
+  return p + ((kAlign - (smem_u32(p) & (kAlign - 1))) & (kAlign - 1));
+}
+
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
