@@ -694,24 +694,19 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       const int s = it % kStages, q0 = st.j * kBlockM;
       const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
       issue_sdp(it);
-      // lse of this thread's 16 query columns 8 c + 2 t + e. At d = 64 loaded while S^T is
-      // computed (loaded after the wait, their latency stalled every tile); at d = 128 the 16
-      // registers held across the wait would spill.
+      // lse of this thread's 16 query columns 8 c + 2 t + e, loaded while S^T is computed
+      // (loaded after the wait, their latency stalled every tile).
       float lse2[16];
-      auto load_lse = [&] {
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const float2 x = *reinterpret_cast<const float2*>(rows + 8 * c + 2 * t);
-          lse2[2 * c] = x.x;
-          lse2[2 * c + 1] = x.y;
-        }
-      };
-      if constexpr (kD == 64) load_lse();
+      for (int c = 0; c < 8; ++c) {
+        const float2 x = *reinterpret_cast<const float2*>(rows + 8 * c + 2 * t);
+        lse2[2 * c] = x.x;
+        lse2[2 * c + 1] = x.y;
+      }
 
       // P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 above the causal diagonal or outside the window
       kc::wgmma_wait<1>();
       kc::fence_operands(sacc);
-      if constexpr (kD != 64) load_lse();
       if constexpr (kLateHandoff)
         if (it > 0) hand_off(it - 1);
       // the mask on a tile crossing the diagonal or a window's edge only (flash::with_mask), and
