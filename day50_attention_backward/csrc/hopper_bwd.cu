@@ -500,8 +500,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     const uint64_t d_do_mn = kc::gmma_desc_sw128(sm + L::kDo + 2 * w * L::kQPanel, L::kQPanel, 1024);  // B of dV
     const uint64_t d_k_mn = kc::gmma_desc_sw128(sm + L::kK + 2 * w * L::kKVPanel, L::kKVPanel, 1024);  // B of dQ
     kc::mbar_wait(kv_full, 0);
-#pragma unroll 1
     Step st = begin();
+#pragma unroll 1
     for (int it = 0; it < n_steps; ++it, next(st)) {
       const int s = it % kStages, sd = it % L::kDoStages, q0 = st.j * kBlockM, buf = it & 1;
       const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
