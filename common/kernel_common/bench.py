@@ -51,24 +51,37 @@ def time_us(fn: Callable[[], object], warmup: int = 5, rep: int = 30, flush_l2: 
     """Median microseconds of fn() over `rep` runs (fewer if they would pass max_ms).
     flush: what empties the L2 before each run when flush_l2 (default: a read of a
     buffer 4x the L2, see _l2_flush)."""
+    return _medians_us([fn], warmup, rep, max_ms, (flush or _l2_flush) if flush_l2 else None)[0]
+
+
+def _medians_us(fns: list[Callable[[], object]], warmup: int, rep: int, max_ms: float,
+                flush: Callable[[], object] | None) -> list[float]:
+    """Median microseconds of each of fns: `warmup` rounds untimed, then up to `rep` rounds
+    (fewer if they would pass max_ms, at least 3), each running every fn once in turn, timed
+    alone between CUDA events, `flush` (if any) before each."""
     for _ in range(warmup):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.synchronize()
     # estimate, to keep slow variants inside the time budget
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(); fn(); e.record(); torch.cuda.synchronize()
-    est = max(s.elapsed_time(e), 1e-3)
-    rep = max(3, min(rep, int(max_ms / est)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
-    for i in range(rep):
-        if flush_l2:
-            (flush or _l2_flush)()
-        starts[i].record()
+    s.record()
+    for fn in fns:
         fn()
-        ends[i].record()
+    e.record()
     torch.cuda.synchronize()
-    return 1e3 * statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
+    rep = max(3, min(rep, int(max_ms / max(s.elapsed_time(e), 1e-3))))
+    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
+          for _ in range(rep)]
+    for row in ev:
+        for fn, (a, b) in zip(fns, row):
+            if flush is not None:
+                flush()
+            a.record()
+            fn()
+            b.record()
+    torch.cuda.synchronize()
+    return [1e3 * statistics.median(row[j][0].elapsed_time(row[j][1]) for row in ev) for j in range(len(fns))]
 
 
 def capture_graph(fn: Callable[[], object], warmup: int = 2):
@@ -105,27 +118,7 @@ def graphs_us(fns: list[Callable[[], object]], warmup: int = 2, rep: int = 30,
     a second of attention kernels): timed one after the other, whichever runs second reads
     slower; interleaved, each sees the same clocks."""
     graphs = [capture_graph(fn, warmup)[0] for fn in fns]
-    for g in graphs:
-        g.replay()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for g in graphs:
-        g.replay()
-    e.record()
-    torch.cuda.synchronize()
-    rep = max(3, min(rep, int(max_ms / max(s.elapsed_time(e), 1e-3))))
-    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
-          for _ in range(rep)]
-    for i in range(rep):
-        for g, (a, b) in zip(graphs, ev[i]):
-            _l2_flush()
-            a.record()
-            g.replay()
-            b.record()
-    torch.cuda.synchronize()
-    out = [1e3 * statistics.median(ev[i][j][0].elapsed_time(ev[i][j][1]) for i in range(rep))
-           for j in range(len(graphs))]
+    out = _medians_us([g.replay for g in graphs], 1, rep, max_ms, _l2_flush)
     del graphs
     return out
 
