@@ -20,6 +20,9 @@
 //   B (two n8 tiles) from X[k][n] (n contig): .trans, row k0 + (l&7) + 8*((l>>3)&1), col n0 + 8*(l>>4)
 //   For B, registers 0, 1 are (b0, b1) of tile n0 and registers 2, 3 of tile n0 + 8.
 //
+// stmatrix.x4 (sm_90) is its inverse: register i of every lane goes to 8x8 matrix i, lane
+// holding (row g, cols 2t, 2t+1), whose row r lies at the address lane 8i + r gives.
+//
 // Shared-memory tiles are row-major with a pitch of (cols + 8) elements: one
 // extra 16-byte chunk per row, so the 8 row addresses of an ldmatrix fall in
 // 8 different 4-bank groups (no bank conflicts) and every row start stays
@@ -71,6 +74,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3]));
 }
 
 // 16-byte global -> shared copy; when !pred the 16 bytes are zero-filled and

@@ -210,10 +210,6 @@ __device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const fl
   }
 }
 
-__device__ __forceinline__ void st_shared(uint32_t at, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(v));
-}
-
 // kDeterministic: the key blocks of one q head add their dQ tiles in key-block order.
 // Block n's dQ writer waits until the counter of the query tile reads n - f, adds, waits for
 // its adds to land, and sets n - f + 1, where f is the first key block that reaches the tile:
@@ -540,11 +536,16 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
                            (kLocal && (k0 + kBlockN - 1 > q0 + band.wr || k0 < q0 + kBlockM - 1 - band.wl)) ||
                            (kVarlen && k0 + kBlockN > nk());
       // P^T as T to shared memory (A of dV); sacc keeps P^T (kSoftcap: P^T (1 - t^2), dS^T's part)
-      // row = key (128-byte rows of 64 queries), 16-byte chunk 4 w + c swizzled with key % 8 (= g):
-      // the XOR applied to each address (bits 4-6), from a base computed each tile (as dq_row)
-      uint32_t pt_row = kc::smem_u32(sm + L::kP + buf * L::kDsBytes) + key_local * 128 + 64 * w + 4 * t;
-      asm volatile("" : "+r"(pt_row));
-      auto at = [&](int r, int c) { return (pt_row + r * 1024 + 16 * c) ^ (g << 4); };
+      // row = key (128-byte rows of 64 queries), 16-byte chunk 4 w + c swizzled with key % 8, by
+      // stmatrix: pack[kk] holds the 8x8 tiles i = 2 (c % 2) + r of chunks c = 2 kk, 2 kk + 1,
+      // and lane 8 i + j gives row j of tile i (key 16 warp + 8 (i % 2) + j, chunk
+      // (4 w + 2 kk + i / 2) ^ j: the lane's kk = 0 address with bit 5 XOR kk), from a base
+      // computed each tile (as dq_row)
+      const int mi = lane / 8, mj = lane % 8;
+      uint32_t pt_lane = kc::smem_u32(sm + L::kP + buf * L::kDsBytes) + (16 * warp + 8 * (mi & 1) + mj) * 128 +
+                         (((4 * w + (mi >> 1)) ^ mj) << 4);
+      asm volatile("" : "+r"(pt_lane));
+      uint32_t pack[2][4];
       flash::with_mask(crosses, [&](auto masked) {
 #pragma unroll
         for (int c = 0; c < 4; ++c)
@@ -566,9 +567,11 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
               if constexpr (kSoftcap) pv *= 1.f - x * x;  // d(softcap t) / d(scale q.k) = 1 - t^2
               sacc[4 * c + 2 * r + e] = pv;
             }
-            st_shared(at(r, c), flash::pack2<T>(pe[0], pe[1]));
+            pack[c / 2][(c % 2) * 2 + r] = flash::pack2<T>(pe[0], pe[1]);
           }
       });
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) flash::stmatrix_x4(pt_lane ^ (kk << 5), pack[kk]);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const float2 x = *reinterpret_cast<const float2*>(rows + kBlockM + qw + 8 * c + 2 * t);
@@ -584,8 +587,10 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         for (int r = 0; r < 2; ++r) {
           const float d0 = sacc[4 * c + 2 * r] * fmaf(dpacc[4 * c + 2 * r], a.scale, -dsum[2 * c]);
           const float d1 = sacc[4 * c + 2 * r + 1] * fmaf(dpacc[4 * c + 2 * r + 1], a.scale, -dsum[2 * c + 1]);
-          st_shared(at(r, c) - uint32_t(L::kP - L::kDs), flash::pack2<T>(d0, d1));
+          pack[c / 2][(c % 2) * 2 + r] = flash::pack2<T>(d0, d1);
         }
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) flash::stmatrix_x4((pt_lane - uint32_t(L::kP - L::kDs)) ^ (kk << 5), pack[kk]);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       kc::named_barrier_sync(kDsBar, 128 * kConsumers);  // both halves of P^T and dS^T are in shared memory
       // dV += P^T dO, dK += dS^T Q (its 128 columns), dQ = dS K (its columns, two halves: the
@@ -768,19 +773,23 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       kc::wgmma_wait<1>();
       kc::fence_operands(dpacc);
       uint32_t dsa[kBlockM / 16][4];
-      unsigned char* ds_buf = sm + L::kDs + (it & 1) * L::kDsBytes;
 #pragma unroll
       for (int c = 0; c < kBlockM / 8; ++c)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float d0 = sacc[4 * c + 2 * r] * fmaf(dpacc[4 * c + 2 * r], a.scale, -dsum[2 * c]);
           const float d1 = sacc[4 * c + 2 * r + 1] * fmaf(dpacc[4 * c + 2 * r + 1], a.scale, -dsum[2 * c + 1]);
-          const uint32_t packed = flash::pack2<T>(d0, d1);
-          dsa[c / 2][(c % 2) * 2 + r] = packed;
-          // row = key (128-byte rows of 64 queries), 16-byte chunk c swizzled with key % 8 (= g)
-          const int key = key_local + 8 * r;
-          *reinterpret_cast<uint32_t*>(ds_buf + key * 128 + ((c ^ g) << 4) + 4 * t) = packed;
+          dsa[c / 2][(c % 2) * 2 + r] = flash::pack2<T>(d0, d1);
         }
+      // to shared memory by stmatrix, row = key (128-byte rows of 64 queries), 16-byte chunk c
+      // swizzled with key % 8: dsa[kk] holds the 8x8 tiles i = 2 (c % 2) + r of chunks c = 2 kk,
+      // 2 kk + 1, and lane 8 i + j gives row j of tile i (key key_local - g + 8 (i % 2) + j,
+      // chunk (2 kk + i / 2) ^ j: the lane's kk = 0 address with bits 5-6 XOR kk)
+      const int mi = lane / 8, mj = lane % 8;
+      const uint32_t ds_lane = kc::smem_u32(sm + L::kDs + (it & 1) * L::kDsBytes) +
+                               (key_local - g + 8 * (mi & 1) + mj) * 128 + (((mi >> 1) ^ mj) << 4);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) flash::stmatrix_x4(ds_lane ^ (kk << 5), dsa[kk]);
       // dK += dS^T Q
       kc::fence_operands(dk);
       kc::wgmma_fence();
