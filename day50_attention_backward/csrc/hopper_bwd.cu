@@ -25,6 +25,10 @@
 //     both halves of dS^T are needed, one named barrier), so every dQ element is added
 //     once per key block. dQ goes to a shared-memory tile (fp32, 128-byte swizzled:
 //     conflict-free stores) and the consumers move on.
+//     dQ by turns (Layout::kTurns: d = 64, not deterministic): consumer it % 2 computes all
+//     64 columns of tile it's dQ (one m64n64 product over the 128 keys: dS is read from shared
+//     memory once, not once per half), waiting for the other's dS^T half; the other passes it
+//     on (bar.arrive) and goes to its next tile.
 //   warp 2 of warpgroup 0, the dQ writer: one thread adds each finished dQ tile to the
 //     fp32 dq_accum with the copy engine's reduce-add (cp.reduce.async.bulk.tensor: the L2
 //     does the adds, whole 128-byte lines), two tiles in flight. It replaced float2
@@ -102,6 +106,7 @@ namespace {
 constexpr int kBlockM = 64, kStages = 2;  // the key block: Layout::kBlockN
 constexpr int kProducerRegs = 24;
 constexpr int kDsBar = 1;  // named barrier 1: the consumers' dS^T is in shared memory
+constexpr int kTurnBar = 2;  // Layout::kTurns: 2 + tile parity, the tile's owner waits for both dS^T halves
 using hopper_common::kLog2e;
 
 struct Args {
@@ -138,7 +143,7 @@ struct Args {
   int64_t dk_sh, dk_sr;
 };
 
-template <int kD, bool kOneConsumer = false>
+template <int kD, bool kOneConsumer = false, bool kDqTurns = false>
 struct Layout {
   // kD = 256 (kSplit): 64-key blocks; both consumers hold all 64 keys, each half of dK's and
   // dV's columns (64 x 256 fp32 of each would not fit one warpgroup's registers). One dO stage
@@ -155,6 +160,11 @@ struct Layout {
   static constexpr int kConsumerRegs = kOne ? 232 : 240;
   static constexpr int kBlockN = kSplit || kOne ? 64 : 128, kDoStages = kSplit ? 1 : kStages;
   static constexpr int kAccCols = kSplit ? 128 : kD;  // dK, dV columns a consumer holds
+  // kTurns (d = 64, two consumers, where LayoutOf says): a tile's dQ (all 64 columns, over the
+  // block's 128 keys) is computed by one consumer, tile it by consumer it % 2, into buffer it % 2
+  static constexpr bool kTurns = kDqTurns;  // then the late hand-off too (d = 64, not deterministic)
+  static_assert(!kTurns || (kD == 64 && !kOne), "one consumer holds a tile's dQ in registers at d = 64");
+  static constexpr int kDqWriters = kSplit || kTurns ? 1 : kConsumers;  // consumers storing a tile's dQ
   static constexpr int kPanels = kD / 64;
   static constexpr int kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128;
   static constexpr int kKVBytes = kPanels * kKVPanel, kQBytes = kPanels * kQPanel;
@@ -173,9 +183,10 @@ struct Layout {
 };
 // The one-consumer layout runs where a key block's query tiles are few: windows and packed
 // sequences (the kLocal variants) at d = 64, not deterministic (its ordered dQ adds would
-// wait on twice as many key blocks).
+// wait on twice as many key blocks). dQ by turns: the other d = 64 variants, not deterministic
+// (its ordered adds wait on each tile's dQ, which one consumer takes longer to compute).
 template <int kD, bool kLocal, bool kDeterministic>
-using LayoutOf = Layout<kD, kD == 64 && kLocal && !kDeterministic>;
+using LayoutOf = Layout<kD, kD == 64 && kLocal && !kDeterministic, kD == 64 && !kLocal && !kDeterministic>;
 
 __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
@@ -336,7 +347,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       kc::mbar_init(&empty[s], kConsumers * 128);
     }
     for (int i = 0; i < 2; ++i) {
-      kc::mbar_init(&dq_full[i], (L::kSplit ? 1 : kConsumers) * 128);  // kSplit: consumer i's buffer
+      kc::mbar_init(&dq_full[i], L::kDqWriters * 128);  // kSplit: consumer i's buffer; kTurns: consumer i's
       kc::mbar_init(&dq_empty[i], 1);
     }
     if constexpr (L::kSplit)
@@ -646,7 +657,12 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
   } else {
     using Sq = kc::WgmmaOp<T, kBlockM>;  // 64 x 64 score tiles
     using Acc = kc::WgmmaOp<T, kD>;      // dK, dV: 64 keys x d
-    using Dq = kc::WgmmaOp<T, kD / kConsumers>;  // this warpgroup's columns of dQ (kOne: all)
+    constexpr bool kTurns = L::kTurns;
+    // kTurns: which consumer owns a tile's dQ, from w as the compiler sees it uniform over the
+    // warp (kc::warpgroup_index): from threadIdx.x the branch around dQ's product is a divergent
+    // path to ptxas, and it serialized every wgmma (C7520)
+    const int w_uniform = kTurns ? kc::warpgroup_index() - 1 : w;
+    using Dq = kc::WgmmaOp<T, kTurns ? kD : kD / kConsumers>;  // this warpgroup's columns of dQ (kOne, kTurns: all)
     // Descriptors at k-step 0 (stage 0, dS buffer 0); steps add byte offsets / 16.
     const uint64_t d_k = kc::gmma_desc_sw128(sm + L::kK + w * 64 * 128, 16, 1024);    // A of S^T (K-major)
     const uint64_t d_v = kc::gmma_desc_sw128(sm + L::kV + w * 64 * 128, 16, 1024);    // A of dP^T
@@ -658,7 +674,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     // B of dQ (MN-major): K's columns w d/2 .. : the next panel (d = 128), or 64 bytes into
     // the 128-byte rows (d = 64; the swizzle is a function of the address, so a start inside
     // a row reads the same layout, as the K-major k-steps' 32-byte starts do)
-    const int dq_col0 = w * kD / kConsumers;
+    const int dq_col0 = kTurns ? 0 : w * kD / kConsumers;
     const uint64_t d_k_mn =
         kc::gmma_desc_sw128(sm + L::kK + (dq_col0 / 64) * L::kKVPanel + (dq_col0 % 64) * 2, L::kKVPanel, 1024);
 
@@ -689,6 +705,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     // hand-off comes in the next tile, once its S^T is done (2% at the GPT-2 and small-Llama
     // shapes); at d = 128 no gain, and the deterministic chain runs slower with a later writer.
     constexpr bool kLateHandoff = kD == 64 && !kDeterministic;
+    static_assert(!kTurns || kLateHandoff, "dQ by turns hands each tile off in the owner's next one");
     auto hand_off = [&](int i) {
       kc::fence_async_shared();
       kc::mbar_arrive(&dq_full[i & 1]);
@@ -713,7 +730,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       kc::wgmma_wait<1>();
       kc::fence_operands(sacc);
       if constexpr (kLateHandoff)
-        if (it > 0) hand_off(it - 1);
+        if (it > 0 && (!kTurns || w_uniform == ((it - 1) & 1))) hand_off(it - 1);
       // the mask on a tile crossing the diagonal or a window's edge only (flash::with_mask), and
       // packed sequences' last key block (the keys past the sequence are the next one's)
       const bool crosses = (kCausal && q0 < k0 + kBlockN) ||
@@ -798,33 +815,62 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         Acc::template rs<1>(dk, dsa[kk], d_q_mn + (s * L::kQBytes + kk * 2048) / 16, 1);
       kc::wgmma_commit();
 
-      // dQ = dS K (this warpgroup's columns), once both consumers' dS^T is in shared memory
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      kc::named_barrier_sync(kDsBar, 128 * kConsumers);
-      float dq[kD / (2 * kConsumers)];
-      kc::fence_operands(dq);
-      kc::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        Dq::template ss<1, 1>(dq, d_ds + ((it & 1) * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16, kk > 0);
-      kc::wgmma_commit();
-      kc::wgmma_wait<0>();
-      kc::fence_operands(dq);
-      kc::fence_operands(dk);
-      kc::fence_operands(dv);
-      kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
-
-      // dQ (this consumer's d / 2 columns; kOne: all d) to this iteration's shared tile, free
-      // once the writer has read what it held two tiles ago; then the writer's turn (hand_off).
       const int buf = it & 1;
-      if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
-      const uint32_t dq_row =
-          kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox + (16 * warp + g) * 128 + 8 * t;
-      store_swizzled_f32<kD / (8 * kConsumers), kVarlen>(dq_row, g, dq, 16 * warp + g, sq.nq - q0);
-      if constexpr (!kLateHandoff) hand_off(it);
+      if constexpr (kTurns) {
+        // The tile's owner (consumer it % 2) computes all of dQ = dS K once both halves of dS^T
+        // are in shared memory; the other passes its half on and goes to the next tile. Two
+        // barriers by tile parity: one barrier would let the other consumer's arrival of the next
+        // tile count in this one.
+        kc::wgmma_wait<0>();
+        kc::fence_operands(dk);
+        kc::fence_operands(dv);
+        kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
+        const bool own = w_uniform == buf;
+        kc::named_barrier_sync_or_arrive(kTurnBar + buf, 128 * kConsumers, own);
+        if (own) {
+          float dq[kD / 2];
+          kc::fence_operands(dq);
+          kc::wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kBlockN / 16; ++kk)
+            Dq::template ss<1, 1>(dq, d_ds + (buf * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16, kk > 0);
+          kc::wgmma_commit();
+          kc::wgmma_wait<0>();
+          kc::fence_operands(dq);
+          // to the owner's buffer, once the writer has read what it held two tiles ago
+          if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
+          const uint32_t dq_row = kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (16 * warp + g) * 128 + 8 * t;
+          store_swizzled_f32<kD / 8, kVarlen>(dq_row, g, dq, 16 * warp + g, sq.nq - q0);
+        }  // handed off in the owner's next tile (kLateHandoff: d = 64, not deterministic)
+      } else {
+        // dQ = dS K (this warpgroup's columns), once both consumers' dS^T is in shared memory
+        kc::named_barrier_sync(kDsBar, 128 * kConsumers);
+        float dq[kD / (2 * kConsumers)];
+        kc::fence_operands(dq);
+        kc::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          Dq::template ss<1, 1>(dq, d_ds + (buf * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16,
+                                kk > 0);
+        kc::wgmma_commit();
+        kc::wgmma_wait<0>();
+        kc::fence_operands(dq);
+        kc::fence_operands(dk);
+        kc::fence_operands(dv);
+        kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
+
+        // dQ (this consumer's d / 2 columns; kOne: all d) to this iteration's shared tile, free
+        // once the writer has read what it held two tiles ago; then the writer's turn (hand_off).
+        if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
+        const uint32_t dq_row =
+            kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (dq_col0 / 32) * L::kDqBox + (16 * warp + g) * 128 + 8 * t;
+        store_swizzled_f32<kD / (8 * kConsumers), kVarlen>(dq_row, g, dq, 16 * warp + g, sq.nq - q0);
+        if constexpr (!kLateHandoff) hand_off(it);
+      }
     }
     if constexpr (kLateHandoff)
-      if (n_steps > 0) hand_off(n_steps - 1);
+      if (n_steps > 0 && (!kTurns || w_uniform == ((n_steps - 1) & 1))) hand_off(n_steps - 1);
   }
 
   // dK (dS^T carried the softmax scale) and dV, rows < Nk.
