@@ -713,7 +713,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     kc::mbar_wait(kv_full, 0);
     Step st = begin();
     for (int it = 0; it < n_steps; ++it, next(st)) {
-      const int s = it % kStages, q0 = st.j * kBlockM;
+      const int s = it % kStages, q0 = st.j * kBlockM, buf = it & 1;  // buf: dS^T's and dQ's buffer
       const float* rows = reinterpret_cast<const float*>(sm + L::kRows) + s * 2 * kBlockM;  // lse2, D of the tile
       issue_sdp(it);
       // lse of this thread's 16 query columns 8 c + 2 t + e, loaded while S^T is computed
@@ -803,7 +803,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       // 2 kk + 1, and lane 8 i + j gives row j of tile i (key key_local - g + 8 (i % 2) + j,
       // chunk (2 kk + i / 2) ^ j: the lane's kk = 0 address with bits 5-6 XOR kk)
       const int mi = lane / 8, mj = lane % 8;
-      const uint32_t ds_lane = kc::smem_u32(sm + L::kDs + (it & 1) * L::kDsBytes) +
+      const uint32_t ds_lane = kc::smem_u32(sm + L::kDs + buf * L::kDsBytes) +
                                (key_local - g + 8 * (mi & 1) + mj) * 128 + (((mi >> 1) ^ mj) << 4);
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) flash::stmatrix_x4(ds_lane ^ (kk << 5), dsa[kk]);
@@ -816,7 +816,6 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       kc::wgmma_commit();
 
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      const int buf = it & 1;
       if constexpr (kTurns) {
         // The tile's owner (consumer it % 2) computes all of dQ = dS K once both halves of dS^T
         // are in shared memory; the other passes its half on and goes to the next tile. Two
