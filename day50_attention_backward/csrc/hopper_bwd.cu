@@ -25,10 +25,10 @@
 //     both halves of dS^T are needed, one named barrier), so every dQ element is added
 //     once per key block. dQ goes to a shared-memory tile (fp32, 128-byte swizzled:
 //     conflict-free stores) and the consumers move on.
-//     dQ by turns (Layout::kTurns: d = 64, not deterministic): consumer it % 2 computes all
-//     64 columns of tile it's dQ (one m64n64 product over the 128 keys: dS is read from shared
-//     memory once, not once per half), waiting for the other's dS^T half; the other passes it
-//     on (bar.arrive) and goes to its next tile.
+//     dQ by turns (Layout::kTurns: d = 64 and 128, dense, not deterministic): consumer it % 2
+//     computes all of tile it's dQ (m64n64 products over the 128 keys, one a 64 columns: dS is
+//     read from shared memory once, not once per half), waiting for the other's dS^T half; the
+//     other passes it on (bar.arrive) and goes to its next tile.
 //   warp 2 of warpgroup 0, the dQ writer: one thread adds each finished dQ tile to the
 //     fp32 dq_accum with the copy engine's reduce-add (cp.reduce.async.bulk.tensor: the L2
 //     does the adds, whole 128-byte lines), two tiles in flight. It replaced float2
@@ -160,10 +160,10 @@ struct Layout {
   static constexpr int kConsumerRegs = kOne ? 232 : 240;
   static constexpr int kBlockN = kSplit || kOne ? 64 : 128, kDoStages = kSplit ? 1 : kStages;
   static constexpr int kAccCols = kSplit ? 128 : kD;  // dK, dV columns a consumer holds
-  // kTurns (d = 64, two consumers, where LayoutOf says): a tile's dQ (all 64 columns, over the
-  // block's 128 keys) is computed by one consumer, tile it by consumer it % 2, into buffer it % 2
-  static constexpr bool kTurns = kDqTurns;  // then the late hand-off too (d = 64, not deterministic)
-  static_assert(!kTurns || (kD == 64 && !kOne), "one consumer holds a tile's dQ in registers at d = 64");
+  // kTurns (two consumers, where LayoutOf says): a tile's dQ (all d columns, over the block's
+  // 128 keys) is computed by one consumer, tile it by consumer it % 2, into buffer it % 2
+  static constexpr bool kTurns = kDqTurns;
+  static_assert(!kTurns || (kD <= 128 && !kOne), "dQ by turns: d = 64 or 128, two consumers");
   static constexpr int kDqWriters = kSplit || kTurns ? 1 : kConsumers;  // consumers storing a tile's dQ
   static constexpr int kPanels = kD / 64;
   static constexpr int kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128;
@@ -183,10 +183,10 @@ struct Layout {
 };
 // The one-consumer layout runs where a key block's query tiles are few: windows and packed
 // sequences (the kLocal variants) at d = 64, not deterministic (its ordered dQ adds would
-// wait on twice as many key blocks). dQ by turns: the other d = 64 variants, not deterministic
-// (its ordered adds wait on each tile's dQ, which one consumer takes longer to compute).
+// wait on twice as many key blocks). dQ by turns: the other variants at d = 64 and 128, not
+// deterministic (its ordered adds wait on each tile's dQ, which one consumer takes longer to compute).
 template <int kD, bool kLocal, bool kDeterministic>
-using LayoutOf = Layout<kD, kD == 64 && kLocal && !kDeterministic, kD == 64 && !kLocal && !kDeterministic>;
+using LayoutOf = Layout<kD, kD == 64 && kLocal && !kDeterministic, kD <= 128 && !kLocal && !kDeterministic>;
 
 __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
@@ -662,7 +662,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     // warp (kc::warpgroup_index): from threadIdx.x the branch around dQ's product is a divergent
     // path to ptxas, and it serialized every wgmma (C7520)
     const int w_uniform = kTurns ? kc::warpgroup_index() - 1 : w;
-    using Dq = kc::WgmmaOp<T, kTurns ? kD : kD / kConsumers>;  // this warpgroup's columns of dQ (kOne, kTurns: all)
+    // this warpgroup's columns of dQ (kOne: all; kTurns: all, 64 at a time)
+    using Dq = kc::WgmmaOp<T, kTurns ? 64 : kD / kConsumers>;
     // Descriptors at k-step 0 (stage 0, dS buffer 0); steps add byte offsets / 16.
     const uint64_t d_k = kc::gmma_desc_sw128(sm + L::kK + w * 64 * 128, 16, 1024);    // A of S^T (K-major)
     const uint64_t d_v = kc::gmma_desc_sw128(sm + L::kV + w * 64 * 128, 16, 1024);    // A of dP^T
@@ -705,7 +706,6 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     // hand-off comes in the next tile, once its S^T is done (2% at the GPT-2 and small-Llama
     // shapes); at d = 128 no gain, and the deterministic chain runs slower with a later writer.
     constexpr bool kLateHandoff = kD == 64 && !kDeterministic;
-    static_assert(!kTurns || kLateHandoff, "dQ by turns hands each tile off in the owner's next one");
     auto hand_off = [&](int i) {
       kc::fence_async_shared();
       kc::mbar_arrive(&dq_full[i & 1]);
@@ -828,20 +828,27 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         const bool own = w_uniform == buf;
         kc::named_barrier_sync_or_arrive(kTurnBar + buf, 128 * kConsumers, own);
         if (own) {
-          float dq[kD / 2];
-          kc::fence_operands(dq);
-          kc::wgmma_fence();
+          // kD / 64 products of 64 columns, one after the other (d = 128: no registers for both)
 #pragma unroll
-          for (int kk = 0; kk < kBlockN / 16; ++kk)
-            Dq::template ss<1, 1>(dq, d_ds + (buf * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16, kk > 0);
-          kc::wgmma_commit();
-          kc::wgmma_wait<0>();
-          kc::fence_operands(dq);
-          // to the owner's buffer, once the writer has read what it held two tiles ago
-          if (it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
-          const uint32_t dq_row = kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + (16 * warp + g) * 128 + 8 * t;
-          store_swizzled_f32<kD / 8, kVarlen>(dq_row, g, dq, 16 * warp + g, sq.nq - q0);
-        }  // handed off in the owner's next tile (kLateHandoff: d = 64, not deterministic)
+          for (int panel = 0; panel < kD / 64; ++panel) {
+            float dq[32];
+            kc::fence_operands(dq);
+            kc::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk)
+              Dq::template ss<1, 1>(dq, d_ds + (buf * L::kDsBytes + kk * 2048) / 16,
+                                    d_k_mn + (panel * L::kKVPanel + kk * 2048) / 16, kk > 0);
+            kc::wgmma_commit();
+            kc::wgmma_wait<0>();
+            kc::fence_operands(dq);
+            // to the owner's buffer, once the writer has read what it held two tiles ago
+            if (panel == 0 && it >= 2) kc::mbar_wait(&dq_empty[buf], ((it >> 1) - 1) & 1);
+            const uint32_t dq_row = kc::smem_u32(sm + L::kDq + buf * L::kDqBytes) + panel * 2 * L::kDqBox +
+                                    (16 * warp + g) * 128 + 8 * t;
+            store_swizzled_f32<8, kVarlen>(dq_row, g, dq, 16 * warp + g, sq.nq - q0);
+          }
+          if constexpr (!kLateHandoff) hand_off(it);
+        }
       } else {
         // dQ = dS K (this warpgroup's columns), once both consumers' dS^T is in shared memory
         kc::named_barrier_sync(kDsBar, 128 * kConsumers);
