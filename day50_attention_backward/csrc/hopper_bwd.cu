@@ -704,8 +704,10 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     // A tile's dQ goes to the writer (dq_full) once its shared-memory stores are visible to the
     // copy engine: the fence waits for them. At d = 64 that wait stalled every tile, so there the
     // hand-off comes in the next tile, once its S^T is done (2% at the GPT-2 and small-Llama
-    // shapes); at d = 128 no gain, and the deterministic chain runs slower with a later writer.
-    constexpr bool kLateHandoff = kD == 64 && !kDeterministic;
+    // shapes); at d = 128 with dQ by turns 1% (the owner's next tile), with halves no gain; the
+    // deterministic chain runs slower with a later writer.
+    constexpr bool kLateHandoff = !kDeterministic && (kD == 64 || kTurns);
+    static_assert(!kTurns || kLateHandoff, "dQ by turns hands each tile off in the owner's next one");
     auto hand_off = [&](int i) {
       kc::fence_async_shared();
       kc::mbar_arrive(&dq_full[i & 1]);
@@ -847,8 +849,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
                                     (16 * warp + g) * 128 + 8 * t;
             store_swizzled_f32<8, kVarlen>(dq_row, g, dq, 16 * warp + g, sq.nq - q0);
           }
-          if constexpr (!kLateHandoff) hand_off(it);
-        }
+        }  // handed off in the owner's next tile (kLateHandoff)
       } else {
         // dQ = dS K (this warpgroup's columns), once both consumers' dS^T is in shared memory
         kc::named_barrier_sync(kDsBar, 128 * kConsumers);
