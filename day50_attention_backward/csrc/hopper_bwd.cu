@@ -34,7 +34,8 @@
 //     does the adds, whole 128-byte lines), two tiles in flight. It replaced float2
 //     atomics issued by the consumers themselves: those stalled them and their L2
 //     traffic (8 scattered 32-byte sectors an instruction) was the limit at d = 64.
-//     Deterministic: it also waits for the key blocks' turn (below), off the consumers' path.
+//     Deterministic: it also waits for the key blocks' turn (below), off the consumers' path,
+//     and warp 3 writes every other tile (one tile's adds land while the next one's are made).
 // Shared memory (d = 128): K, V 32 KB each, 2 stages of Q and dO (16 KB each), two dS^T
 //   buffers (16 KB each: one is written while the other may still be read), two dQ tiles
 //   (32 KB each) = 224 KB.
@@ -384,9 +385,39 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         kc::mbar_arrive(&q_full[s]);
       }
     }
-    if (threadIdx.x == 64) {  // warp 2: the dQ writer
+    if (kVarlen && threadIdx.x >= 96) {
+      // warp 3, packed sequences: the rows past the sequence's end in the key block's K and V
+      // (then kv_full's arrival) and in the edge query tile's Q and dO (then do_full's and the
+      // copy thread's share of q_full's), once the copy engine has landed them (edge[])
+      const int lane = threadIdx.x - 96;
+      if (kv_edge) {
+        kc::mbar_wait(&edge[0], 0);
+        hopper_common::zero_rows(kc::smem_u32(sm + L::kK), L::kPanels, L::kKVPanel, nk() - k0, kBlockN, lane);
+        hopper_common::zero_rows(kc::smem_u32(sm + L::kV), L::kPanels, L::kKVPanel, nk() - k0, kBlockN, lane);
+        if (lane == 0) kc::mbar_arrive(kv_full);
+      }
+      if (it_edge >= 0) {
+        // the edge tile: the last (j_end - 1, at step it_edge)
+        const int s = it_edge % kStages, sd = it_edge % L::kDoStages, r0 = sq.nq - (j_end - 1) * kBlockM;
+        kc::mbar_wait(&edge[1], 0);
+        hopper_common::zero_rows(kc::smem_u32(sm + L::kQ + s * L::kQBytes), L::kPanels, L::kQPanel, r0, kBlockM, lane);
+        hopper_common::zero_rows(kc::smem_u32(sm + L::kDo + sd * L::kQBytes), L::kPanels, L::kQPanel, r0, kBlockM,
+                                 lane);
+        if (lane == 0) {
+          kc::mbar_arrive(&do_full[sd]);
+          kc::mbar_arrive(&q_full[s]);
+        }
+      }
+    }
+    // warp 2: the dQ writer. Deterministic (not kSplit): warps 2 and 3 take the tiles of buffers 0
+    // and 1, so that one tile's wait for its adds to land (before the next key block's turn) runs
+    // beside the next tile's turn and adds (warp 3 after its packed-sequence rows: step 0's)
+    constexpr bool kTwoWriters = kDeterministic && !L::kSplit;
+    if (threadIdx.x == 64 || (kTwoWriters && threadIdx.x == 96)) {
+      const int writer = threadIdx.x == 64 ? 0 : 1;
       Step st = begin();
       for (int it = 0; it < n_steps; ++it, next(st)) {
+        if (kTwoWriters && (it & 1) != writer) continue;
         int* sem = nullptr;
         int turn = kb;  // the key blocks before this one that reach the tile (above)
         // hand-off i of the tile: kSplit, consumer i % 2's next 64 columns (buffer i % 2,
@@ -423,30 +454,6 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
             kc::bulk_wait_read<0>();
           }
           kc::mbar_arrive(&dq_empty[buf]);
-        }
-      }
-    }
-    if (kVarlen && threadIdx.x >= 96) {
-      // warp 3, packed sequences: the rows past the sequence's end in the key block's K and V
-      // (then kv_full's arrival) and in the edge query tile's Q and dO (then do_full's and the
-      // copy thread's share of q_full's), once the copy engine has landed them (edge[])
-      const int lane = threadIdx.x - 96;
-      if (kv_edge) {
-        kc::mbar_wait(&edge[0], 0);
-        hopper_common::zero_rows(kc::smem_u32(sm + L::kK), L::kPanels, L::kKVPanel, nk() - k0, kBlockN, lane);
-        hopper_common::zero_rows(kc::smem_u32(sm + L::kV), L::kPanels, L::kKVPanel, nk() - k0, kBlockN, lane);
-        if (lane == 0) kc::mbar_arrive(kv_full);
-      }
-      if (it_edge >= 0) {
-        // the edge tile: the last (j_end - 1, at step it_edge)
-        const int s = it_edge % kStages, sd = it_edge % L::kDoStages, r0 = sq.nq - (j_end - 1) * kBlockM;
-        kc::mbar_wait(&edge[1], 0);
-        hopper_common::zero_rows(kc::smem_u32(sm + L::kQ + s * L::kQBytes), L::kPanels, L::kQPanel, r0, kBlockM, lane);
-        hopper_common::zero_rows(kc::smem_u32(sm + L::kDo + sd * L::kQBytes), L::kPanels, L::kQPanel, r0, kBlockM,
-                                 lane);
-        if (lane == 0) {
-          kc::mbar_arrive(&do_full[sd]);
-          kc::mbar_arrive(&q_full[s]);
         }
       }
     }
