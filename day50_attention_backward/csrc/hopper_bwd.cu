@@ -25,7 +25,7 @@
 //     both halves of dS^T are needed, one named barrier), so every dQ element is added
 //     once per key block. dQ goes to a shared-memory tile (fp32, 128-byte swizzled:
 //     conflict-free stores) and the consumers move on.
-//     dQ by turns (Layout::kTurns: d = 64 and 128, dense, not deterministic): consumer it % 2
+//     dQ by turns (Layout::kTurns: d = 64 and 128, dense attention): consumer it % 2
 //     computes all of tile it's dQ (m64n64 products over the 128 keys, one a 64 columns: dS is
 //     read from shared memory once, not once per half), waiting for the other's dS^T half; the
 //     other passes it on (bar.arrive) and goes to its next tile.
@@ -184,10 +184,11 @@ struct Layout {
 };
 // The one-consumer layout runs where a key block's query tiles are few: windows and packed
 // sequences (the kLocal variants) at d = 64, not deterministic (its ordered dQ adds would
-// wait on twice as many key blocks). dQ by turns: the other variants at d = 64 and 128, not
-// deterministic (its ordered adds wait on each tile's dQ, which one consumer takes longer to compute).
+// wait on twice as many key blocks). dQ by turns: the other variants at d = 64 and 128
+// (deterministic too, since its two writers: with one, a tile's turn waited behind the previous
+// tile's adds, and one consumer's whole-tile dQ came later into that chain).
 template <int kD, bool kLocal, bool kDeterministic>
-using LayoutOf = Layout<kD, kD == 64 && kLocal && !kDeterministic, kD <= 128 && !kLocal && !kDeterministic>;
+using LayoutOf = Layout<kD, kD == 64 && kLocal && !kDeterministic, kD <= 128 && !kLocal>;
 
 __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
@@ -712,9 +713,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     // copy engine: the fence waits for them. At d = 64 that wait stalled every tile, so there the
     // hand-off comes in the next tile, once its S^T is done (2% at the GPT-2 and small-Llama
     // shapes); at d = 128 with dQ by turns 1% (the owner's next tile), with halves no gain; the
-    // deterministic chain runs slower with a later writer.
+    // deterministic chain runs slower with a later writer (there a tile's owner hands it off).
     constexpr bool kLateHandoff = !kDeterministic && (kD == 64 || kTurns);
-    static_assert(!kTurns || kLateHandoff, "dQ by turns hands each tile off in the owner's next one");
     auto hand_off = [&](int i) {
       kc::fence_async_shared();
       kc::mbar_arrive(&dq_full[i & 1]);
@@ -856,7 +856,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
                                     (16 * warp + g) * 128 + 8 * t;
             store_swizzled_f32<8, kVarlen>(dq_row, g, dq, 16 * warp + g, sq.nq - q0);
           }
-        }  // handed off in the owner's next tile (kLateHandoff)
+          if constexpr (!kLateHandoff) hand_off(it);  // deterministic
+        }  // else handed off in the owner's next tile
       } else {
         // dQ = dS K (this warpgroup's columns), once both consumers' dS^T is in shared memory
         kc::named_barrier_sync(kDsBar, 128 * kConsumers);
