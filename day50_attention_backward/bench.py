@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -53,7 +54,8 @@ def spread(label, vals):
     vals = sorted(v for v in vals if v)
     if not vals:
         return None
-    return f"{label}: worst {vals[0]:.2f}x, median {vals[len(vals) // 2]:.2f}x, best {vals[-1]:.2f}x"
+    # the median of an even count is the mean of the middle two (the upper one read 0.995 as 1.00x)
+    return f"{label}: worst {vals[0]:.2f}x, median {statistics.median(vals):.3f}x, best {vals[-1]:.2f}x"
 
 
 def timed(fn, args):
