@@ -223,6 +223,16 @@ __device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const fl
   }
 }
 
+// dQ = dS K of a tile over the block's keys, a wgmma a 16-key step: A = dS, read MN-major from
+// dS^T's buffer buf; B = K's columns from byte k_off of d_k's panels (MN-major). Its own group:
+// the caller fences, commits and waits.
+template <class Op, class L, int N>
+__device__ __forceinline__ void dq_product(float (&dq)[N], uint64_t d_ds, uint64_t d_k, int buf, int k_off) {
+#pragma unroll
+  for (int kk = 0; kk < L::kBlockN / 16; ++kk)
+    Op::template ss<1, 1>(dq, d_ds + (buf * L::kDsBytes + kk * 2048) / 16, d_k + (k_off + kk * 2048) / 16, kk > 0);
+}
+
 // kDeterministic: the key blocks of one q head add their dQ tiles in key-block order.
 // Block n's dQ writer waits until the counter of the query tile reads n - f, adds, waits for
 // its adds to land, and sets n - f + 1, where f is the first key block that reaches the tile:
@@ -640,10 +650,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
           kc::fence_operands(dq);
           kc::wgmma_fence();
         }
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-          Dq::template ss<1, 1>(dq, d_ds + (buf * L::kDsBytes + kk * 2048) / 16,
-                                d_k_mn + (half * L::kKVPanel + kk * 2048) / 16, kk > 0);
+        dq_product<Dq, L>(dq, d_ds, d_k_mn, buf, half * L::kKVPanel);
         kc::wgmma_commit();
         if (half == 0) {
           kc::wgmma_wait<2>();
@@ -843,10 +850,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
             float dq[32];
             kc::fence_operands(dq);
             kc::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk)
-              Dq::template ss<1, 1>(dq, d_ds + (buf * L::kDsBytes + kk * 2048) / 16,
-                                    d_k_mn + (panel * L::kKVPanel + kk * 2048) / 16, kk > 0);
+            dq_product<Dq, L>(dq, d_ds, d_k_mn, buf, panel * L::kKVPanel);
             kc::wgmma_commit();
             kc::wgmma_wait<0>();
             kc::fence_operands(dq);
@@ -864,10 +868,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         float dq[kD / (2 * kConsumers)];
         kc::fence_operands(dq);
         kc::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-          Dq::template ss<1, 1>(dq, d_ds + (buf * L::kDsBytes + kk * 2048) / 16, d_k_mn + (kk * 2048) / 16,
-                                kk > 0);
+        dq_product<Dq, L>(dq, d_ds, d_k_mn, buf, 0);
         kc::wgmma_commit();
         kc::wgmma_wait<0>();
         kc::fence_operands(dq);
