@@ -722,6 +722,8 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
     // shapes); at d = 128 with dQ by turns 1% (the owner's next tile), with halves no gain; the
     // deterministic chain runs slower with a later writer (there a tile's owner hands it off).
     constexpr bool kLateHandoff = !kDeterministic && (kD == 64 || kTurns);
+    // whether tile i's dQ is this consumer's to compute whole and hand off (kTurns), else its half
+    auto owns = [&](int i) { return !kTurns || w_uniform == (i & 1); };
     auto hand_off = [&](int i) {
       kc::fence_async_shared();
       kc::mbar_arrive(&dq_full[i & 1]);
@@ -746,7 +748,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       kc::wgmma_wait<1>();
       kc::fence_operands(sacc);
       if constexpr (kLateHandoff)
-        if (it > 0 && (!kTurns || w_uniform == ((it - 1) & 1))) hand_off(it - 1);
+        if (it > 0 && owns(it - 1)) hand_off(it - 1);
       // the mask on a tile crossing the diagonal or a window's edge only (flash::with_mask), and
       // packed sequences' last key block (the keys past the sequence are the next one's)
       const bool crosses = (kCausal && q0 < k0 + kBlockN) ||
@@ -841,7 +843,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         kc::fence_operands(dk);
         kc::fence_operands(dv);
         kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
-        const bool own = w_uniform == buf;
+        const bool own = owns(it);
         kc::named_barrier_sync_or_arrive(kTurnBar + buf, 128 * kConsumers, own);
         if (own) {
           // kD / 64 products of 64 columns, one after the other (d = 128: no registers for both)
@@ -886,7 +888,7 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       }
     }
     if constexpr (kLateHandoff)
-      if (n_steps > 0 && (!kTurns || w_uniform == ((n_steps - 1) & 1))) hand_off(n_steps - 1);
+      if (n_steps > 0 && owns(n_steps - 1)) hand_off(n_steps - 1);
   }
 
   // dK (dS^T carried the softmax scale) and dV, rows < Nk.
