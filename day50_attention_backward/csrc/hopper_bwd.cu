@@ -28,7 +28,8 @@
 //     dQ by turns (Layout::kTurns: d = 64 and 128, dense attention): consumer it % 2
 //     computes all of tile it's dQ (m64n64 products over the 128 keys, one a 64 columns: dS is
 //     read from shared memory once, not once per half), waiting for the other's dS^T half; the
-//     other passes it on (bar.arrive) and goes to its next tile.
+//     other passes it on (bar.arrive) as soon as it is stored, before its own dV and dK
+//     products land, and goes to its next tile.
 //   warp 2 of warpgroup 0, the dQ writer: one thread adds each finished dQ tile to the
 //     fp32 dq_accum with the copy engine's reduce-add (cp.reduce.async.bulk.tensor: the L2
 //     does the adds, whole 128-byte lines), two tiles in flight. It replaced float2
@@ -839,12 +840,15 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
         // are in shared memory; the other passes its half on and goes to the next tile. Two
         // barriers by tile parity: one barrier would let the other consumer's arrival of the next
         // tile count in this one.
+        // The other passes its half on before its dV and dK products land: the owner does not
+        // wait for them.
+        const bool own = owns(it);
+        kc::named_barrier_arrive_if(kTurnBar + buf, 128 * kConsumers, !own);
         kc::wgmma_wait<0>();
         kc::fence_operands(dk);
         kc::fence_operands(dv);
         kc::mbar_arrive(&empty[s]);  // Q and dO of this stage are no longer read
-        const bool own = owns(it);
-        kc::named_barrier_sync_or_arrive(kTurnBar + buf, 128 * kConsumers, own);
+        kc::named_barrier_sync_if(kTurnBar + buf, 128 * kConsumers, own);
         if (own) {
           // kD / 64 products of 64 columns, one after the other (d = 128: no registers for both)
 #pragma unroll

@@ -112,13 +112,17 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// sync when `wait`, else arrive: a warp-uniform choice made by predicates, with no branch
+// bar.arrive / bar.sync when `p`: a warp-uniform choice made by a predicate, with no branch
 // that the compiler would see around the code that follows
-__device__ __forceinline__ void named_barrier_sync_or_arrive(int id, int threads, bool wait) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.sync %0, %1;\n@!p bar.arrive %0, %1;\n}\n" ::"r"(id),
-      "r"(threads), "r"(int(wait))
-      : "memory");
+__device__ __forceinline__ void named_barrier_arrive_if(int id, int threads, bool p) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.arrive %0, %1;\n}\n" ::"r"(id), "r"(threads),
+               "r"(int(p))
+               : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync_if(int id, int threads, bool p) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.sync %0, %1;\n}\n" ::"r"(id), "r"(threads),
+               "r"(int(p))
+               : "memory");
 }
 
 }  // namespace kc
