@@ -207,19 +207,26 @@ __device__ __forceinline__ void store_release(int* p, int v) {
 // 16-byte chunk (column % 32) / 4 XOR row % 8: the swizzle is address bits 4-6 XOR bits 7-9,
 // and bits 7-9 are g (boxes 1024-aligned). The XOR is applied to each address, not folded
 // into per-store constants that the compiler would keep in registers (d = 128 spilled so).
+// A store's half-warp (rows g = 0..3 or 4..7, two chunks each) would cover only four of a row's
+// eight chunks, two stores to each: odd rows store group c ^ 2 where even rows store c, so the
+// eight chunks differ (two shared-memory wavefronts a store, not four).
 // kClip (packed sequences): the thread's rows are rows r_idx and r_idx + 8 of a tile whose
 // rows from r_end on are the next sequence's; they are stored as zeros.
 template <int kGroups, bool kClip = false>
 __device__ __forceinline__ void store_swizzled_f32(uint32_t row, int g, const float* acc, int r_idx = 0,
                                                    int r_end = 0) {
+  static_assert(kGroups % 4 == 0, "groups come in boxes of four");
+  const bool odd = g & 1;
+  const uint32_t swz = (g << 4) ^ (uint32_t(odd) << 6);  // column group c ^ 2 on odd rows
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool keep = !kClip || r_idx + 8 * r < r_end;
 #pragma unroll
     for (int c = 0; c < kGroups; ++c) {
-      const uint32_t at = (row + (c / 4) * (kBlockM * 128) + r * 8 * 128 + 32 * (c % 4)) ^ (g << 4);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(keep ? acc[4 * c + 2 * r] : 0.f),
-                   "f"(keep ? acc[4 * c + 2 * r + 1] : 0.f));
+      const int e = 4 * c + 2 * r, o = 4 * (c ^ 2) + 2 * r;
+      const float x0 = odd ? acc[o] : acc[e], x1 = odd ? acc[o + 1] : acc[e + 1];
+      const uint32_t at = (row + (c / 4) * (kBlockM * 128) + r * 8 * 128 + 32 * (c % 4)) ^ swz;
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(keep ? x0 : 0.f), "f"(keep ? x1 : 0.f));
     }
   }
 }
