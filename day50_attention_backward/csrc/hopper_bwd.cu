@@ -846,11 +846,10 @@ __global__ void __launch_bounds__(LayoutOf<kD, kLocal, kDeterministic>::kThreads
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       if constexpr (kTurns) {
         // The tile's owner (consumer it % 2) computes all of dQ = dS K once both halves of dS^T
-        // are in shared memory; the other passes its half on and goes to the next tile. Two
-        // barriers by tile parity: one barrier would let the other consumer's arrival of the next
-        // tile count in this one.
-        // The other passes its half on before its dV and dK products land: the owner does not
-        // wait for them.
+        // are in shared memory; the other passes its half on before its own dV and dK products
+        // land (the owner needs none of them) and goes to the next tile. Two barriers by tile
+        // parity: one barrier would let the other consumer's arrival of the next tile count in
+        // this one.
         const bool own = owns(it);
         kc::named_barrier_arrive_if(kTurnBar + buf, 128 * kConsumers, !own);
         kc::wgmma_wait<0>();
